@@ -1,0 +1,85 @@
+"""Shared fixtures: isolated app directories, the tiny random model and the real starter model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tiny_model import write_tiny_model
+from tui_chat.engine import logs
+from tui_chat.engine.base import Done, Error, Loaded, Message, Request, Token
+from tui_chat.engine.llama import LlamaBackend, LlamaSettings
+from tui_chat.engine.models import starter_path
+from tui_chat.engine.params import LiveParams, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, repeat_penalty=1.0, max_tokens=32)
+
+
+@pytest.fixture(scope="session")
+def shared_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One data dir for the session, so the 253 MB starter model is unpacked once."""
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(autouse=True)
+def isolated_dirs(tmp_path: Path, shared_data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Config, data and logs under tmp: tests never read or write the user's own files."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(shared_data_dir))
+    return tmp_path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def llama_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return logs.install(tmp_path_factory.mktemp("logs"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
+
+
+@pytest.fixture(scope="session")
+def starter_model(shared_data_dir: Path) -> Path:
+    return starter_path(shared_data_dir / "tui-chat" / "models")
+
+
+def open_backend(path: Path, **settings) -> LlamaBackend:
+    backend = LlamaBackend(LlamaSettings(path, **settings))
+    loaded = backend.load().result()
+    assert isinstance(loaded, Loaded), loaded
+    return backend
+
+
+@pytest.fixture
+def tiny(tiny_model: Path):
+    backend = open_backend(tiny_model, n_ctx=1024)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module")
+def starter(starter_model: Path):
+    backend = open_backend(starter_model, n_ctx=2048)
+    yield backend
+    backend.close()
+
+
+def ask(backend, messages: list[Message] | str, params: SamplingParams = GREEDY, **request) -> Done:
+    if isinstance(messages, str):
+        messages = [Message("user", messages)]
+    result = backend.generate(Request(messages, LiveParams(params), **request)).result()
+    assert isinstance(result, Done), result
+    return result
+
+
+def collect(stream) -> tuple[list[Token], Done | Error]:
+    tokens, final = [], None
+    for event in stream:
+        if isinstance(event, Token):
+            tokens.append(event)
+        elif isinstance(event, (Done, Error)):
+            final = event
+    return tokens, final

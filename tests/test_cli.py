@@ -1,0 +1,94 @@
+"""`tui-chat run` as a script would call it: a real process, real exit codes, real stdout/stderr."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tui_chat", *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def test_json_report_for_a_two_turn_conversation(tiny_model):
+    result = run("run", "--model", str(tiny_model), "-p", "Hello there", "-p", "And then?",
+                 "--temperature", "0", "--max-tokens", "12", "--n-ctx", "512", "--json")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    report = json.loads(result.stdout)
+    assert report["model"] == "tiny" and report["backend"] == "llama"
+    first, second = report["turns"]
+    assert first["prompt"] == "Hello there" and first["text"]
+    for turn in report["turns"]:
+        assert turn["stop_reason"] == "length" and turn["completion_tokens"] == 12
+        assert turn["n_ctx"] == 512
+        assert turn["ttft_s"] > 0 and turn["decode_tok_s"] > 0 and turn["prefill_tok_s"] > 0
+    assert first["cached_tokens"] == 0
+    assert second["cached_tokens"] >= first["prompt_tokens"]
+    assert second["context_tokens"] > first["context_tokens"]
+
+
+def test_streamed_text_matches_the_json_text(tiny_model):
+    common = ("run", "--model", str(tiny_model), "-p", "Hello there", "--temperature", "0", "--max-tokens", "20")
+    streamed = run(*common)
+    reported = json.loads(run(*common, "--json").stdout)
+    assert streamed.returncode == 0
+    assert streamed.stdout == reported["turns"][0]["text"] + "\n"
+
+
+def test_stop_sequence_from_the_command_line(tiny_model):
+    full = json.loads(run("run", "-m", str(tiny_model), "-p", "Hello", "--temperature", "0", "--json").stdout)
+    word = full["turns"][0]["text"].split()[2]
+    cut = json.loads(run("run", "-m", str(tiny_model), "-p", "Hello", "--temperature", "0", "--stop", word, "--json").stdout)
+    assert cut["turns"][0]["stop_reason"] == "stop"
+    assert word not in cut["turns"][0]["text"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--temperature", "-1"], "temperature must be between 0 and 2 (got -1)"),
+        (["--top-p", "2"], "top_p must be between 0 and 1 (got 2)"),
+        (["--top-k", "many"], "argument --top-k: invalid int value: 'many'"),
+        (["--model", "/no/such/model.gguf"], "model file not found: /no/such/model.gguf"),
+        (["--model", "llama-9000"], "unknown model 'llama-9000'"),
+        (["--n-ctx", "10"], "n_ctx must be a whole number between 256"),
+        (["--gpu-layers", "-3"], "gpu-layers must be -1 (all), 0 (CPU) or a layer count"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    result = run("run", "-p", "hi", *args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_not_gguf_and_truncated_files(tmp_path, tiny_model):
+    text = tmp_path / "notes.txt"
+    text.write_text("just words")
+    truncated = tmp_path / "cut.gguf"
+    truncated.write_bytes(tiny_model.read_bytes()[:100_000])
+    for path, message in [(text, "is not a GGUF model file"), (truncated, "cannot load cut.gguf: ")]:
+        result = run("run", "-p", "hi", "--model", str(path))
+        assert result.returncode == 2
+        assert message in result.stderr and result.stderr.count("\n") == 1
+        assert "Traceback" not in result.stderr
+
+
+def test_broken_config_is_reported_not_raised(isolated_dirs):
+    config = isolated_dirs / "config" / "tui-chat" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text("n_ctx = 'lots'")
+    result = run("run", "-p", "hi")
+    assert result.returncode == 2
+    assert f"config {config}: n_ctx must be a whole number" in result.stderr
+
+
+def test_starter_answers_by_default():
+    result = run("run", "-p", "What is the capital of France?", "--temperature", "0")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "The capital of France is Paris.\n"

@@ -1,0 +1,53 @@
+import pytest
+
+from tui_chat.config import Config, ConfigError, load_config, round_context
+from tui_chat.engine.params import SamplingParams
+
+
+def write(tmp_path, text):
+    path = tmp_path / "config.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_missing_file_gives_defaults(tmp_path):
+    assert load_config(tmp_path / "none.toml") == Config()
+
+
+def test_full_config_is_read(tmp_path):
+    path = write(
+        tmp_path,
+        'default_model = "~/m.gguf"\nchat_template = "chatml"\nn_ctx = 3000\ngpu_layers = 0\n'
+        "[sampling]\ntemperature = 0.2\ntop_k = 10\nstop = ['###']\n",
+    )
+    config = load_config(path)
+    assert config.default_model == "~/m.gguf"
+    assert config.chat_template == "chatml"
+    assert config.n_ctx == 3072
+    assert config.gpu_layers == 0
+    assert config.sampling == SamplingParams(temperature=0.2, top_k=10, stop=("###",))
+
+
+def test_context_rounds_up_to_multiples_of_256():
+    assert [round_context(n) for n in (256, 257, 4096, 4097)] == [256, 512, 4096, 4352]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("n_ctx = 'big'", "n_ctx must be a whole number"),
+        ("n_ctx = 10", "n_ctx must be a whole number between 256"),
+        ("chat_template = 'alpaca'", "chat_template must be one of auto, plain"),
+        ("gpu_layers = -5", "gpu-layers must be -1"),
+        ("colour = 'red'", "unknown setting 'colour'"),
+        ("[sampling]\ntemperature = 5", r"temperature must be between 0 and 2 \(got 5\)"),
+        ("sampling = 3", r"\[sampling\] must be a table"),
+        ("default_model = 3", "default_model must be text"),
+        ("n_ctx = [", "cannot read config"),
+    ],
+)
+def test_bad_config_is_one_clear_line(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message) as caught:
+        load_config(write(tmp_path, text))
+    assert "\n" not in str(caught.value)
+    assert str(tmp_path) in str(caught.value)

@@ -1,0 +1,85 @@
+"""The real starter model (Gemma 3 270M, sliding-window attention) through real llama.cpp."""
+
+import time
+
+import pytest
+
+from conftest import GREEDY, ask, collect
+from tui_chat.engine.base import Done, Message, PromptProgress, Request
+from tui_chat.engine.params import LiveParams
+
+pytestmark = pytest.mark.starter
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "And what is the capital of Germany?",
+    "Tell me about the history of Berlin in a few sentences.",
+    "What river flows through Paris?",
+    "Which of the two cities is larger?",
+    "Write a short poem about both cities.",
+]
+
+
+def test_starter_is_a_base_model_answered_through_a_plain_transcript(starter):
+    assert starter.info.chat_format == "plain"
+    assert starter.info.quantization == "Q4_K_M"
+    done = ask(starter, QUESTIONS[0])
+    assert done.text.strip() == "The capital of France is Paris."
+    assert done.stop_reason == "stop"
+
+
+def test_sliding_window_cache_reuse_matches_a_fresh_read(starter):
+    """Turn after turn past the 512-token sliding window: replies from the reused cache equal fresh reads."""
+    notes = "Notes on European capitals. " + "Paris is on the Seine and Berlin is on the Spree. " * 45
+    conversation: list[Message] = [Message("system", notes)]
+    reused = []
+    for question in QUESTIONS:
+        conversation.append(Message("user", question))
+        history = starter._history_text, list(starter._history_tokens)
+        done = ask(starter, conversation, GREEDY.with_changes(max_tokens=120))
+        reused.append(done.metrics.cached_tokens)
+        conversation.append(Message("assistant", done.text))
+    assert done.metrics.prompt_tokens > 600, "the conversation must outgrow the 512-token sliding window"
+    assert all(later > 600 for later in reused[1:])
+    starter._history_text, starter._history_tokens = history
+    starter._session.keep_prefix([])
+    fresh = ask(starter, conversation[:-1], GREEDY.with_changes(max_tokens=120))
+    assert fresh.metrics.cached_tokens == 0
+    assert fresh.prompt_ids == done.prompt_ids
+    assert fresh.text == done.text
+
+
+def test_prefill_reports_progress_and_can_be_cancelled(starter):
+    long_question = "Summarise this: " + "The quick brown fox jumps over the lazy dog. " * 180
+    stream = starter.generate(Request([Message("user", long_question)], LiveParams(GREEDY)))
+    cancelled_at = None
+    progress = []
+    for event in stream:
+        if isinstance(event, PromptProgress):
+            progress.append(event)
+            if event.done > 0 and cancelled_at is None:
+                cancelled_at = time.perf_counter()
+                stream.cancel()
+        elif isinstance(event, Done):
+            done, ended_at = event, time.perf_counter()
+    assert progress[0].total > 1500
+    assert progress[-1].done < progress[-1].total, "cancelled before the whole prompt was read"
+    assert progress[1].eta_s is not None and progress[1].eta_s > 0
+    assert done.stop_reason == "cancelled" and done.metrics.completion_tokens == 0
+    assert ended_at - cancelled_at < 0.5
+    again = ask(starter, QUESTIONS[0])
+    assert again.text.strip() == "The capital of France is Paris."
+
+
+def test_seeded_sampling_repeats_on_the_starter(starter):
+    params = GREEDY.with_changes(temperature=0.9, seed=1234, max_tokens=40)
+    assert ask(starter, QUESTIONS[2], params).text == ask(starter, QUESTIONS[2], params).text
+
+
+def test_decode_metrics_are_live_and_consistent(starter):
+    events, done = collect(starter.generate(Request([Message("user", QUESTIONS[5])], LiveParams(GREEDY.with_changes(max_tokens=60)))))
+    m = done.metrics
+    perf = starter._session.perf()
+    assert perf.n_eval == m.completion_tokens - 1
+    assert 0.5 < m.decode_tok_s / (perf.n_eval / (perf.eval_ms / 1000)) <= 1.05
+    assert 0 < m.ttft_s < 5

@@ -1,0 +1,94 @@
+"""Entry point: the chat UI by default, `run` for headless conversations."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .config import ConfigError, check_context, check_gpu_layers, config_path, load_config, log_dir, models_dir
+from .engine.base import EngineError, Error
+from .engine.params import PARAMS, InvalidParameter
+
+USAGE_ERROR = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line on stderr, not a usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", "-m", help="a .gguf file, or the starter model's name (gemma-3-270m)")
+    parser.add_argument("--n-ctx", type=int, help="context size in tokens (rounded up to a multiple of 256)")
+    parser.add_argument("--gpu-layers", type=int, help="layers to offload to the GPU: -1 all, 0 none")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tui-chat", description="Chat with local LLMs in the terminal, and see how they generate.")
+    _add_model_options(parser)
+    commands = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    run = commands.add_parser("run", help="answer prompts without the UI (tokens stream to stdout)")
+    _add_model_options(run)
+    run.add_argument("--prompt", "-p", action="append", required=True, help="a user turn; repeat for more turns")
+    run.add_argument("--system", help="system prompt")
+    for spec in PARAMS:
+        run.add_argument(f"--{spec.name.replace('_', '-')}", type=spec.kind, metavar="N", help=spec.hint)
+    run.add_argument("--stop", action="append", metavar="STR", help="stop sequence (repeatable); not shown")
+    run.add_argument("--json", action="store_true", help="print one JSON report at the end instead of the text")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = load_config()
+        n_ctx = check_context(args.n_ctx if args.n_ctx is not None else config.n_ctx)
+        gpu_layers = check_gpu_layers(args.gpu_layers) if args.gpu_layers is not None else config.gpu_layers
+        if args.command == "run":
+            return _run(args, config, n_ctx, gpu_layers)
+    except (ConfigError, InvalidParameter, EngineError) as error:
+        return _fail(error)
+    return _fail(EngineError(f"the chat screen is not available yet; use: tui-chat run --prompt TEXT (config: {config_path()})"))
+
+
+def _run(args: argparse.Namespace, config, n_ctx: int, gpu_layers: int | None) -> int:
+    from .engine import logs
+    from .engine.llama import LlamaBackend, LlamaSettings
+    from .engine.models import resolve_model
+    from .headless import run_conversation
+
+    given = {spec.name: getattr(args, spec.name) for spec in PARAMS if getattr(args, spec.name) is not None}
+    if args.stop:
+        given["stop"] = args.stop
+    params = config.sampling.with_changes(**given)
+    path = resolve_model(args.model, config.default_model, models_dir())
+    logs.install(log_dir())
+    backend = LlamaBackend(LlamaSettings(path, n_ctx, gpu_layers, config.chat_template), name=_model_name(args.model, path))
+    try:
+        loaded = backend.load().result()
+        if isinstance(loaded, Error):
+            raise EngineError(loaded.message)
+        try:
+            return run_conversation(backend, args.prompt, params, system=args.system, as_json=args.json)
+        except EngineError as error:
+            print(f"tui-chat: error: {error}", file=sys.stderr)
+            return 1
+    finally:
+        backend.close()
+
+
+def _model_name(asked: str | None, path: Path) -> str:
+    return asked if asked and not asked.lower().endswith(".gguf") else path.stem
+
+
+def _fail(error: Exception) -> int:
+    print(f"tui-chat: error: {error}", file=sys.stderr)
+    return USAGE_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Settings from one TOML file, validated once at start; the platformdirs places the app writes to."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from .engine.params import InvalidParameter, SamplingParams
+from .engine.prompts import AUTO, NAMED_TEMPLATES
+
+APP_NAME = "tui-chat"
+CONTEXT_STEP = 256
+DEFAULT_N_CTX = 4096
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the file and the setting."""
+
+
+def config_dir() -> Path:
+    return Path(platformdirs.user_config_dir(APP_NAME))
+
+
+def data_dir() -> Path:
+    return Path(platformdirs.user_data_dir(APP_NAME))
+
+
+def log_dir() -> Path:
+    return Path(platformdirs.user_log_dir(APP_NAME))
+
+
+def config_path() -> Path:
+    return config_dir() / "config.toml"
+
+
+def models_dir() -> Path:
+    return data_dir() / "models"
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    default_model: str | None = None
+    chat_template: str = AUTO
+    n_ctx: int = DEFAULT_N_CTX
+    gpu_layers: int | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+def round_context(n_ctx: int) -> int:
+    """llama.cpp pads n_ctx to a multiple of 256 internally; doing it here keeps our buffers in step."""
+    return -(-n_ctx // CONTEXT_STEP) * CONTEXT_STEP
+
+
+def check_context(n_ctx: Any) -> int:
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or not 256 <= n_ctx <= 1_048_576:
+        raise InvalidParameter(f"n_ctx must be a whole number between 256 and 1048576 (got {n_ctx!r})")
+    return round_context(n_ctx)
+
+
+def check_gpu_layers(gpu_layers: Any) -> int:
+    if isinstance(gpu_layers, bool) or not isinstance(gpu_layers, int) or gpu_layers < -1:
+        raise InvalidParameter(f"gpu-layers must be -1 (all), 0 (CPU) or a layer count (got {gpu_layers!r})")
+    return gpu_layers
+
+
+def check_template(name: Any) -> str:
+    known = [AUTO, *NAMED_TEMPLATES]
+    if name not in known:
+        raise InvalidParameter(f"chat_template must be one of {', '.join(known)} (got {name!r})")
+    return name
+
+
+def load_config(path: Path | None = None) -> Config:
+    """The user's config, or the defaults when there is no file."""
+    path = path or config_path()
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return Config()
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise ConfigError(f"cannot read config {path}: {error}") from None
+    try:
+        return _parse(raw)
+    except InvalidParameter as error:
+        raise ConfigError(f"config {path}: {error}") from None
+
+
+_TOP_LEVEL = {"default_model", "chat_template", "n_ctx", "gpu_layers", "sampling"}
+
+
+def _parse(raw: dict[str, Any]) -> Config:
+    unknown = sorted(set(raw) - _TOP_LEVEL)
+    if unknown:
+        raise InvalidParameter(f"unknown setting {unknown[0]!r}")
+    default_model = raw.get("default_model")
+    if default_model is not None and not isinstance(default_model, str):
+        raise InvalidParameter("default_model must be text")
+    sampling = raw.get("sampling", {})
+    if not isinstance(sampling, dict):
+        raise InvalidParameter("[sampling] must be a table")
+    gpu_layers = raw.get("gpu_layers")
+    return Config(
+        default_model=default_model or None,
+        chat_template=check_template(raw.get("chat_template", AUTO)),
+        n_ctx=check_context(raw.get("n_ctx", DEFAULT_N_CTX)),
+        gpu_layers=None if gpu_layers is None else check_gpu_layers(gpu_layers),
+        sampling=SamplingParams().with_changes(**sampling),
+    )

@@ -1,0 +1,215 @@
+"""What every backend speaks: requests in, events out. No UI and no llama.cpp here.
+
+A generation is a `Stream` of events produced on the backend's own worker thread; the consumer
+drains it in batches (`Stream.drain`) so a UI never takes one message per token.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from .params import LiveParams
+
+Role = Literal["system", "user", "assistant"]
+StopReason = Literal["eos", "stop", "length", "cancelled"]
+
+
+class EngineError(Exception):
+    """A failure the user must read: the message is one clear line, never a traceback."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: Role
+    content: str
+
+
+@dataclass(slots=True)
+class Request:
+    messages: list[Message]
+    params: LiveParams = field(default_factory=LiveParams)
+    top_logprobs: int = 0
+    submitted_at: float = field(default_factory=time.perf_counter)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    name: str
+    path: str
+    description: str
+    quantization: str
+    size_bytes: int
+    n_params: int
+    n_layers: int
+    gpu_layers: int
+    n_ctx: int
+    n_ctx_train: int
+    chat_format: str
+    backend: str = "llama"
+
+    @property
+    def offload(self) -> str:
+        if self.gpu_layers <= 0:
+            return "CPU"
+        return f"GPU {self.gpu_layers}/{self.n_layers} layers"
+
+
+@dataclass(frozen=True, slots=True)
+class TurnMetrics:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_s: float | None = None
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    context_tokens: int = 0
+    n_ctx: int = 0
+
+    @property
+    def prefill_tok_s(self) -> float | None:
+        evaluated = self.prompt_tokens - self.cached_tokens
+        return evaluated / self.prefill_s if self.prefill_s > 0 and evaluated > 0 else None
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        """Tokens after the first, over the time since the first: the first one comes from prefill."""
+        steps = self.completion_tokens - 1
+        return steps / self.decode_s if self.decode_s > 0 and steps > 0 else None
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "completion_tokens": self.completion_tokens,
+            "ttft_s": self.ttft_s,
+            "prefill_tok_s": self.prefill_tok_s,
+            "decode_tok_s": self.decode_tok_s,
+            "context_tokens": self.context_tokens,
+            "n_ctx": self.n_ctx,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    token_id: int
+    text: str
+    prob: float
+
+
+@dataclass(frozen=True, slots=True)
+class LoadProgress:
+    fraction: float
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    info: ModelInfo
+
+
+@dataclass(frozen=True, slots=True)
+class PromptProgress:
+    done: int
+    total: int
+    elapsed_s: float
+
+    @property
+    def eta_s(self) -> float | None:
+        if self.done <= 0 or self.elapsed_s <= 0:
+            return None
+        return (self.total - self.done) * self.elapsed_s / self.done
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One sampled token. `text` is what became visible with it (may be empty while a stop
+    sequence or a split UTF-8 character is pending). `params_version` names the settings it was drawn with."""
+
+    token_id: int
+    text: str
+    at: float
+    params_version: int
+    prob: float | None = None
+    top: tuple[Candidate, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    metrics: TurnMetrics
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    stop_reason: StopReason
+    text: str
+    metrics: TurnMetrics
+    prompt_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    message: str
+
+
+Event = LoadProgress | Loaded | PromptProgress | Token | Metrics | Done | Error
+FINAL_EVENTS = (Loaded, Done, Error)
+
+
+class Stream:
+    """Events of one job, produced on the worker thread and drained by any other thread."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self.cancelled = threading.Event()
+        self.finished = False
+
+    def put(self, event: Event) -> None:
+        self._queue.put(event)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def drain(self, timeout: float | None = None) -> list[Event]:
+        """Everything queued now; waits up to `timeout` for the first event. Empty once finished."""
+        if self.finished:
+            return []
+        events: list[Event] = []
+        try:
+            events.append(self._queue.get(timeout=timeout))
+            while True:
+                events.append(self._queue.get_nowait())
+        except queue.Empty:
+            pass
+        if any(isinstance(e, FINAL_EVENTS) for e in events):
+            self.finished = True
+        return events
+
+    def __iter__(self):
+        while not self.finished:
+            yield from self.drain(timeout=None)
+
+    def result(self) -> Event:
+        """Block until the job ends; returns its final event (Loaded, Done or Error)."""
+        final: Event | None = None
+        for event in self:
+            if isinstance(event, FINAL_EVENTS):
+                final = event
+        assert final is not None
+        return final
+
+
+class Backend(Protocol):
+    """What the UI and the headless runner use; the in-process engine and remote servers implement it."""
+
+    info: ModelInfo | None
+
+    def load(self) -> Stream: ...
+
+    def generate(self, request: Request) -> Stream: ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+    def close(self) -> None: ...

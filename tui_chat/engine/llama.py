@@ -1,0 +1,302 @@
+"""The in-process llama.cpp backend: one worker thread owns the model; requests in, events out."""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import logs
+from .base import (
+    Done,
+    EngineError,
+    Error,
+    LoadProgress,
+    Loaded,
+    Metrics,
+    ModelInfo,
+    PromptProgress,
+    Request,
+    StopReason,
+    Stream,
+    Token,
+    TurnMetrics,
+)
+from .llamacpp import LlamaSession, PrefillAborted, quantization_of, supports_gpu_offload
+from .prompts import PromptError, PromptFormat, choose_format
+from .stops import StopScanner, Utf8Stream
+
+METRICS_INTERVAL_S = 0.1
+PREFILL_CHUNK = 256
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaSettings:
+    path: Path
+    n_ctx: int = 4096
+    gpu_layers: int | None = None
+    chat_template: str = "auto"
+
+    @property
+    def resolved_gpu_layers(self) -> int:
+        """All layers where this build can offload, else none."""
+        if self.gpu_layers is not None:
+            return self.gpu_layers
+        return -1 if supports_gpu_offload() else 0
+
+
+def kept_token_count(ends: list[int | None], visible_len: int) -> int:
+    """How many generated tokens lie wholly inside the visible reply.
+
+    `ends[i]` is the text length after token i, or None while a UTF-8 character is still incomplete.
+    Tokens past the visible text (a cut stop sequence) are not part of the conversation.
+    """
+    kept = 0
+    for i, end in enumerate(ends):
+        if end is not None:
+            if end > visible_len:
+                break
+            kept = i + 1
+    return kept
+
+
+class LlamaBackend:
+    """Owns a `LlamaSession` on a single worker thread; every public method is safe from any thread."""
+
+    def __init__(self, settings: LlamaSettings, name: str | None = None) -> None:
+        self.settings = settings
+        self.name = name or settings.path.stem
+        self.info: ModelInfo | None = None
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._session: LlamaSession | None = None
+        self._format: PromptFormat | None = None
+        self._history_text = ""
+        self._history_tokens: list[int] = []
+        self._session_lock = threading.Lock()
+        self._worker = threading.Thread(target=self._run, name="llama-worker", daemon=True)
+        self._worker.start()
+
+    # --- public API ---------------------------------------------------------------------------
+
+    def load(self) -> Stream:
+        stream = Stream()
+        self._jobs.put(lambda: self._load(stream))
+        return stream
+
+    def generate(self, request: Request) -> Stream:
+        stream = Stream()
+        self._jobs.put(lambda: self._generate(request, stream))
+        return stream
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens `text` takes in this model; tokenizing only reads the vocabulary, so no worker hop."""
+        with self._session_lock:
+            if self._session is None:
+                raise EngineError("no model is loaded")
+            return len(self._session.tokenize(text, add_bos=False))
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._worker.join()
+
+    # --- worker -------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            job()
+        with self._session_lock:
+            if self._session is not None:
+                self._session.close()
+                self._session = None
+
+    def _load(self, stream: Stream) -> None:
+        settings = self.settings
+        try:
+            with self._session_lock:
+                if self._session is not None:
+                    self._session.close()
+                    self._session = None
+            session = LlamaSession(
+                settings.path,
+                n_ctx=settings.n_ctx,
+                gpu_layers=settings.resolved_gpu_layers,
+                n_batch=PREFILL_CHUNK,
+                on_progress=lambda fraction: _report_load(stream, fraction),
+            )
+            try:
+                prompt_format = choose_format(settings.chat_template, session.chat_template())
+            except PromptError:
+                session.close()
+                raise
+        except (EngineError, PromptError) as error:
+            if stream.cancelled.is_set():
+                error = EngineError(f"loading {settings.path.name} was cancelled")
+            stream.put(Error(str(error)))
+            return
+        description = session.description()
+        self.info = ModelInfo(
+            name=self.name,
+            path=str(settings.path),
+            description=description,
+            quantization=quantization_of(settings.path, description),
+            size_bytes=session.size_bytes(),
+            n_params=session.n_params(),
+            n_layers=session.n_layers,
+            gpu_layers=session.gpu_layers,
+            n_ctx=session.n_ctx,
+            n_ctx_train=session.n_ctx_train(),
+            chat_format=prompt_format.name,
+        )
+        with self._session_lock:
+            self._session = session
+        self._format = prompt_format
+        self._history_text, self._history_tokens = "", []
+        stream.put(Loaded(self.info))
+
+    def _generate(self, request: Request, stream: Stream) -> None:
+        try:
+            if self._session is None or self._format is None:
+                raise EngineError("no model is loaded")
+            _Turn(self, request, stream).run()
+        except (EngineError, PromptError) as error:
+            stream.put(Error(str(error)))
+
+    def _prompt_tokens(self, text: str) -> list[int]:
+        """Tokens for the rendered prompt, keeping the tokens the model saw last turn as they were.
+
+        Re-tokenizing the whole transcript can merge the end of the last reply differently from how it
+        was generated, which would break prefix reuse right at the turn boundary.
+        """
+        session = self._session
+        if self._history_text and text.startswith(self._history_text):
+            return self._history_tokens + session.tokenize(text[len(self._history_text) :], add_bos=False)
+        add_bos = session.add_bos and not (session.bos_text and text.startswith(session.bos_text))
+        return session.tokenize(text, add_bos=add_bos)
+
+
+def _report_load(stream: Stream, fraction: float) -> bool:
+    stream.put(LoadProgress(fraction))
+    return not stream.cancelled.is_set()
+
+
+class _Turn:
+    """One reply: prompt, prefill with progress, then the decode loop that reads params every token."""
+
+    def __init__(self, backend: LlamaBackend, request: Request, stream: Stream) -> None:
+        self.backend = backend
+        self.session: LlamaSession = backend._session
+        self.request = request
+        self.stream = stream
+        self.prompt_text = backend._format.render(request.messages, self.session.bos_text, self.session.eos_text)
+        self.implicit_stops = backend._format.implicit_stops
+        self.prompt = backend._prompt_tokens(self.prompt_text)
+        self.cached = 0
+        self.prefill_s = 0.0
+        self.generated: list[int] = []
+        self.ends: list[int | None] = []
+        self.first_at: float | None = None
+        self.visible_at: float | None = None
+        self.last_at: float | None = None
+
+    def run(self) -> None:
+        session, stream = self.session, self.stream
+        if len(self.prompt) >= session.n_ctx:
+            raise EngineError(
+                f"the conversation is {len(self.prompt)} tokens but the context holds {session.n_ctx}: "
+                "start a new chat or raise n_ctx"
+            )
+        self.cached = session.keep_prefix(self.prompt)
+        session.reset_perf()
+        try:
+            self._prefill()
+        except PrefillAborted:
+            self._finish("cancelled", StopScanner(), Utf8Stream())
+            return
+        scanner = StopScanner()
+        utf8 = Utf8Stream()
+        reason = self._decode(scanner, utf8)
+        self._finish(reason, scanner, utf8)
+
+    def _prefill(self) -> None:
+        todo = self.prompt[self.cached :]
+        started = time.perf_counter()
+
+        def progress(done: int) -> None:
+            self.stream.put(PromptProgress(done, len(todo), time.perf_counter() - started))
+
+        progress(0)
+        self.session.prefill(todo, progress, self.stream.cancelled.is_set)
+        self.prefill_s = time.perf_counter() - started
+
+    def _decode(self, scanner: StopScanner, utf8: Utf8Stream) -> StopReason:
+        session, stream, live = self.session, self.stream, self.request.params
+        top_n = self.request.top_logprobs
+        sampler = None
+        version = -1
+        next_metrics = 0.0
+        try:
+            while True:
+                if stream.cancelled.is_set():
+                    return "cancelled"
+                if live.version != version:
+                    version, params = live.snapshot()
+                    if sampler is not None:
+                        session.free_sampler(sampler)
+                    seed = params.seed if params.seed >= 0 else random.getrandbits(32)
+                    sampler = session.new_sampler(params, seed)
+                    scanner.stops = params.stop + self.implicit_stops
+                if len(self.generated) >= params.max_tokens:
+                    return "length"
+                token = session.sample(sampler)
+                now = time.perf_counter()
+                prob, top = session.probabilities(token, top_n) if top_n else (None, ())
+                self.first_at = self.first_at or now
+                self.last_at = now
+                self.generated.append(token)
+                if session.is_end_of_generation(token):
+                    self.ends.append(None)
+                    stream.put(Token(token, "", now, version, prob, top))
+                    return "eos"
+                delta = scanner.feed(utf8.decode(session.piece(token)))
+                self.ends.append(len(scanner.text) if not utf8.pending else None)
+                if delta and self.visible_at is None:
+                    self.visible_at = now
+                stream.put(Token(token, delta, now, version, prob, top))
+                if scanner.stopped:
+                    return "stop"
+                if len(self.generated) >= params.max_tokens or len(session.tokens) + 1 >= session.n_ctx:
+                    return "length"
+                session.step(token)
+                if now >= next_metrics:
+                    stream.put(Metrics(self.metrics()))
+                    next_metrics = now + METRICS_INTERVAL_S
+        finally:
+            if sampler is not None:
+                session.free_sampler(sampler)
+
+    def _finish(self, reason: StopReason, scanner: StopScanner, utf8: Utf8Stream) -> None:
+        scanner.feed(utf8.flush())
+        scanner.flush()
+        text = scanner.visible
+        kept = kept_token_count(self.ends, len(text))
+        self.backend._history_text = self.prompt_text + scanner.text[: self.ends[kept - 1]] if kept else self.prompt_text
+        self.backend._history_tokens = self.prompt + self.generated[:kept]
+        metrics = self.metrics()
+        self.stream.put(Done(reason, text, metrics, tuple(self.prompt)))
+
+    def metrics(self) -> TurnMetrics:
+        first = self.visible_at or self.first_at
+        return TurnMetrics(
+            prompt_tokens=len(self.prompt),
+            cached_tokens=self.cached,
+            completion_tokens=len(self.generated),
+            ttft_s=None if first is None else first - self.request.submitted_at,
+            prefill_s=self.prefill_s,
+            decode_s=0.0 if self.first_at is None else self.last_at - self.first_at,
+            context_tokens=len(self.session.tokens),
+            n_ctx=self.session.n_ctx,
+        )

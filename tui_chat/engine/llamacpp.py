@@ -1,0 +1,305 @@
+"""Thin wrappers over llama.cpp's C API: one model, one context, one sequence.
+
+We drive llama.cpp directly rather than through `llama_cpp.Llama` so that each token is one
+`llama_decode` of a preallocated batch, the sampler chain can change between tokens, and the next
+token's probabilities come from this step's logits alone. Use from a single thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from . import logs
+from .base import Candidate, EngineError
+from .params import SamplingParams
+
+PENALTY_LAST_N = 64
+_ALL_LAYERS = 0x7FFF_FFFF
+_QUANT_IN_NAME = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32)(?![A-Za-z0-9])", re.IGNORECASE)
+
+_backend_ready = False
+
+
+class PrefillAborted(Exception):
+    """The user cancelled while the prompt was being read."""
+
+
+@dataclass(frozen=True, slots=True)
+class Perf:
+    """llama.cpp's own counters: `p_eval` counts batched prompt tokens, `eval` single-token steps."""
+
+    p_eval_ms: float
+    n_p_eval: int
+    eval_ms: float
+    n_eval: int
+
+
+def supports_gpu_offload() -> bool:
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def quantization_of(path: Path, description: str) -> str:
+    match = _QUANT_IN_NAME.search(path.name) or _QUANT_IN_NAME.search(description)
+    return match.group(1).upper() if match else "unknown"
+
+
+class LlamaSession:
+    """A loaded model with its KV cache. `tokens` mirrors exactly what the cache holds."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        n_ctx: int,
+        gpu_layers: int,
+        n_batch: int,
+        on_progress: Callable[[float], bool] | None = None,
+    ) -> None:
+        global _backend_ready
+        if not _backend_ready:
+            llama_cpp.llama_backend_init()
+            _backend_ready = True
+        self.n_batch = n_batch
+        self.tokens: list[int] = []
+        logs.take_errors()
+
+        model_params = llama_cpp.llama_model_default_params()
+        model_params.n_gpu_layers = _ALL_LAYERS if gpu_layers < 0 else gpu_layers
+        if on_progress is not None:
+            self._progress = llama_cpp.llama_progress_callback(lambda fraction, _data: bool(on_progress(fraction)))
+            model_params.progress_callback = self._progress
+        self.model = llama_cpp.llama_model_load_from_file(os.fsencode(path), model_params)
+        if not self.model:
+            raise EngineError(_load_failure(path))
+
+        self.n_layers = llama_cpp.llama_model_n_layer(self.model)
+        self.gpu_layers = min(self.n_layers, model_params.n_gpu_layers) if supports_gpu_offload() else 0
+        context_params = llama_cpp.llama_context_default_params()
+        context_params.n_ctx = n_ctx
+        context_params.n_batch = n_batch
+        context_params.n_ubatch = n_batch
+        context_params.n_threads = context_params.n_threads_batch = os.cpu_count() or 1
+        context_params.swa_full = True  # sliding-window models keep every position, so earlier turns stay reusable
+        context_params.no_perf = False
+        self.ctx = llama_cpp.llama_init_from_model(self.model, context_params)
+        if not self.ctx:
+            llama_cpp.llama_model_free(self.model)
+            self.model = None
+            reason = "; ".join(logs.take_errors()) or "not enough memory?"
+            raise EngineError(f"cannot create a {n_ctx}-token context for {path.name}: {reason}")
+
+        self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self._piece_buffer = ctypes.create_string_buffer(256)
+        self.bos_text = self._special_text(llama_cpp.llama_vocab_bos(self.vocab))
+        self.eos_text = self._special_text(llama_cpp.llama_vocab_eos(self.vocab))
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        for i in range(n_batch):
+            self._batch.n_seq_id[i] = 1
+            self._batch.seq_id[i][0] = 0
+        self._pieces: dict[int, bytes] = {}
+        self._probs = np.empty(self.n_vocab, dtype=np.float32)
+        self._abort = llama_cpp.ggml_abort_callback(lambda _data: self._abort_requested())
+        self._abort_requested: Callable[[], bool] = lambda: False
+
+    # --- model facts -------------------------------------------------------------------------
+
+    def description(self) -> str:
+        buffer = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(self.model, buffer, len(buffer))
+        return buffer.value.decode("utf-8", errors="replace")
+
+    def chat_template(self) -> str | None:
+        template = llama_cpp.llama_model_chat_template(self.model, None)
+        return template.decode("utf-8", errors="replace") if template else None
+
+    def size_bytes(self) -> int:
+        return llama_cpp.llama_model_size(self.model)
+
+    def n_params(self) -> int:
+        return llama_cpp.llama_model_n_params(self.model)
+
+    def n_ctx_train(self) -> int:
+        return llama_cpp.llama_model_n_ctx_train(self.model)
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    # --- text <-> tokens ----------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 2
+        while True:
+            buffer = (llama_cpp.llama_token * capacity)()
+            count = llama_cpp.llama_tokenize(self.vocab, data, len(data), buffer, capacity, add_bos, True)
+            if count >= 0:
+                return list(buffer[:count])
+            capacity = -count
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a generated token stands for; control tokens show as nothing."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            size = llama_cpp.llama_token_to_piece(self.vocab, token, self._piece_buffer, len(self._piece_buffer), 0, False)
+            cached = self._pieces[token] = self._piece_buffer.raw[: max(size, 0)]
+        return cached
+
+    def _special_text(self, token: int) -> str:
+        """How a template writes a special token such as BOS, so it can be recognised in rendered text."""
+        if token < 0:
+            return ""
+        size = llama_cpp.llama_token_to_piece(self.vocab, token, self._piece_buffer, len(self._piece_buffer), 0, True)
+        return self._piece_buffer.raw[: max(size, 0)].decode("utf-8", errors="replace")
+
+    # --- the KV cache -------------------------------------------------------------------------
+
+    def keep_prefix(self, prompt: Sequence[int]) -> int:
+        """Drop cached tokens after the longest common prefix with `prompt`; returns how many stay.
+
+        One prompt token is always left to evaluate, since its logits give the first reply token.
+        """
+        limit = min(len(self.tokens), len(prompt) - 1)
+        keep = 0
+        while keep < limit and self.tokens[keep] == prompt[keep]:
+            keep += 1
+        if keep < len(self.tokens):
+            if not llama_cpp.llama_memory_seq_rm(self.memory, 0, keep, -1):
+                llama_cpp.llama_memory_clear(self.memory, True)
+                keep = 0
+            del self.tokens[keep:]
+        return keep
+
+    def prefill(self, tokens: Sequence[int], on_chunk: Callable[[int], None], should_stop: Callable[[], bool]) -> None:
+        """Evaluate `tokens` after the cached ones in n_batch chunks; only the last one's logits are kept."""
+        self._abort_requested = should_stop
+        llama_cpp.llama_set_abort_callback(self.ctx, self._abort, None)
+        try:
+            for start in range(0, len(tokens), self.n_batch):
+                if should_stop():
+                    raise PrefillAborted
+                chunk = tokens[start : start + self.n_batch]
+                self._decode(chunk, want_logits=start + len(chunk) == len(tokens))
+                on_chunk(start + len(chunk))
+        finally:
+            llama_cpp.llama_set_abort_callback(self.ctx, llama_cpp.ggml_abort_callback(), None)
+            self._abort_requested = lambda: False
+
+    def step(self, token: int) -> None:
+        """Add one sampled token to the cache and compute the next logits."""
+        batch = self._batch
+        batch.n_tokens = 1
+        batch.token[0] = token
+        batch.pos[0] = len(self.tokens)
+        batch.logits[0] = 1
+        status = llama_cpp.llama_decode(self.ctx, batch)
+        if status != 0:
+            raise EngineError(_decode_failure(status))
+        self.tokens.append(token)
+
+    def _decode(self, chunk: Sequence[int], *, want_logits: bool) -> None:
+        batch = self._batch
+        n_past = len(self.tokens)
+        batch.n_tokens = len(chunk)
+        for i, token in enumerate(chunk):
+            batch.token[i] = token
+            batch.pos[i] = n_past + i
+            batch.logits[i] = 0
+        batch.logits[len(chunk) - 1] = int(want_logits)
+        status = llama_cpp.llama_decode(self.ctx, batch)
+        if status == 2:
+            llama_cpp.llama_memory_seq_rm(self.memory, 0, n_past, -1)
+            raise PrefillAborted
+        if status != 0:
+            llama_cpp.llama_memory_seq_rm(self.memory, 0, n_past, -1)
+            raise EngineError(_decode_failure(status))
+        self.tokens.extend(chunk)
+
+    # --- sampling -----------------------------------------------------------------------------
+
+    def new_sampler(self, params: SamplingParams, seed: int) -> ctypes.c_void_p:
+        """A llama.cpp sampler chain for `params`, primed with the recent tokens the penalty looks at."""
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        add = lambda sampler: llama_cpp.llama_sampler_chain_add(chain, sampler)  # noqa: E731
+        if params.repeat_penalty != 1.0:
+            add(llama_cpp.llama_sampler_init_penalties(self.n_vocab, PENALTY_LAST_N, params.repeat_penalty, 0.0, 0.0))
+        if params.temperature <= 0.0:
+            add(llama_cpp.llama_sampler_init_greedy())
+        else:
+            if params.top_k > 0:
+                add(llama_cpp.llama_sampler_init_top_k(params.top_k))
+            if params.top_p < 1.0:
+                add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+            if params.min_p > 0.0:
+                add(llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
+            add(llama_cpp.llama_sampler_init_temp(params.temperature))
+            add(llama_cpp.llama_sampler_init_dist(seed))
+        for token in self.tokens[-PENALTY_LAST_N:]:
+            llama_cpp.llama_sampler_accept(chain, token)
+        return chain
+
+    @staticmethod
+    def free_sampler(chain: ctypes.c_void_p) -> None:
+        llama_cpp.llama_sampler_free(chain)
+
+    def sample(self, chain: ctypes.c_void_p) -> int:
+        return llama_cpp.llama_sampler_sample(chain, self.ctx, -1)
+
+    def probabilities(self, token: int, top_n: int) -> tuple[float, tuple[Candidate, ...]]:
+        """`token`'s probability and the top-N candidates under the raw distribution of this step.
+
+        Softmax into a preallocated buffer and a partial sort: no full-vocabulary sort, no copies.
+        """
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,))
+        probs = self._probs
+        np.subtract(logits, logits.max(), out=probs)
+        np.exp(probs, out=probs)
+        scale = 1.0 / float(probs.sum())
+        top = np.argpartition(probs, -top_n)[-top_n:]
+        top = top[np.argsort(probs[top])[::-1]]
+        candidates = tuple(
+            Candidate(int(t), self.piece(int(t)).decode("utf-8", errors="replace"), float(probs[t]) * scale) for t in top
+        )
+        return float(probs[token]) * scale, candidates
+
+    # --- counters and teardown ----------------------------------------------------------------
+
+    def reset_perf(self) -> None:
+        llama_cpp.llama_perf_context_reset(self.ctx)
+
+    def perf(self) -> Perf:
+        data = llama_cpp.llama_perf_context(self.ctx)
+        return Perf(data.t_p_eval_ms, data.n_p_eval, data.t_eval_ms, data.n_eval)
+
+    def close(self) -> None:
+        if self.ctx:
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            llama_cpp.llama_model_free(self.model)
+            self.model = None
+
+
+def _load_failure(path: Path) -> str:
+    errors = logs.take_errors()
+    reason = next((e for e in reversed(errors) if "failed to load model" not in e), errors[-1] if errors else "")
+    reason = reason.removeprefix("llama_model_load: error loading model: ").strip()
+    return f"cannot load {path.name}: {reason or 'llama.cpp rejected the file'}"
+
+
+def _decode_failure(status: int) -> str:
+    if status == 1:
+        return "the context is full: no room left in the KV cache"
+    return f"llama.cpp could not evaluate the tokens (llama_decode returned {status})"

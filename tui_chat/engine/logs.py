@@ -1,0 +1,66 @@
+"""llama.cpp logs go to a file, never to the terminal the UI draws on.
+
+The ctypes callback object lives at module level: llama.cpp keeps the raw pointer, and a collected
+callback crashes the process the next time it logs (e.g. while rejecting a truncated model).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from pathlib import Path
+from typing import TextIO
+
+import llama_cpp
+
+_LEVEL_ERROR = 4  # GGML_LOG_LEVEL_ERROR
+_MAX_LOG_BYTES = 5 * 1024 * 1024
+
+_lock = threading.Lock()
+_sink: TextIO | None = None
+_recent_errors: collections.deque[str] = collections.deque(maxlen=8)
+_installed = False
+
+
+def _on_log(level: int, text: bytes | None, _user_data: object) -> None:
+    if not text:
+        return
+    line = text.decode("utf-8", errors="replace")
+    with _lock:
+        if level == _LEVEL_ERROR and line.strip():
+            _recent_errors.append(line.strip())
+        if _sink is not None:
+            _sink.write(line)
+
+
+_CALLBACK = llama_cpp.llama_log_callback(_on_log)
+
+
+def install(log_dir: Path | None) -> Path | None:
+    """Route llama.cpp's logs to `log_dir/llama.log` (or nowhere when it cannot be written)."""
+    global _sink, _installed
+    path = None
+    with _lock:
+        if _sink is not None:
+            _sink.close()
+            _sink = None
+        if log_dir is not None:
+            try:
+                log_dir.mkdir(parents=True, exist_ok=True)
+                path = log_dir / "llama.log"
+                mode = "w" if path.exists() and path.stat().st_size > _MAX_LOG_BYTES else "a"
+                _sink = path.open(mode, encoding="utf-8", buffering=1)
+            except OSError:
+                path = None
+    if not _installed:
+        llama_cpp.llama_log_set(_CALLBACK, None)
+        _installed = True
+    return path
+
+
+def take_errors() -> list[str]:
+    """The error lines llama.cpp logged since the last call: the reason behind a failed load."""
+    with _lock:
+        errors = list(_recent_errors)
+        _recent_errors.clear()
+    return errors

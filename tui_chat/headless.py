@@ -1,0 +1,82 @@
+"""`tui-chat run`: one conversation without the UI, for scripts, benchmarks and CI."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import TextIO
+
+from .engine.base import Backend, Done, EngineError, Error, Message, Request, Token
+from .engine.params import LiveParams, SamplingParams
+from .safetext import terminal_safe
+
+
+def _writer(out: TextIO) -> Callable[[str], None]:
+    clean = terminal_safe if out.isatty() else (lambda text: text)
+
+    def write(text: str) -> None:
+        out.write(clean(text))
+        out.flush()
+
+    return write
+
+
+def run_conversation(
+    backend: Backend,
+    prompts: list[str],
+    params: SamplingParams,
+    *,
+    system: str | None,
+    as_json: bool,
+    out: TextIO = sys.stdout,
+) -> int:
+    """Answer each prompt in turn as one conversation; returns the process exit status."""
+    messages: list[Message] = [Message("system", system)] if system else []
+    turns: list[dict] = []
+    write = _writer(out)
+    for index, prompt in enumerate(prompts):
+        messages.append(Message("user", prompt))
+        stream = backend.generate(Request(list(messages), LiveParams(params)))
+        shown = ""
+        final = None
+        try:
+            for event in stream:
+                if isinstance(event, Token) and not as_json and event.text:
+                    shown = _show(write, shown, event.text)
+                elif isinstance(event, (Done, Error)):
+                    final = event
+        except KeyboardInterrupt:
+            stream.cancel()
+            final = stream.result()
+        if isinstance(final, Error):
+            raise EngineError(final.message)
+        if not as_json:
+            shown = _show(write, shown, final.text[len(shown) :] if final.text.startswith(shown) else "")
+            write("\n\n" if index < len(prompts) - 1 else "\n")
+        messages.append(Message("assistant", final.text))
+        turns.append({"prompt": prompt, "text": final.text.strip(), "stop_reason": final.stop_reason, **final.metrics.as_dict()})
+        if final.stop_reason == "cancelled":
+            break
+    if as_json:
+        info = backend.info
+        report = {
+            "model": info.name,
+            "model_path": info.path,
+            "backend": info.backend,
+            "gpu_layers": info.gpu_layers,
+            "params": params.as_dict(),
+            "turns": turns,
+        }
+        write(json.dumps(report, indent=2) + "\n")
+    return 130 if turns and turns[-1]["stop_reason"] == "cancelled" else 0
+
+
+def _show(write: Callable[[str], None], shown: str, text: str) -> str:
+    """Print `text` without the whitespace around the reply (trailing space waits for what follows it).
+
+    Returns all the text seen so far.
+    """
+    seen = shown + text
+    write(seen.strip()[len(shown.strip()) :])
+    return seen
