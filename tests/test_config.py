@@ -1,6 +1,6 @@
 import pytest
 
-from tui_chat.config import Config, ConfigError, load_config, round_context
+from tui_chat.config import Config, ConfigError, load_config, round_context, save_setting
 from tui_chat.engine.params import SamplingParams
 
 
@@ -51,3 +51,25 @@ def test_bad_config_is_one_clear_line(tmp_path, text, message):
         load_config(write(tmp_path, text))
     assert "\n" not in str(caught.value)
     assert str(tmp_path) in str(caught.value)
+
+
+def test_theme_and_keys_are_read(tmp_path):
+    config = load_config(write(tmp_path, 'theme = "nord"\n[keys]\nregenerate = "f5"\n'))
+    assert config.theme == "nord" and config.keys == {"regenerate": "f5"}
+
+
+def test_save_setting_keeps_comments_and_tables(tmp_path):
+    path = write(tmp_path, '# my settings\nn_ctx = 2048\n\n[sampling]\ntemperature = 0.3\n')
+    save_setting("theme", "tui-chat-dusk", path)
+    save_setting("theme", 'say "hi"', path)
+    text = path.read_text()
+    assert text.startswith("# my settings\nn_ctx = 2048\n")
+    assert text.count("theme =") == 1
+    config = load_config(path)
+    assert config.theme == 'say "hi"' and config.n_ctx == 2048 and config.sampling.temperature == 0.3
+
+
+def test_save_setting_creates_the_file(tmp_path):
+    path = tmp_path / "new" / "config.toml"
+    save_setting("theme", "light", path)
+    assert load_config(path).theme == "light"

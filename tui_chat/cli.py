@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-
-from .config import ConfigError, check_context, check_gpu_layers, config_path, load_config, log_dir, models_dir
-from .engine.base import EngineError, Error
+from collections.abc import Callable
+from functools import partial
+from .config import Config, ConfigError, check_context, check_gpu_layers, load_config, log_dir, models_dir
+from .engine.base import Backend, EngineError, Error
 from .engine.params import PARAMS, InvalidParameter
 
 USAGE_ERROR = 2
@@ -52,22 +52,39 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args, config, n_ctx, gpu_layers)
     except (ConfigError, InvalidParameter, EngineError) as error:
         return _fail(error)
-    return _fail(EngineError(f"the chat screen is not available yet; use: tui-chat run --prompt TEXT (config: {config_path()})"))
+    return _chat(args.model, config, n_ctx, gpu_layers)
 
 
-def _run(args: argparse.Namespace, config, n_ctx: int, gpu_layers: int | None) -> int:
-    from .engine import logs
-    from .engine.llama import LlamaBackend, LlamaSettings
-    from .engine.models import resolve_model
+def _opener(config: Config, n_ctx: int, gpu_layers: int | None) -> Callable[[str | None], Backend]:
+    """Opens a backend for a model name with the settings of this run (used off the UI thread)."""
+    from .engine.factory import open_local
+
+    return partial(
+        open_local,
+        default_model=config.default_model,
+        models_dir=models_dir(),
+        log_dir=log_dir(),
+        n_ctx=n_ctx,
+        gpu_layers=gpu_layers,
+        chat_template=config.chat_template,
+    )
+
+
+def _chat(model: str | None, config: Config, n_ctx: int, gpu_layers: int | None) -> int:
+    from .ui.app import ChatApp
+
+    ChatApp(config, _opener(config, n_ctx, gpu_layers), model).run()
+    return 0
+
+
+def _run(args: argparse.Namespace, config: Config, n_ctx: int, gpu_layers: int | None) -> int:
     from .headless import run_conversation
 
     given = {spec.name: getattr(args, spec.name) for spec in PARAMS if getattr(args, spec.name) is not None}
     if args.stop:
         given["stop"] = args.stop
     params = config.sampling.with_changes(**given)
-    path = resolve_model(args.model, config.default_model, models_dir())
-    logs.install(log_dir())
-    backend = LlamaBackend(LlamaSettings(path, n_ctx, gpu_layers, config.chat_template), name=_model_name(args.model, path))
+    backend = _opener(config, n_ctx, gpu_layers)(args.model)
     try:
         loaded = backend.load().result()
         if isinstance(loaded, Error):
@@ -79,10 +96,6 @@ def _run(args: argparse.Namespace, config, n_ctx: int, gpu_layers: int | None) -
             return 1
     finally:
         backend.close()
-
-
-def _model_name(asked: str | None, path: Path) -> str:
-    return asked if asked and not asked.lower().endswith(".gguf") else path.stem
 
 
 def _fail(error: Exception) -> int:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +51,8 @@ class Config:
     n_ctx: int = DEFAULT_N_CTX
     gpu_layers: int | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    theme: str | None = None
+    keys: dict[str, str] = field(default_factory=dict)
 
 
 def round_context(n_ctx: int) -> int:
@@ -89,7 +94,7 @@ def load_config(path: Path | None = None) -> Config:
         raise ConfigError(f"config {path}: {error}") from None
 
 
-_TOP_LEVEL = {"default_model", "chat_template", "n_ctx", "gpu_layers", "sampling"}
+_TOP_LEVEL = {"default_model", "chat_template", "n_ctx", "gpu_layers", "sampling", "theme", "keys"}
 
 
 def _parse(raw: dict[str, Any]) -> Config:
@@ -103,10 +108,39 @@ def _parse(raw: dict[str, Any]) -> Config:
     if not isinstance(sampling, dict):
         raise InvalidParameter("[sampling] must be a table")
     gpu_layers = raw.get("gpu_layers")
+    theme = raw.get("theme")
+    if theme is not None and not isinstance(theme, str):
+        raise InvalidParameter("theme must be text")
+    keys = raw.get("keys", {})
+    if not isinstance(keys, dict) or not all(isinstance(v, str) for v in keys.values()):
+        raise InvalidParameter('[keys] must map actions to keys, e.g. regenerate = "ctrl+r"')
     return Config(
         default_model=default_model or None,
         chat_template=check_template(raw.get("chat_template", AUTO)),
         n_ctx=check_context(raw.get("n_ctx", DEFAULT_N_CTX)),
         gpu_layers=None if gpu_layers is None else check_gpu_layers(gpu_layers),
         sampling=SamplingParams().with_changes(**sampling),
+        theme=theme,
+        keys=keys,
     )
+
+
+def save_setting(key: str, value: str, path: Path | None = None) -> None:
+    """Set one top-level text setting, keeping the rest of the file (comments included) as written."""
+    path = path or config_path()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        lines = []
+    line = f"{key} = {json.dumps(value)}"
+    pattern = re.compile(rf"^\s*{re.escape(key)}\s*=")
+    table_start = next((i for i, text in enumerate(lines) if text.lstrip().startswith("[")), len(lines))
+    existing = next((i for i in range(table_start) if pattern.match(lines[i])), None)
+    if existing is None:
+        lines.insert(table_start, line)
+    else:
+        lines[existing] = line
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    os.replace(partial, path)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, Literal
 
 ALL_BACKENDS = frozenset({"llama", "openai"})
 
@@ -27,6 +27,12 @@ class ParamSpec:
     default: Any
     hint: str
     backends: frozenset[str] = ALL_BACKENDS
+    control: Literal["slider", "seed"] = "slider"
+    slider_maximum: float | None = None  # a narrower range for the slider than the engine accepts
+
+    @property
+    def slider_range(self) -> tuple[float, float, float]:
+        return self.minimum, self.slider_maximum or self.maximum, self.step
 
     def check(self, value: Any) -> Any:
         """Return `value` coerced to this parameter's type, or raise a one-line error."""
@@ -66,10 +72,17 @@ PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("repeat_penalty", "Repeat penalty", float, 1.0, 2.0, 0.01, 1.1,
               "Makes tokens seen in the last 64 less likely; 1 turns it off.", frozenset({"llama"})),
     ParamSpec("seed", "Seed", int, -1, 2**32 - 2, 1, -1,
-              "Fixes the random draws so a reply can be repeated; -1 picks a new seed each reply."),
-    ParamSpec("max_tokens", "Max tokens", int, 1, 131072, 16, 1024,
-              "Stops the reply after this many tokens."),
+              "Fixes the random draws so a reply can be repeated; -1 picks a new seed each reply.",
+              control="seed"),
+    ParamSpec("max_tokens", "Max tokens", int, 1, 131072, 1, 1024,
+              "Stops the reply after this many tokens.", slider_maximum=8192),
 )
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "Precise": {"temperature": 0.2, "top_p": 0.9, "top_k": 20, "min_p": 0.1, "repeat_penalty": 1.1},
+    "Balanced": {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "repeat_penalty": 1.1},
+    "Creative": {"temperature": 1.1, "top_p": 0.95, "top_k": 100, "min_p": 0.02, "repeat_penalty": 1.05},
+}
 
 SPECS: dict[str, ParamSpec] = {spec.name: spec for spec in PARAMS}
 

@@ -1,0 +1,31 @@
+"""Opening a backend by model name: the one place that knows which engine class serves a name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .base import Backend
+from .models import resolve_model
+
+
+def open_local(
+    model: str | None,
+    *,
+    default_model: str | None,
+    models_dir: Path,
+    log_dir: Path,
+    n_ctx: int,
+    gpu_layers: int | None,
+    chat_template: str,
+) -> Backend:
+    """An in-process llama.cpp backend for `model`, not yet loaded (call `load()`).
+
+    llama_cpp is imported here, not at module import, so the UI can draw before it loads.
+    """
+    from . import logs
+    from .llama import LlamaBackend, LlamaSettings
+
+    path = resolve_model(model, default_model, models_dir)
+    logs.install(log_dir)
+    name = model if model and not model.lower().endswith(".gguf") else path.stem
+    return LlamaBackend(LlamaSettings(path, n_ctx, gpu_layers, chat_template), name=name)

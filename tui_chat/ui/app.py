@@ -1,0 +1,63 @@
+"""The Textual application: themes, key map, command palette, and the chat screen."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from textual.app import App, SystemCommand
+from textual.screen import Screen
+
+from ..config import Config, config_dir, save_setting
+from ..engine.params import PRESETS, LiveParams
+from .screens.chat import BackendOpener, ChatScreen
+from .themes import load_themes
+
+
+DEFAULT_THEME = "tui-chat-dusk"
+
+
+class ChatApp(App[None]):
+    TITLE = "tui-chat"
+
+    def __init__(self, config: Config, open_backend: BackendOpener, model: str | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.open_backend = open_backend
+        self.model = model
+        self.keymap_overrides = dict(config.keys)
+        self._saved_theme: str | None = None
+
+    def on_mount(self) -> None:
+        themes, problems = load_themes(config_dir() / "themes")
+        for theme in themes:
+            self.register_theme(theme)
+        for problem in problems:
+            self.notify(problem, severity="warning", timeout=6)
+        wanted = self.config.theme or DEFAULT_THEME
+        if wanted in self.available_themes:
+            self.theme = wanted
+        else:
+            self.notify(f"theme {wanted!r} not found; using {self.theme}", severity="warning")
+        self._saved_theme = self.theme
+        self.set_keymap(self.keymap_overrides)
+        self.push_screen(ChatScreen(self.open_backend, self.model, LiveParams(self.config.sampling)))
+
+    def watch_theme(self, theme: str) -> None:
+        """Remember the theme the user picked (command palette → Change theme)."""
+        if self._saved_theme is None or theme == self._saved_theme:
+            return
+        try:
+            save_setting("theme", theme)
+            self._saved_theme = theme
+        except OSError as error:
+            self.notify(f"cannot save the theme: {error.strerror}", severity="warning")
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        if not isinstance(screen, ChatScreen):
+            return
+        for binding in ChatScreen.BINDINGS:
+            key = self.keymap_overrides.get(binding.id, binding.key)
+            yield SystemCommand(binding.tooltip, f"{binding.description} · {key}", getattr(screen, f"action_{binding.action}"))
+        for name in PRESETS:
+            yield SystemCommand(f"Preset: {name}", f"Sampling preset {name}", lambda name=name: screen.apply_preset(name))

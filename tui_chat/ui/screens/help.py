@@ -1,0 +1,55 @@
+"""F1: every key the app answers to, as bound right now (the config can rebind them)."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.content import Content
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from ..widgets.messages import ChatMessage
+from ..widgets.prompt import PromptInput
+from ..widgets.slider import Slider
+
+
+def key_lines(keymap: dict[str, str]) -> list[str]:
+    from .chat import ChatScreen
+
+    sections = [
+        ("Chat", ChatScreen.BINDINGS),
+        ("Message box", PromptInput.BINDINGS),
+        ("A focused message", ChatMessage.BINDINGS),
+        ("A focused slider (or click and drag it)", Slider.BINDINGS),
+    ]
+    lines: list[str] = []
+    for title, bindings in sections:
+        lines.append(title)
+        for binding in bindings:
+            keys = keymap.get(binding.id, binding.key) if binding.id else binding.key
+            lines.append(f"  {keys:<22} {binding.description}")
+        lines.append("")
+    lines += [
+        "Anywhere",
+        f"  {'ctrl+p':<22} command palette (themes, presets, every action)",
+        f"  {'tab, shift+tab':<22} move focus",
+        f"  {'ctrl+q':<22} quit",
+    ]
+    return lines
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,f1,q", "dismiss", "Close")]
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > VerticalScroll {
+        width: 64; max-width: 100%; height: auto; max-height: 90%;
+        border: round $accent; background: $surface; padding: 0 1;
+    }
+    """
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll() as scroll:
+            scroll.border_title = "Keys"
+            yield Static(Content("\n".join(key_lines(self.app.keymap_overrides))))

@@ -1,0 +1,107 @@
+"""Sampling controls, built from the engine's parameter table: a new row there is a new control here.
+
+Changes go straight into the request's `LiveParams`, which the engine reads before every token.
+"""
+
+from __future__ import annotations
+
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.content import Content
+from textual.widgets import Button, Input, Static
+
+from ...engine.params import PARAMS, PRESETS, SPECS, InvalidParameter, LiveParams, ParamSpec
+from .slider import Slider
+
+
+def format_value(spec: ParamSpec, value: float) -> str:
+    if spec.name == "seed" and value < 0:
+        return "random"
+    return str(value) if spec.kind is int else f"{value:.2f}"
+
+
+def parse_stops(text: str) -> list[str]:
+    r"""`a | b` gives two stop sequences; `\n` and `\t` stand for a newline and a tab."""
+    stops = (part.strip().replace("\\n", "\n").replace("\\t", "\t") for part in text.split("|"))
+    return [stop for stop in stops if stop]
+
+
+class SamplingPanel(Vertical):
+    def __init__(self, live: LiveParams, backend: str = "llama", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.live = live
+        self.backend = backend
+        self.pending_version: int | None = None
+
+    def compose(self) -> ComposeResult:
+        _, params = self.live.snapshot()
+        with Horizontal(id="presets"):
+            for name in PRESETS:
+                yield Button(name, id=f"preset-{name.lower()}", compact=True)
+        for spec in PARAMS:
+            value = getattr(params, spec.name)
+            supported = self.backend in spec.backends
+            yield Static(Content(self._label(spec, value)), id=f"label-{spec.name}", classes="param-label")
+            if spec.control == "seed":
+                yield Input("" if value < 0 else str(value), placeholder="random", id=spec.name,
+                            type="integer", compact=True, disabled=not supported)
+            else:
+                low, high, step = spec.slider_range
+                yield Slider(value, low, high, step, integer=spec.kind is int, id=spec.name, disabled=not supported)
+            hint = spec.hint if supported else f"Not supported by the {self.backend} backend."
+            yield Static(Content(hint), classes="hint")
+        yield Static(Content("Stop sequences (a | b, \\n = newline)"), classes="param-label")
+        yield Input(" | ".join(params.stop).replace("\n", "\\n"), placeholder="none", id="stop", compact=True)
+        yield Static(id="applied", classes="hint")
+
+    def on_mount(self) -> None:
+        self.border_title = "Sampling"
+
+    @staticmethod
+    def _label(spec: ParamSpec, value: float) -> str:
+        return f"{spec.label:<15}{format_value(spec, value):>8}"
+
+    def _apply(self, **changes) -> None:
+        try:
+            params = self.live.update(**changes)
+        except InvalidParameter as error:
+            self.notify(str(error), severity="error")
+            return
+        for name in changes:
+            if name in SPECS:
+                spec = SPECS[name]
+                self.query_one(f"#label-{name}", Static).update(Content(self._label(spec, getattr(params, name))))
+        self.pending_version = self.live.version
+        self.query_one("#applied", Static).update(Content("Change waiting for the next token"))
+
+    def show_applied(self, token_number: int) -> None:
+        """The engine drew a token with the new settings: say where the change took effect."""
+        self.pending_version = None
+        self.query_one("#applied", Static).update(Content(f"✓ Applied from token {token_number}"))
+
+    @on(Slider.Changed)
+    def _slider_changed(self, event: Slider.Changed) -> None:
+        self._apply(**{event.slider.id: event.value})
+
+    @on(Input.Submitted, "#seed")
+    @on(Input.Blurred, "#seed")
+    def _seed_changed(self, event: Input.Submitted | Input.Blurred) -> None:
+        self._apply(seed=int(event.value) if event.value.strip() else -1)
+
+    @on(Input.Submitted, "#stop")
+    @on(Input.Blurred, "#stop")
+    def _stops_changed(self, event: Input.Submitted | Input.Blurred) -> None:
+        self._apply(stop=parse_stops(event.value))
+
+    @on(Button.Pressed)
+    def _preset_pressed(self, event: Button.Pressed) -> None:
+        self.apply_preset(str(event.button.label))
+
+    def apply_preset(self, name: str) -> None:
+        values = PRESETS[name]
+        with self.prevent(Slider.Changed):
+            for slider_name, value in values.items():
+                self.query_one(f"#{slider_name}", Slider).value = value
+        self._apply(**values)
+        self.notify(f"Preset: {name}", timeout=2)
