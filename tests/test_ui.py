@@ -318,3 +318,43 @@ def test_snapshot_after_a_reply(snap_compare, tiny_model):
         await pilot.pause(0.2)
 
     assert snap_compare(make_app(str(tiny_model)), terminal_size=(100, 32), run_before=chat)
+
+
+async def test_narrow_screen_hides_the_panel_until_asked(tiny_model):
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=(60, 20)) as pilot:
+        screen = await loaded(pilot)
+        side = screen.query_one("#side")
+        assert not side.display
+        await pilot.press("f2")
+        assert side.display
+        await pilot.press("f2")
+        assert not side.display
+
+
+async def test_typing_anywhere_goes_to_the_message_box(tiny_model):
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        slider = screen.query_one("#temperature", Slider)
+        slider.focus()
+        await pilot.press("plus", "h", "i")
+        assert slider.value == pytest.approx(0.05), "keys bound on the focused slider stay with it"
+        assert screen.query_one(PromptInput).text == "hi"
+        assert screen.focused is screen.query_one(PromptInput)
+
+
+async def test_command_palette_offers_every_action_and_the_presets(tiny_model):
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        commands = {command.title: command for command in app.get_system_commands(screen)}
+        for binding in ChatScreen.BINDINGS:
+            assert binding.tooltip in commands
+        assert {"Preset: Precise", "Preset: Balanced", "Preset: Creative", "Theme"} <= set(commands)
+        commands["Preset: Creative"].callback()
+        await pilot.pause()
+        assert screen.live.snapshot()[1].temperature == pytest.approx(1.1)
+        commands["Show or hide the side panel"].callback()
+        await pilot.pause()
+        assert not screen.query_one("#side").display

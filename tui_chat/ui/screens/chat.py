@@ -10,13 +10,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from textual import on, work
+from textual import events, on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Footer, Input, Static
 
 from ...engine.base import (
     Backend,
@@ -42,6 +42,7 @@ from ..widgets.prompt import PromptInput
 from ..widgets.sampling import SamplingPanel
 
 PANEL_REFRESH_S = 0.15
+NARROW_BELOW = 72  # columns; a narrower screen hides the side panel until F2 asks for it
 DRAFT_COUNT_DELAY_S = 0.15
 
 BackendOpener = Callable[[str | None], Backend]
@@ -72,6 +73,7 @@ def _progress_line(event: PromptProgress) -> str:
 
 class ChatScreen(Screen):
     CSS_PATH = "chat.tcss"
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]
     BINDINGS = [
         Binding("escape", "stop", "Stop", id="stop", tooltip="Stop the reply (keeps what was written)"),
         Binding("ctrl+r", "regenerate", "Regenerate", id="regenerate", tooltip="Regenerate the last reply"),
@@ -99,7 +101,7 @@ class ChatScreen(Screen):
             with Vertical(id="chat"):
                 yield VerticalScroll(id="log")
                 yield Static(id="status")
-                yield PromptInput(id="prompt")
+                yield PromptInput(id="prompt", placeholder="Type a message · F1 lists the keys")
                 yield Static(id="draft")
             with VerticalScroll(id="side"):
                 yield MetricsPanel(id="metrics")
@@ -133,6 +135,7 @@ class ChatScreen(Screen):
                 self._set_status(f"Loading {job.name or 'the default model'}… {event.fraction:.0%}")
             elif isinstance(event, Loaded):
                 if self.backend is not None:
+                    self.action_stop()
                     self._close_in_background(self.backend)
                 self.backend = job.backend
                 self.query_one(MetricsPanel).show_model(event.info)
@@ -295,8 +298,22 @@ class ChatScreen(Screen):
             replies[-1].action_copy()
 
     def action_toggle_panel(self) -> None:
-        side = self.query_one("#side")
-        side.display = not side.display
+        shown = self.query_one("#side").display
+        self.set_class(shown, "-panel-hidden")
+        self.set_class(not shown, "-panel-shown")
+
+    def on_key(self, event: events.Key) -> None:
+        """Typing anywhere goes to the message box, as in any chat app (keys bound where focus is excepted)."""
+        if (
+            event.is_printable
+            and event.character
+            and not isinstance(self.focused, (Input, PromptInput))
+            and event.key not in self.app.active_bindings
+        ):
+            prompt = self.query_one(PromptInput)
+            prompt.focus()
+            prompt.insert(event.character)
+            event.stop()
 
     async def action_new_chat(self) -> None:
         self.action_stop()
