@@ -16,7 +16,7 @@ from tui_chat.engine.params import SamplingParams
 from tui_chat.ui.app import ChatApp
 from tui_chat.ui.screens.chat import ChatScreen
 from tui_chat.ui.screens.help import HelpScreen
-from tui_chat.ui.widgets.messages import AssistantMessage, UserMessage
+from tui_chat.ui.widgets.messages import ReplyMessage, UserMessage
 from tui_chat.ui.widgets.prompt import PromptInput
 from tui_chat.ui.widgets.sampling import SamplingPanel
 from tui_chat.ui.widgets.slider import Slider
@@ -53,15 +53,15 @@ async def send(pilot, text: str) -> None:
     await pilot.press("enter")
 
 
-async def reply_done(pilot, timeout: float = 60.0) -> AssistantMessage:
+async def reply_done(pilot, timeout: float = 60.0) -> ReplyMessage:
     screen = pilot.app.screen
-    await wait_for(pilot, lambda: screen.reply is None and screen.query(AssistantMessage), timeout)
+    await wait_for(pilot, lambda: screen.reply is None and screen.query(ReplyMessage), timeout)
     await pilot.pause()
-    return screen.query(AssistantMessage).last()
+    return screen.query(ReplyMessage).last()
 
 
-def footer(message: AssistantMessage) -> str:
-    return str(message.query_one(".footer").render())
+def footer(message: ReplyMessage) -> str:
+    return message.footer
 
 
 async def test_send_streams_a_reply_from_the_tiny_model(tiny, tiny_model):
@@ -112,11 +112,12 @@ async def test_stopping_before_the_first_token_gives_the_text_back(starter_model
     async with app.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
         await send(pilot, long_text)
-        await wait_for(pilot, lambda: "Reading prompt" in footer(screen.query(AssistantMessage).last()) and "/" in footer(screen.query(AssistantMessage).last()))
+        status = lambda: str(screen.query_one(ReplyMessage).query_one(".status").render())  # noqa: E731
+        await wait_for(pilot, lambda: screen.query(ReplyMessage) and "Reading prompt 0" not in status() and "/" in status())
         await pilot.press("escape")
         await wait_for(pilot, lambda: screen.reply is None)
         await pilot.pause()
-        assert not screen.query(AssistantMessage) and not screen.query(UserMessage)
+        assert not screen.query(ReplyMessage) and not screen.query(UserMessage)
         assert screen.conversation == []
         assert screen.query_one(PromptInput).text == long_text
 
@@ -131,7 +132,7 @@ async def test_regenerate_and_edit_last(tiny_model):
         await wait_for(pilot, lambda: screen.reply is None and len(screen.conversation) == 2)
         second = await reply_done(pilot)
         assert second.text == first
-        assert len(screen.query(AssistantMessage)) == 1
+        assert len(screen.query(ReplyMessage)) == 1
         await pilot.press("ctrl+g")
         await pilot.pause()
         assert screen.conversation == []
@@ -149,6 +150,8 @@ async def test_slider_by_keyboard_and_mouse_changes_live_params(tiny_model):
         assert screen.live.snapshot()[1].temperature == pytest.approx(0.1)
         assert "0.10" in str(screen.query_one("#label-temperature").render())
         top_p = screen.query_one("#top_p", Slider)
+        screen.query_one("#side").scroll_to_widget(top_p, animate=False)
+        await pilot.pause()
         await pilot.click(top_p, offset=(0, 0))
         await pilot.pause()
         assert screen.live.snapshot()[1].top_p == 0.0
@@ -274,20 +277,18 @@ async def test_model_output_renders_literally(tiny_model):
     app = make_app(str(tiny_model))
     async with app.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
-        widget = AssistantMessage(classes="assistant")
-        await screen.query_one("#log").mount(widget)
         hostile = "[bold red]arr[i][/] \x1b]0;pwned\x07 \x1b[2J"
-        await widget.append(hostile)
-        await widget.finish(hostile, "eos", TurnMetrics())
-        await pilot.pause()
+        streaming = ReplyMessage()
+        await screen.query_one("#log").mount(streaming, ReplyMessage(hostile, "end of text"))
+        await streaming.append(hostile)
+        await pilot.pause(0.2)
         lines = [strip.text for strip in app.screen._compositor.render_strips()]
-        shown = next(line for line in lines if "arr[i]" in line)
-        assert "[bold red]arr[i][/]" in shown
-        assert "\\x1b]0;pwned\\x07" in shown and "\x1b" not in "".join(lines)
-
-
-def reply_footer_of(screen):
-    return screen.query(AssistantMessage).last().query_one(".footer")
+        shown = [line for line in lines if "arr[i]" in line]
+        assert len(shown) == 2, "both the streaming and the finished reply show the text"
+        for line in shown:
+            assert "[bold red]arr[i][/]" in line
+            assert "\\x1b]0;pwned\\x07" in line
+        assert "\x1b" not in "".join(lines)
 
 
 def test_snapshot_help_screen(snap_compare, tiny_model):
@@ -307,13 +308,15 @@ def test_snapshot_main_screen(snap_compare, tiny_model):
     assert snap_compare(make_app(str(tiny_model)), terminal_size=(100, 32), run_before=ready)
 
 
-def test_snapshot_after_a_reply(snap_compare, tiny_model):
+def test_snapshot_after_a_reply(snap_compare, tiny_model, monkeypatch):
+    monkeypatch.setattr("tui_chat.ui.screens.chat.reply_footer", lambda reason, metrics: f"{reason} · timings")
+
     async def chat(pilot):
         await loaded(pilot)
         await send(pilot, "Hello there")
         await reply_done(pilot)
         screen = pilot.app.screen
-        for timing in (screen.query_one("#speed"), screen.query_one("#decode-sparkline"), reply_footer_of(screen)):
+        for timing in (screen.query_one("#speed"), screen.query_one("#decode-sparkline")):
             timing.display = False  # timings differ from run to run; the rest must not
         await pilot.pause(0.2)
 

@@ -14,6 +14,7 @@ import platformdirs
 
 from .engine.params import InvalidParameter, SamplingParams
 from .engine.prompts import AUTO, NAMED_TEMPLATES
+from .pricing import DEFAULT_PRESET, PRESETS, Price, PricingError, find_preset, presets_with
 
 APP_NAME = "tui-chat"
 CONTEXT_STEP = 256
@@ -53,6 +54,8 @@ class Config:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     theme: str | None = None
     keys: dict[str, str] = field(default_factory=dict)
+    price: str = DEFAULT_PRESET
+    prices: dict[str, Price] = field(default_factory=lambda: dict(PRESETS))
 
 
 def round_context(n_ctx: int) -> int:
@@ -90,11 +93,11 @@ def load_config(path: Path | None = None) -> Config:
         raise ConfigError(f"cannot read config {path}: {error}") from None
     try:
         return _parse(raw)
-    except InvalidParameter as error:
+    except (InvalidParameter, PricingError) as error:
         raise ConfigError(f"config {path}: {error}") from None
 
 
-_TOP_LEVEL = {"default_model", "chat_template", "n_ctx", "gpu_layers", "sampling", "theme", "keys"}
+_TOP_LEVEL = {"default_model", "chat_template", "n_ctx", "gpu_layers", "sampling", "theme", "keys", "price", "prices"}
 
 
 def _parse(raw: dict[str, Any]) -> Config:
@@ -114,6 +117,8 @@ def _parse(raw: dict[str, Any]) -> Config:
     keys = raw.get("keys", {})
     if not isinstance(keys, dict) or not all(isinstance(v, str) for v in keys.values()):
         raise InvalidParameter('[keys] must map actions to keys, e.g. regenerate = "ctrl+r"')
+    prices = presets_with(raw.get("prices", {}) if isinstance(raw.get("prices", {}), dict) else {"prices": None})
+    price = find_preset(prices, str(raw.get("price", DEFAULT_PRESET))).name
     return Config(
         default_model=default_model or None,
         chat_template=check_template(raw.get("chat_template", AUTO)),
@@ -122,6 +127,8 @@ def _parse(raw: dict[str, Any]) -> Config:
         sampling=SamplingParams().with_changes(**sampling),
         theme=theme,
         keys=keys,
+        price=price,
+        prices=prices,
     )
 
 

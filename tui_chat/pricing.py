@@ -1,31 +1,138 @@
-"""What the same tokens would cost on a paid API. Decimal money: sums of tiny amounts must not drift."""
+"""What the same tokens would cost on a paid API.
+
+Money is Decimal throughout: a session adds up thousands of sub-cent amounts, and binary floats
+would drift. Prices are US dollars per 1M tokens, each with the date it was read.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from typing import Any
 
 PER_TOKENS = Decimal(1_000_000)
+WORDS_TO_TOKENS = Decimal("1.33")
+DAYS_PER_MONTH = 30
+
+
+class PricingError(ValueError):
+    """A price or count that cannot be used; the message is user-facing."""
 
 
 @dataclass(frozen=True, slots=True)
 class Price:
-    """US dollars per 1M tokens, as listed on `read_on`."""
-
     name: str
     input: Decimal
     cached_input: Decimal
     output: Decimal
     read_on: str
 
-    def cost(self, input_tokens: int, cached_tokens: int, output_tokens: int) -> Decimal:
-        """`input_tokens` are billed fresh, `cached_tokens` at the cached rate."""
+    def cost(self, input_tokens: int, cached_tokens: int = 0, output_tokens: int = 0) -> Decimal:
+        """`input_tokens` are billed as fresh input, `cached_tokens` at the cached-input rate."""
         return (
             self.input * input_tokens + self.cached_input * cached_tokens + self.output * output_tokens
         ) / PER_TOKENS
 
 
-GPT_4O = Price("GPT-4o", Decimal("2.50"), Decimal("1.25"), Decimal("10.00"), "2026-11-23")
+@dataclass(frozen=True, slots=True)
+class TurnCost:
+    """One turn's bill, split the way the APIs bill it."""
+
+    input: Decimal
+    cached_input: Decimal
+    output: Decimal
+
+    @property
+    def total(self) -> Decimal:
+        return self.input + self.cached_input + self.output
+
+
+def turn_cost(price: Price, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> TurnCost:
+    return TurnCost(
+        input=price.cost(prompt_tokens - cached_tokens),
+        cached_input=price.cost(0, cached_tokens),
+        output=price.cost(0, 0, completion_tokens),
+    )
+
+
+def _preset(name: str, input_: str, cached: str, output: str, read_on: str) -> Price:
+    return Price(name, Decimal(input_), Decimal(cached), Decimal(output), read_on)
+
+
+# List prices per 1M tokens (input, cached input, output).
+PRESETS: dict[str, Price] = {
+    price.name: price
+    for price in (
+        _preset("GPT-4o", "2.50", "1.25", "10.00", "2025-06-01"),
+        _preset("GPT-4o mini", "0.15", "0.075", "0.60", "2025-06-01"),
+        _preset("GPT-4.1", "2.00", "0.50", "8.00", "2025-06-01"),
+        _preset("GPT-4.1 mini", "0.40", "0.10", "1.60", "2025-06-01"),
+        _preset("Claude Sonnet 4", "3.00", "0.30", "15.00", "2025-06-01"),
+        _preset("Claude Haiku 3.5", "0.80", "0.08", "4.00", "2025-06-01"),
+        _preset("Gemini 2.0 Flash", "0.10", "0.025", "0.40", "2025-06-01"),
+    )
+}
+DEFAULT_PRESET = "GPT-4o"
+
+
+def money(value: Any, what: str) -> Decimal:
+    """A non-negative price from config or the command line."""
+    if isinstance(value, bool):
+        raise PricingError(f"{what} must be a number of dollars (got {value!r})")
+    try:
+        amount = Decimal(str(value))
+    except InvalidOperation:
+        raise PricingError(f"{what} must be a number of dollars (got {value!r})") from None
+    if not amount.is_finite() or amount < 0:
+        raise PricingError(f"{what} must be zero or more dollars (got {value})")
+    return amount
+
+
+def count(value: Any, what: str) -> int:
+    """A non-negative whole number of tokens, words or calls."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            value = int(str(value))
+        except ValueError:
+            raise PricingError(f"{what} must be a whole number (got {value!r})") from None
+    if value < 0:
+        raise PricingError(f"{what} must be zero or more (got {value})")
+    return value
+
+
+def presets_with(overrides: dict[str, Any]) -> dict[str, Price]:
+    """The shipped presets, with the user's `[prices.NAME]` tables added or laid over them."""
+    presets = dict(PRESETS)
+    for name, table in overrides.items():
+        if not isinstance(table, dict):
+            raise PricingError(f"[prices.{name}] must be a table of input, cached_input, output")
+        unknown = sorted(set(table) - {"input", "cached_input", "output", "read_on"})
+        if unknown:
+            raise PricingError(f"[prices.{name}]: unknown field {unknown[0]!r}")
+        base = presets.get(name)
+        if base is None and not {"input", "output"} <= set(table):
+            raise PricingError(f"[prices.{name}] needs at least input and output prices")
+        fresh = money(table["input"], f"[prices.{name}] input") if "input" in table else base.input
+        presets[name] = Price(
+            name,
+            fresh,
+            money(table["cached_input"], f"[prices.{name}] cached_input") if "cached_input" in table
+            else (base.cached_input if base else fresh),
+            money(table["output"], f"[prices.{name}] output") if "output" in table else base.output,
+            str(table.get("read_on", base.read_on if base else "set in config")),
+        )
+    return presets
+
+
+def find_preset(presets: dict[str, Price], name: str) -> Price:
+    for key, price in presets.items():
+        if key.lower() == name.strip().lower():
+            return price
+    raise PricingError(f"unknown price preset {name!r}: choose one of {', '.join(presets)}")
+
+
+def words_to_tokens(words: int) -> int:
+    return int((WORDS_TO_TOKENS * words).to_integral_value(rounding=ROUND_HALF_UP))
 
 
 def format_usd(amount: Decimal) -> str:

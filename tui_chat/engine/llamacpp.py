@@ -63,10 +63,7 @@ class LlamaSession:
         n_batch: int,
         on_progress: Callable[[float], bool] | None = None,
     ) -> None:
-        global _backend_ready
-        if not _backend_ready:
-            llama_cpp.llama_backend_init()
-            _backend_ready = True
+        _init_backend()
         self.n_batch = n_batch
         self.tokens: list[int] = []
         logs.take_errors()
@@ -139,14 +136,7 @@ class LlamaSession:
     # --- text <-> tokens ----------------------------------------------------------------------
 
     def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
-        data = text.encode("utf-8")
-        capacity = len(data) + 2
-        while True:
-            buffer = (llama_cpp.llama_token * capacity)()
-            count = llama_cpp.llama_tokenize(self.vocab, data, len(data), buffer, capacity, add_bos, True)
-            if count >= 0:
-                return list(buffer[:count])
-            capacity = -count
+        return _tokenize(self.vocab, text, add_bos=add_bos)
 
     def piece(self, token: int) -> bytes:
         """The bytes a generated token stands for; control tokens show as nothing."""
@@ -290,6 +280,40 @@ class LlamaSession:
         if self.model:
             llama_cpp.llama_model_free(self.model)
             self.model = None
+
+
+def _tokenize(vocab, text: str, *, add_bos: bool) -> list[int]:
+    """Special-token text (e.g. `<start_of_turn>`) becomes its token, as chat templates expect."""
+    data = text.encode("utf-8")
+    capacity = len(data) + 2
+    while True:
+        buffer = (llama_cpp.llama_token * capacity)()
+        count = llama_cpp.llama_tokenize(vocab, data, len(data), buffer, capacity, add_bos, True)
+        if count >= 0:
+            return list(buffer[:count])
+        capacity = -count
+
+
+def count_tokens(path: Path, text: str) -> int:
+    """How many tokens `text` takes in the model at `path`, loading only its vocabulary, not its weights."""
+    _init_backend()
+    logs.take_errors()
+    model_params = llama_cpp.llama_model_default_params()
+    model_params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(os.fsencode(path), model_params)
+    if not model:
+        raise EngineError(_load_failure(path))
+    try:
+        return len(_tokenize(llama_cpp.llama_model_get_vocab(model), text, add_bos=False))
+    finally:
+        llama_cpp.llama_model_free(model)
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        llama_cpp.llama_backend_init()
+        _backend_ready = True
 
 
 def _load_failure(path: Path) -> str:

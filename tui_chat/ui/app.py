@@ -40,7 +40,7 @@ class ChatApp(App[None]):
             self.notify(f"theme {wanted!r} not found; using {self.theme}", severity="warning")
         self._saved_theme = self.theme
         self.set_keymap(self.keymap_overrides)
-        self.push_screen(ChatScreen(self.open_backend, self.model, LiveParams(self.config.sampling)))
+        self.push_screen(ChatScreen(self.open_backend, self.model, LiveParams(self.config.sampling), self.config))
 
     def watch_theme(self, theme: str) -> None:
         """Remember the theme the user picked (command palette → Change theme)."""
@@ -61,3 +61,5 @@ class ChatApp(App[None]):
             yield SystemCommand(binding.tooltip, f"{binding.description} · {key}", getattr(screen, f"action_{binding.action}"))
         for name in PRESETS:
             yield SystemCommand(f"Preset: {name}", f"Sampling preset {name}", lambda name=name: screen.apply_preset(name))
+        for name in self.config.prices:
+            yield SystemCommand(f"Price: {name}", f"Show costs at {name} prices", lambda name=name: screen.choose_price(name))

@@ -6,6 +6,8 @@ messages → the reply widget and the metrics panel. Nothing else crosses the th
 
 from __future__ import annotations
 
+import gc
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,7 +18,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.screen import Screen
-from textual.widgets import Footer, Input, Static
+from textual.widgets import Footer, Input, Select, Static
 
 from ...engine.base import (
     Backend,
@@ -33,10 +35,12 @@ from ...engine.base import (
     Stream,
     Token,
 )
+from ...config import Config, save_setting
 from ...engine.params import LiveParams
+from ...pricing import format_usd
 from ...safetext import terminal_safe
 from ..bridge import EngineBatch, forward_events
-from ..widgets.messages import AssistantMessage, UserMessage
+from ..widgets.messages import ReplyMessage, UserMessage, reply_footer
 from ..widgets.metrics import MetricsPanel
 from ..widgets.prompt import PromptInput
 from ..widgets.sampling import SamplingPanel
@@ -53,7 +57,7 @@ class _Reply:
     """The reply being generated: its stream, its widgets and what the user typed for it."""
 
     stream: Stream
-    widget: AssistantMessage
+    widget: ReplyMessage
     question: UserMessage
     tokens: int = 0
     visible: bool = False
@@ -85,8 +89,9 @@ class ChatScreen(Screen):
         Binding("f1", "help", "Help", id="help", tooltip="Show all keys"),
     ]
 
-    def __init__(self, open_backend: BackendOpener, model: str | None, live: LiveParams) -> None:
+    def __init__(self, open_backend: BackendOpener, model: str | None, live: LiveParams, config: Config) -> None:
         super().__init__()
+        self.config = config
         self.open_backend = open_backend
         self.initial_model = model
         self.live = live
@@ -104,7 +109,7 @@ class ChatScreen(Screen):
                 yield PromptInput(id="prompt", placeholder="Type a message · F1 lists the keys")
                 yield Static(id="draft")
             with VerticalScroll(id="side"):
-                yield MetricsPanel(id="metrics")
+                yield MetricsPanel(self.config.prices, self.config.price, id="metrics")
                 yield SamplingPanel(self.live, id="sampling")
         yield Footer()
 
@@ -125,7 +130,7 @@ class ChatScreen(Screen):
         try:
             job.backend = self.open_backend(job.name)
         except EngineError as error:
-            self.post_message(EngineBatch(job, [Error(str(error))]))
+            self.post_message(EngineBatch(job, [Error(str(error))], threading.Event()))
             return
         forward_events(job.backend.load(), self, job)
 
@@ -176,7 +181,7 @@ class ChatScreen(Screen):
         await self._start_reply(question)
 
     async def _start_reply(self, question: UserMessage) -> None:
-        widget = AssistantMessage(classes="assistant")
+        widget = ReplyMessage(classes="assistant")
         log = self.query_one("#log", VerticalScroll)
         await log.mount(widget)
         log.anchor()
@@ -184,6 +189,7 @@ class ChatScreen(Screen):
         stream = self.backend.generate(Request(list(self.conversation), self.live))
         self.reply = _Reply(stream, widget, question)
         self.query_one(MetricsPanel).start_reply()
+        gc.freeze()  # collections during the reply skip the whole chat so far: no 100s-of-ms pauses
         self._forward(stream, self.reply)
 
     @work(thread=True, group="reply")
@@ -192,10 +198,13 @@ class ChatScreen(Screen):
 
     @on(EngineBatch)
     async def _on_engine_batch(self, message: EngineBatch) -> None:
-        if isinstance(message.job, _Load):
-            self._on_load_events(message.job, message.events)
-        elif message.job is self.reply:
-            await self._on_reply_events(message.job, message.events)
+        try:
+            if isinstance(message.job, _Load):
+                self._on_load_events(message.job, message.events)
+            elif message.job is self.reply:
+                await self._on_reply_events(message.job, message.events)
+        finally:
+            message.done()
 
     async def _on_reply_events(self, reply: _Reply, events: list[Event]) -> None:
         pending: list[str] = []
@@ -234,18 +243,25 @@ class ChatScreen(Screen):
             await reply.widget.append("".join(pending))
 
     async def _finish(self, reply: _Reply, done: Done) -> None:
-        self.reply = None
+        self._end_reply()
+        await reply.widget.stop()
         if done.stop_reason == "cancelled" and not done.text.strip():
             await self._take_back(reply)
             return
-        await reply.widget.finish(done.text, done.stop_reason, done.metrics)
+        await reply.widget.finish(done.text, reply_footer(done.stop_reason, done.metrics))
         self.conversation.append(Message("assistant", done.text))
         self.query_one(MetricsPanel).finish_reply(done.metrics)
+        self._count_draft()
 
     async def _fail(self, reply: _Reply, message: str) -> None:
-        self.reply = None
+        self._end_reply()
+        await reply.widget.stop()
         await self._take_back(reply)
         self.notify(message, title="No reply", severity="error", timeout=8)
+
+    def _end_reply(self) -> None:
+        self.reply = None
+        gc.unfreeze()
 
     async def _take_back(self, reply: _Reply) -> None:
         """Nothing was written: remove the turn and give the user their text back to edit."""
@@ -266,7 +282,7 @@ class ChatScreen(Screen):
     async def action_regenerate(self) -> None:
         if self.reply is not None or self.backend is None:
             return
-        replies = self.query(AssistantMessage)
+        replies = self.query(ReplyMessage)
         if not replies or self.conversation[-1].role != "assistant":
             self.notify("There is no reply to regenerate yet.", timeout=3)
             return
@@ -284,7 +300,7 @@ class ChatScreen(Screen):
         question = questions.last()
         while self.conversation and self.conversation[-1].role == "assistant":
             self.conversation.pop()
-            await self.query(AssistantMessage).last().remove()
+            await self.query(ReplyMessage).last().remove()
         self.conversation.pop()
         await question.remove()
         prompt = self.query_one(PromptInput)
@@ -293,7 +309,7 @@ class ChatScreen(Screen):
         prompt.focus()
 
     def action_copy_last(self) -> None:
-        replies = [m for m in self.query(AssistantMessage) if m.text]
+        replies = self.query(ReplyMessage)
         if replies:
             replies[-1].action_copy()
 
@@ -317,8 +333,10 @@ class ChatScreen(Screen):
 
     async def action_new_chat(self) -> None:
         self.action_stop()
-        self.reply = None
+        if self.reply is not None:
+            self._end_reply()
         self.conversation.clear()
+        self.query_one(MetricsPanel).forget_turns()
         await self.query_one("#log").remove_children()
         self.query_one(PromptInput).focus()
 
@@ -339,6 +357,9 @@ class ChatScreen(Screen):
     def apply_preset(self, name: str) -> None:
         self.query_one(SamplingPanel).apply_preset(name)
 
+    def choose_price(self, name: str) -> None:
+        self.query_one("#price", Select).value = name
+
     # --- the draft's token count ---------------------------------------------------------------
 
     @on(PromptInput.Changed)
@@ -357,4 +378,20 @@ class ChatScreen(Screen):
             count = self.backend.count_tokens(text)
         except EngineError:
             return
-        draft.update(Content(f"{count:,} token{'s' if count != 1 else ''} in this message · Enter sends · Ctrl+J new line"))
+        panel = self.query_one(MetricsPanel)
+        price = panel.price
+        max_tokens = self.live.snapshot()[1].max_tokens
+        sending = price.cost(count, panel.metrics.context_tokens if self.conversation else 0)
+        draft.update(Content(
+            f"{count:,} token{'s' if count != 1 else ''} · sending ≈ {format_usd(sending)}"
+            f" + up to {format_usd(price.cost(0, 0, max_tokens))} out on {price.name}"
+        ))
+
+    @on(Select.Changed, "#price")
+    def _price_chosen(self, event: Select.Changed) -> None:
+        if event.value != self.config.price:
+            try:
+                save_setting("price", str(event.value))
+            except OSError as error:
+                self.notify(f"cannot save the price preset: {error.strerror}", severity="warning")
+        self._count_draft()

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from textual import on
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.content import Content
-from textual.widgets import Sparkline, Static
+from textual.widgets import Select, Sparkline, Static
 
 from ...engine.base import ModelInfo, TurnMetrics
-from ...pricing import GPT_4O, Price, format_usd
+from ...pricing import Price, format_usd, turn_cost
 from ...safetext import terminal_safe
 
 BAR_WIDTH = 20
@@ -32,13 +33,13 @@ def kv_bar(used: int, total: int, width: int = BAR_WIDTH) -> str:
 class MetricsPanel(Vertical):
     """Fed by the chat screen a few times a second while a reply streams, never per token."""
 
-    def __init__(self, price: Price = GPT_4O, **kwargs) -> None:
+    def __init__(self, prices: dict[str, Price], price: str, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.price = price
+        self.prices = prices
+        self.price = prices[price]
         self.info: ModelInfo | None = None
         self.metrics = TurnMetrics()
-        self.session_cost = Decimal(0)
-        self.reply_cost = Decimal(0)
+        self.turns: list[TurnMetrics] = []
         self._last_sample: tuple[int, float] | None = None
 
     def compose(self) -> ComposeResult:
@@ -47,6 +48,8 @@ class MetricsPanel(Vertical):
         yield Static(id="speed")
         yield Sparkline([], id="decode-sparkline")
         yield Static(id="tokens")
+        yield Select([(name, name) for name in self.prices], value=self.price.name, allow_blank=False,
+                     compact=True, id="price")
         yield Static(id="cost")
 
     def on_mount(self) -> None:
@@ -61,7 +64,7 @@ class MetricsPanel(Vertical):
     def start_reply(self) -> None:
         self._last_sample = None
         self.query_one(Sparkline).data = []
-        self.reply_cost = Decimal(0)
+        self.metrics = TurnMetrics()
 
     def update_metrics(self, metrics: TurnMetrics) -> None:
         """A live snapshot of the reply in progress: extends the decode-rate sparkline."""
@@ -73,16 +76,31 @@ class MetricsPanel(Vertical):
                 sparkline = self.query_one(Sparkline)
                 sparkline.data = [*sparkline.data[-59:], rate]
         self._last_sample = (metrics.completion_tokens, metrics.decode_s)
-        self.reply_cost = self._cost(metrics)
         self.refresh_view()
 
     def finish_reply(self, metrics: TurnMetrics) -> None:
         self.update_metrics(metrics)
-        self.session_cost += self.reply_cost
+        self.turns.append(metrics)
         self.refresh_view()
 
-    def _cost(self, m: TurnMetrics) -> Decimal:
-        return self.price.cost(m.prompt_tokens - m.cached_tokens, m.cached_tokens, m.completion_tokens)
+    def forget_turns(self) -> None:
+        self.turns.clear()
+        self.metrics = TurnMetrics()
+        self.refresh_view()
+
+    @on(Select.Changed, "#price")
+    def _price_changed(self, event: Select.Changed) -> None:
+        self.price = self.prices[str(event.value)]
+        self.refresh_view()
+
+    def session_cost(self) -> Decimal:
+        return sum((turn_cost(self.price, t.prompt_tokens, t.cached_tokens, t.completion_tokens).total
+                    for t in self.turns), Decimal(0))
+
+    def cache_saving(self) -> Decimal:
+        """What the session would have cost more with every prompt token billed as fresh input."""
+        uncached = sum((self.price.cost(t.prompt_tokens, 0, t.completion_tokens) for t in self.turns), Decimal(0))
+        return uncached - self.session_cost()
 
     def refresh_view(self, status: str = "") -> None:
         info, m = self.info, self.metrics
@@ -93,7 +111,7 @@ class MetricsPanel(Vertical):
             facts.update("")
         else:
             title.update(Content(terminal_safe(info.name)))
-            facts.update(Content(f"{info.quantization} · {info.offload} · {info.backend}\n{info.description}"))
+            facts.update(Content(terminal_safe(f"{info.quantization} · {info.offload} · {info.backend}\n{info.description}")))
         self.query_one("#speed", Static).update(
             Content(
                 f"TTFT     {_seconds(m.ttft_s)}\n"
@@ -107,13 +125,18 @@ class MetricsPanel(Vertical):
                 f"Tokens   in {m.prompt_tokens:,} · out {m.completion_tokens:,}\n"
                 f"KV       {kv_bar(m.context_tokens, n_ctx)}\n"
                 f"         {m.context_tokens:,} / {n_ctx:,}\n"
-                f"Reused   {m.cached_tokens:,} tokens last turn"
+                f"Reused   {m.cached_tokens:,} tokens this turn"
             )
         )
+        reply = turn_cost(self.price, m.prompt_tokens, m.cached_tokens, m.completion_tokens)
         self.query_one("#cost", Static).update(
             Content(
-                f"On {self.price.name} ({self.price.read_on})\n"
-                f"Reply    {format_usd(self.reply_cost)}\n"
-                f"Session  {format_usd(self.session_cost)}"
+                f"prices read {self.price.read_on}\n"
+                f"Reply    {format_usd(reply.total)}\n"
+                f" input   {format_usd(reply.input)}\n"
+                f" cached  {format_usd(reply.cached_input)}\n"
+                f" output  {format_usd(reply.output)}\n"
+                f"Session  {format_usd(self.session_cost())}\n"
+                f"Saved    {format_usd(self.cache_saving())} by reuse"
             )
         )

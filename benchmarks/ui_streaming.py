@@ -1,0 +1,406 @@
+"""The chat screen under a synthetic token stream: does the UI keep up, and does typing stay quick?
+
+Why: a fast model writes thousands of tokens a second, and the UI must show them as fast as they come
+(target: achieved >= 0.95 x offered) while the prompt box still takes keys (target: < 50 ms), also
+deep into a long chat. A synthetic backend paces tokens exactly on its own thread, as the engine
+does, so what is measured is the real `ChatApp` alone, run headless. It prints numbers, asserts nothing.
+
+    python benchmarks/ui_streaming.py [--rates 2000 5000] [--seconds 5] [--history 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import random
+import re
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import textual
+from textual import events
+
+from tui_chat.config import Config
+from tui_chat.engine.base import Done, Loaded, Message, Metrics, ModelInfo, Request, Stream, Token, TurnMetrics
+from tui_chat.ui.app import ChatApp
+from tui_chat.ui.screens.chat import ChatScreen
+from tui_chat.ui.widgets.messages import ReplyMessage, UserMessage
+from tui_chat.ui.widgets.prompt import PromptInput
+
+SIZE = (100, 32)
+KEY_EVERY_S = 0.25
+BEAT_S = 0.005
+METRICS_EVERY_S = 0.1
+HISTORY_REPLY_TOKENS = 300
+KEY_TARGET_S = 0.050
+RATIO_TARGET = 0.95
+INFO = ModelInfo(
+    name="synthetic", path="-", description="paced synthetic tokens", quantization="-", size_bytes=0,
+    n_params=0, n_layers=0, gpu_layers=0, n_ctx=262_144, n_ctx_train=262_144, chat_format="plain",
+    backend="synthetic",
+)
+WORDS = (
+    "the model cache layer token batch thread queue widget screen render stream parser value "
+    "request reply context buffer memory prompt decode sample window update latency budget table "
+    "frame markdown terminal config schedule worker result chunk offset index number simple small "
+    "fast slow every first last other useful careful bounded stable because while before after "
+    "returns keeps moves reads writes grows holds checks builds skips sends shows waits"
+).split()
+CODE = (
+    "def moving_average(values: list[float], window: int) -> list[float]:\n"
+    "    total = sum(values[:window])\n"
+    "    out = [total / window]\n"
+    "    for i in range(window, len(values)):\n"
+    "        total += values[i] - values[i - window]\n"
+    "        out.append(total / window)\n"
+    "    return out",
+    "import asyncio\n\n"
+    "async def fetch_all(urls: list[str], limit: int = 8) -> dict[str, int]:\n"
+    "    gate = asyncio.Semaphore(limit)\n"
+    "    async def one(url: str) -> tuple[str, int]:\n"
+    "        async with gate:\n"
+    "            return url, len(await download(url))\n"
+    "    return dict(await asyncio.gather(*(one(u) for u in urls)))",
+    "class LRU:\n"
+    "    def __init__(self, size: int) -> None:\n"
+    "        self.size, self.items = size, {}\n\n"
+    "    def get(self, key):\n"
+    "        value = self.items.pop(key)\n"
+    "        self.items[key] = value\n"
+    "        return value",
+)
+
+
+# --- the reply text ------------------------------------------------------------------------------
+
+
+def split_tokens(text: str) -> list[str]:
+    """Pieces of at most 4 visible characters with the whitespace before them: about a real token each."""
+    return re.findall(r"\s*\S{1,4}", text)
+
+
+def sentence(rng: random.Random) -> str:
+    words = rng.choices(WORDS, k=rng.randint(8, 16))
+    return " ".join(words).capitalize() + "."
+
+
+def paragraph(rng: random.Random) -> str:
+    return " ".join(sentence(rng) for _ in range(rng.randint(3, 6)))
+
+
+def section(rng: random.Random) -> str:
+    """A heading, paragraphs, a list and a fenced python block: about 400 tokens."""
+    items = "\n".join(f"- **{rng.choice(WORDS)}**: {sentence(rng)}" for _ in range(rng.randint(3, 5)))
+    return (f"## {sentence(rng)[:-1]}\n\n{paragraph(rng)}\n\n{paragraph(rng)}\n\n{items}\n\n"
+            f"{paragraph(rng)}\n\n```python\n{rng.choice(CODE)}\n```\n\n")
+
+
+def markdown_reply(rng: random.Random, tokens: int) -> str:
+    """A Markdown reply of at least `tokens` pieces."""
+    text = ""
+    while len(split_tokens(text)) < tokens:
+        text += section(rng)
+    return text.strip()
+
+
+# --- the backend ---------------------------------------------------------------------------------
+
+
+class SyntheticBackend:
+    """A `Backend` that replies with `pieces` at exactly `rate` tokens/s, each job on its own thread.
+
+    Token i is due at t0 + i/rate. The thread sleeps until the next one is due and then puts every
+    token that is due, so when the OS (or the GIL, held by the UI) wakes it late, it catches up in a
+    batch instead of falling behind the schedule.
+    """
+
+    def __init__(self, pieces: list[str], rate: float) -> None:
+        self.info: ModelInfo | None = None
+        self.pieces = pieces
+        self.rate = rate
+        self.first_at: float | None = None
+        self.last_at: float | None = None
+        self.done = threading.Event()
+        self._jobs: list[tuple[threading.Thread, Stream]] = []
+
+    def load(self) -> Stream:
+        return self._start(self._load)
+
+    def generate(self, request: Request) -> Stream:
+        return self._start(lambda stream: self._generate(request, stream))
+
+    def count_tokens(self, text: str) -> int:
+        return len(split_tokens(text))
+
+    def close(self) -> None:
+        for thread, stream in self._jobs:
+            stream.cancel()
+            thread.join()
+
+    def _start(self, job: Callable[[Stream], None]) -> Stream:
+        stream = Stream()
+        thread = threading.Thread(target=job, args=(stream,), name="synthetic-worker", daemon=True)
+        self._jobs.append((thread, stream))
+        thread.start()
+        return stream
+
+    def _load(self, stream: Stream) -> None:
+        self.info = INFO
+        stream.put(Loaded(INFO))
+
+    def _generate(self, request: Request, stream: Stream) -> None:
+        version = request.params.snapshot()[0]
+        prompt = sum(self.count_tokens(m.content) for m in request.messages)
+        pieces, n = self.pieces, len(self.pieces)
+        self.first_at = self.last_at = None
+        self.done.clear()
+
+        def metrics(done: int) -> TurnMetrics:
+            started = self.first_at is not None
+            return TurnMetrics(
+                prompt_tokens=prompt, completion_tokens=done, context_tokens=prompt + done, n_ctx=INFO.n_ctx,
+                ttft_s=self.first_at - request.submitted_at if started else None,
+                decode_s=self.last_at - self.first_at if started else 0.0,
+            )
+
+        start = time.perf_counter()
+        next_metrics = start + METRICS_EVERY_S
+        i = 0
+        while i < n and not stream.cancelled.is_set():
+            due = min(n, int((time.perf_counter() - start) * self.rate) + 1)
+            while i < due:
+                now = time.perf_counter()
+                stream.put(Token(i, pieces[i], now, version))
+                self.first_at = self.first_at or now
+                self.last_at = now
+                i += 1
+            if self.last_at >= next_metrics:
+                stream.put(Metrics(metrics(i)))
+                next_metrics = self.last_at + METRICS_EVERY_S
+            if i < n:
+                time.sleep(max(0.0, start + i / self.rate - time.perf_counter()))
+        stream.put(Done("cancelled" if i < n else "length", "".join(pieces[:i]), metrics(i)))
+        self.done.set()
+
+
+# --- measuring the app ---------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    """One stream through one fresh app, with what the UI made of it."""
+
+    history: int
+    rate: int
+    tokens: int
+    produced_tok_s: float = 0.0
+    achieved_tok_s: float = 0.0
+    shown_lag_s: float = 0.0
+    end_lag_s: float = 0.0
+    keys_s: list[float] = field(default_factory=list)
+    stall_stream_s: float = 0.0
+    stall_finish_s: float = 0.0
+
+    @property
+    def ratio(self) -> float:
+        return self.achieved_tok_s / self.rate
+
+    @property
+    def key_p95_s(self) -> float | None:
+        """Nearest rank: with the 10 to 20 keys of a 5 s stream, the worst or second-worst."""
+        keys = sorted(self.keys_s)
+        return keys[round(0.95 * (len(keys) - 1))] if keys else None
+
+    def key_ms(self) -> tuple[str, str, str]:
+        """Median, p95 and max keypress latency in ms ("-" when no key went in while tokens flowed)."""
+        if not self.keys_s:
+            return "-", "-", "-"
+        return ms(statistics.median(self.keys_s)), ms(self.key_p95_s), ms(max(self.keys_s))
+
+
+class Monitor:
+    """One task on the app's event loop, waking every BEAT_S: the gaps between wake-ups are the loop's
+    stalls, and it notes when the reply holds all the text and when the reply is finished:
+    its frozen body is laid out, so the costly Rich render of the whole reply is counted. The checks
+    are O(1): a DOM query here walks every block of a long reply and would add lag of its own."""
+
+    def __init__(self, screen: ChatScreen) -> None:
+        self.screen = screen
+        self.beats: list[tuple[float, float]] = []  # (woke at, seconds late)
+        self.widget: ReplyMessage | None = None
+        self.chars = 0
+        self.shown_at: float | None = None
+        self.finished_at: float | None = None
+        self._task = asyncio.create_task(self._run())
+
+    def watch(self, widget: ReplyMessage, chars: int) -> None:
+        self.widget, self.chars = widget, chars
+
+    async def _run(self) -> None:
+        last = time.perf_counter()
+        while True:
+            await asyncio.sleep(BEAT_S)
+            now = time.perf_counter()
+            self.beats.append((now, now - last - BEAT_S))
+            last = now
+            if self.widget is None:
+                continue
+            if self.shown_at is None and len(self.widget.text) >= self.chars:
+                self.shown_at = now
+            newest = self.screen.query_one("#log").children[-1]
+            frozen = isinstance(newest, ReplyMessage) and newest.footer is not None and newest.size.height > 0
+            if self.finished_at is None and self.screen.reply is None and frozen:
+                self.finished_at = now
+
+    def worst_stall(self, start: float, end: float) -> float:
+        return max((late for at, late in self.beats if start <= at <= end), default=0.0)
+
+    def stop(self) -> None:
+        self._task.cancel()
+
+
+def press(app: ChatApp, key: str, char: str | None) -> None:
+    """Post a key as the terminal driver does. Not `pilot.press`: after each key it waits up to 1 s for
+    the process to go idle, which it never does mid-stream, and then queues a callback on every
+    widget on the screen, a load the real app never carries."""
+    event = events.Key(key, char)
+    event.set_sender(app)
+    app.post_message(event)
+
+
+async def until(condition: Callable[[], bool], timeout: float, poll: float = 0.001) -> None:
+    deadline = time.perf_counter() + timeout
+    while not condition():
+        if time.perf_counter() > deadline:
+            raise TimeoutError("the app did not get there in time")
+        await asyncio.sleep(poll)
+
+
+async def prefill(screen: ChatScreen, messages: int, rng: random.Random) -> None:
+    """A long chat as it looks after a session: finished replies are frozen Statics with a footer."""
+    widgets: list[UserMessage | ReplyMessage] = []
+    for n in range(messages // 2):
+        question, answer = f"{sentence(rng)[:-1]}?", markdown_reply(rng, HISTORY_REPLY_TOKENS)
+        footer = f"end of text · {len(split_tokens(answer))} tokens · 41.{n % 10} tok/s · TTFT 0.2{n % 10} s"
+        widgets += [UserMessage(question, classes="user"), ReplyMessage(answer, footer, classes="assistant")]
+        screen.conversation += [Message("user", question), Message("assistant", answer)]
+    await screen.query_one("#log").mount_all(widgets)
+
+
+async def run_case(history: int, rate: int, tokens: int, seed: int) -> Case:
+    rng = random.Random(seed)
+    pieces = split_tokens(markdown_reply(rng, tokens))[:tokens]
+    backend = SyntheticBackend(pieces, rate)
+    case = Case(history, rate, tokens)
+    app = ChatApp(Config(), lambda name: backend, "synthetic")
+    async with app.run_test(size=SIZE) as pilot:
+        screen: ChatScreen = app.screen
+        await until(lambda: screen.backend is not None, 30)
+        await prefill(screen, history, rng)
+        await pilot.pause()  # the history's first layout is done before anything is timed
+        prompt = screen.query_one(PromptInput)
+        prompt.text = "Write it all out, please."
+        monitor = Monitor(screen)
+        press(app, "enter", "\r")
+        await until(lambda: screen.reply is not None, 30)
+        monitor.watch(screen.reply.widget, sum(map(len, pieces)))
+
+        typed = ""
+        next_key = time.perf_counter()
+        while not backend.done.is_set():
+            next_key += KEY_EVERY_S  # on a fixed schedule, so a slow key does not thin out the next ones
+            await asyncio.sleep(max(0.0, next_key - time.perf_counter()))
+            char = chr(ord("a") + len(typed) % 26)
+            typed += char
+            sent = time.perf_counter()
+            press(app, char, char)
+            await until(lambda: prompt.text == typed, 30)
+            case.keys_s.append(time.perf_counter() - sent)
+        await until(lambda: monitor.finished_at is not None, 600, poll=0.05)
+        monitor.stop()
+
+    backend.close()
+    first, last = backend.first_at, backend.last_at
+    case.produced_tok_s = (tokens - 1) / (last - first)
+    case.achieved_tok_s = tokens / (monitor.shown_at - first)
+    case.shown_lag_s = monitor.shown_at - last
+    case.end_lag_s = monitor.finished_at - last
+    case.stall_stream_s = monitor.worst_stall(first, last)
+    case.stall_finish_s = monitor.worst_stall(last, monitor.finished_at)
+    return case
+
+
+# --- reporting -----------------------------------------------------------------------------------
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f}"
+
+
+def print_case(case: Case) -> None:
+    print(f"{case.history:>7}  {case.rate:>7}  {case.tokens:>6}  {case.produced_tok_s:>8.0f}  "
+          f"{case.achieved_tok_s:>8.0f}  {case.ratio:>5.2f}  {ms(case.shown_lag_s):>6}  {ms(case.end_lag_s):>6}  "
+          f"{len(case.keys_s):>4}  {'  '.join(f'{k:>5}' for k in case.key_ms())}  "
+          f"{ms(case.stall_stream_s):>9}  {ms(case.stall_finish_s):>9}", flush=True)
+
+
+def mark(ok: bool) -> str:
+    return "✓" if ok else "✗"
+
+
+def print_markdown(cases: list[Case]) -> None:
+    """The summary as a table for README.md; the keypress target is checked on the p95."""
+    print(f"\n| prior messages | offered tok/s | achieved tok/s | ratio (≥ {RATIO_TARGET}) | end lag ms | "
+          f"keypress median / p95 ms (< {ms(KEY_TARGET_S)}) | worst stall ms, streaming / finishing |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for c in cases:
+        median, p95, _ = c.key_ms()
+        keys_ok = c.key_p95_s is not None and c.key_p95_s < KEY_TARGET_S
+        print(f"| {c.history} | {c.rate:,} | {c.achieved_tok_s:,.0f} | {c.ratio:.2f} {mark(c.ratio >= RATIO_TARGET)} "
+              f"| {ms(c.end_lag_s)} | {median} / {p95} {mark(keys_ok)} "
+              f"| {ms(c.stall_stream_s)} / {ms(c.stall_finish_s)} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rates", type=int, nargs="+", default=[2000, 5000], help="offered tok/s, default 2000 5000")
+    parser.add_argument("--seconds", type=float, default=5.0, help="seconds of tokens per stream, default 5")
+    parser.add_argument("--history", type=int, default=300, help="finished messages already in the chat, default 300")
+    args = parser.parse_args()
+    if min(args.rates) < 1 or args.seconds <= 0 or args.history < 0:
+        parser.error("--rates must be >= 1, --seconds > 0, --history >= 0")
+
+    print(f"machine   {os.cpu_count()} CPUs, {platform.system()} {platform.machine()}, "
+          f"Python {platform.python_version()}, textual {textual.__version__}, load avg {os.getloadavg()[0]:.2f}")
+    print(f"app       ChatApp headless at {SIZE[0]}x{SIZE[1]}; a key into the prompt every "
+          f"{KEY_EVERY_S * 1000:.0f} ms while tokens flow; event loop sampled every {BEAT_S * 1000:.0f} ms")
+    sample = split_tokens(markdown_reply(random.Random(0), 4000))
+    print(f"reply     Markdown sections of ~400 tokens (heading, paragraphs, list, python block), "
+          f"{sum(map(len, sample)) / len(sample):.1f} chars/token; the chat holds {args.history} finished messages "
+          f"(and 0 for the baseline)")
+    print("columns   produced: the backend's real pace; achieved: tokens / (first token produced -> all text\n"
+          "          in the reply's Markdown); shown / end: ms from the last token produced to all text in the\n"
+          "          Markdown / to the reply finished (frozen body laid out); k: ms from a key posted to\n"
+          "          PromptInput.text holding it, before it is painted; stall: the event loop's worst stall in ms,\n"
+          "          while tokens flow / from the last one to finished\n")
+    print(f"{'history':>7}  {'offered':>7}  {'tokens':>6}  {'produced':>8}  {'achieved':>8}  {'ratio':>5}  "
+          f"{'shown':>6}  {'end':>6}  {'keys':>4}  {'k med':>5}  {'k p95':>5}  {'k max':>5}  "
+          f"{'stall str':>9}  {'stall fin':>9}")
+    started = time.perf_counter()
+    cases = []
+    for history in sorted({0, args.history}):
+        for rate in args.rates:
+            case = asyncio.run(run_case(history, rate, round(rate * args.seconds), seed=rate))
+            print_case(case)
+            cases.append(case)
+    print(f"\nfinished in {time.perf_counter() - started:.0f} s, load avg {os.getloadavg()[0]:.2f}")
+    print_markdown(cases)
+
+
+if __name__ == "__main__":
+    main()
