@@ -16,7 +16,9 @@ from tui_chat.engine.params import SamplingParams
 from tui_chat.ui.app import ChatApp
 from tui_chat.ui.screens.chat import ChatScreen
 from tui_chat.ui.screens.help import HelpScreen
+from tui_chat.pricing import PRESETS, format_usd, turn_cost
 from tui_chat.ui.widgets.messages import ReplyMessage, UserMessage
+from tui_chat.ui.widgets.metrics import MetricsPanel
 from tui_chat.ui.widgets.prompt import PromptInput
 from tui_chat.ui.widgets.sampling import SamplingPanel
 from tui_chat.ui.widgets.slider import Slider
@@ -354,10 +356,47 @@ async def test_command_palette_offers_every_action_and_the_presets(tiny_model):
         commands = {command.title: command for command in app.get_system_commands(screen)}
         for binding in ChatScreen.BINDINGS:
             assert binding.tooltip in commands
-        assert {"Preset: Precise", "Preset: Balanced", "Preset: Creative", "Theme"} <= set(commands)
+        assert {"Preset: Precise", "Preset: Balanced", "Preset: Creative", "Theme", "Price: GPT-4o mini"} <= set(commands)
         commands["Preset: Creative"].callback()
         await pilot.pause()
         assert screen.live.snapshot()[1].temperature == pytest.approx(1.1)
         commands["Show or hide the side panel"].callback()
         await pilot.pause()
         assert not screen.query_one("#side").display
+
+
+async def test_panel_costs_match_the_pricing_module(tiny, tiny_model):
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        await send(pilot, "Hello there")
+        await reply_done(pilot)
+        await send(pilot, "And then?")
+        await reply_done(pilot)
+        panel = screen.query_one(MetricsPanel)
+        first, second = panel.turns
+        assert second.cached_tokens > 0
+
+        def shown() -> str:
+            return str(screen.query_one("#cost").render())
+
+        for name in ("GPT-4o", "Claude Sonnet 4"):
+            price = PRESETS[name]
+            last = turn_cost(price, second.prompt_tokens, second.cached_tokens, second.completion_tokens)
+            session = sum(turn_cost(price, t.prompt_tokens, t.cached_tokens, t.completion_tokens).total for t in (first, second))
+            uncached = sum(price.cost(t.prompt_tokens, 0, t.completion_tokens) for t in (first, second))
+            assert f"Reply    {format_usd(last.total)}" in shown()
+            assert f" cached  {format_usd(last.cached_input)}" in shown()
+            assert f" output  {format_usd(last.output)}" in shown()
+            assert f"Session  {format_usd(session)}" in shown()
+            assert f"Saved    {format_usd(uncached - session)}" in shown()
+            screen.choose_price("Claude Sonnet 4")
+            await pilot.pause()
+        assert load_config().price == "Claude Sonnet 4"
+
+        screen.query_one(PromptInput).text = "Hello world"
+        draft = screen.query_one("#draft")
+        sonnet = PRESETS["Claude Sonnet 4"]
+        sending = sonnet.cost(tiny.count_tokens("Hello world"), panel.metrics.context_tokens)
+        await wait_for(pilot, lambda: f"sending ≈ {format_usd(sending)}" in str(draft.render()))
+        assert f"up to {format_usd(sonnet.cost(0, 0, GREEDY.max_tokens))} out on Claude Sonnet 4" in str(draft.render())

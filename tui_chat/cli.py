@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from .config import Config, ConfigError, check_context, check_gpu_layers, load_config, log_dir, models_dir
 from .engine.base import Backend, EngineError, Error
 from .engine.params import PARAMS, InvalidParameter
+from .pricing import PricingError, count, find_preset, words_to_tokens
 
 USAGE_ERROR = 2
 
@@ -39,6 +42,19 @@ def build_parser() -> argparse.ArgumentParser:
         run.add_argument(f"--{spec.name.replace('_', '-')}", type=spec.kind, metavar="N", help=spec.hint)
     run.add_argument("--stop", action="append", metavar="STR", help="stop sequence (repeatable); not shown")
     run.add_argument("--json", action="store_true", help="print one JSON report at the end instead of the text")
+
+    estimate = commands.add_parser("estimate", help="what a workload would cost on a paid API")
+    given_input = estimate.add_mutually_exclusive_group()
+    given_input.add_argument("--text", help="the input of one call (tokens counted with --model's tokenizer)")
+    given_input.add_argument("--file", type=Path, help="a file holding the input of one call")
+    given_input.add_argument("--input-tokens", metavar="N", help="input tokens per call")
+    given_output = estimate.add_mutually_exclusive_group()
+    given_output.add_argument("--output-tokens", metavar="N", help="output tokens per call")
+    given_output.add_argument("--output-words", metavar="N", help="output words per call (1.33 tokens a word)")
+    estimate.add_argument("--calls", metavar="N", default="1", help="calls per day (default 1)")
+    estimate.add_argument("--price", metavar="PRESET", help="price preset (default: the configured one, GPT-4o)")
+    estimate.add_argument("--model", "-m", help="whose tokenizer counts --text/--file (default: the default model)")
+    estimate.add_argument("--json", action="store_true", help="print JSON (money as exact decimal strings)")
     return parser
 
 
@@ -50,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         gpu_layers = check_gpu_layers(args.gpu_layers) if args.gpu_layers is not None else config.gpu_layers
         if args.command == "run":
             return _run(args, config, n_ctx, gpu_layers)
-    except (ConfigError, InvalidParameter, EngineError) as error:
+        if args.command == "estimate":
+            return _estimate(args, config)
+    except (ConfigError, InvalidParameter, EngineError, PricingError) as error:
         return _fail(error)
     return _chat(args.model, config, n_ctx, gpu_layers)
 
@@ -96,6 +114,41 @@ def _run(args: argparse.Namespace, config: Config, n_ctx: int, gpu_layers: int |
             return 1
     finally:
         backend.close()
+
+
+def _estimate(args: argparse.Namespace, config: Config) -> int:
+    from .estimate import Estimate
+
+    price = find_preset(config.prices, args.price or config.price)
+    output_tokens = (
+        words_to_tokens(count(args.output_words, "--output-words")) if args.output_words is not None
+        else count(args.output_tokens or 0, "--output-tokens")
+    )
+    calls = count(args.calls, "--calls")
+    if args.text is not None or args.file is not None:
+        input_tokens = _count_text_tokens(args, config)
+    else:
+        input_tokens = count(args.input_tokens or 0, "--input-tokens")
+    estimate = Estimate(price, input_tokens, output_tokens, calls)
+    print(json.dumps(estimate.as_dict(), indent=2) if args.json else estimate.as_text(), end="\n" if args.json else "")
+    return 0
+
+
+def _count_text_tokens(args: argparse.Namespace, config: Config) -> int:
+    from .engine import logs
+    from .engine.llamacpp import count_tokens
+    from .engine.models import resolve_model
+
+    if args.file is not None:
+        try:
+            text = args.file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise EngineError(f"cannot read {args.file}: {getattr(error, 'strerror', None) or error}") from None
+    else:
+        text = args.text
+    path = resolve_model(args.model, config.default_model, models_dir())
+    logs.install(log_dir())
+    return count_tokens(path, text)
 
 
 def _fail(error: Exception) -> int:

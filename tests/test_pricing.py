@@ -1,0 +1,135 @@
+"""Money arithmetic, price presets, config overrides and `tui-chat estimate`."""
+
+import json
+import subprocess
+import sys
+from decimal import Decimal
+
+import pytest
+
+from tui_chat.config import ConfigError, load_config
+from tui_chat.estimate import Estimate
+from tui_chat.pricing import (
+    PRESETS,
+    PricingError,
+    find_preset,
+    format_usd,
+    presets_with,
+    turn_cost,
+    words_to_tokens,
+)
+
+GPT_4O = PRESETS["GPT-4o"]
+
+
+def test_the_issue_figures_hold():
+    five_hundred = Estimate(GPT_4O, input_tokens=0, output_tokens=500, calls_per_day=1000)
+    assert format_usd(five_hundred.per_day) == "$5.00" and format_usd(five_hundred.per_month) == "$150.00"
+    one_hundred = Estimate(GPT_4O, input_tokens=0, output_tokens=100, calls_per_day=1000)
+    assert one_hundred.per_day == Decimal("1") and one_hundred.per_month == Decimal("30")
+
+
+def test_output_costs_four_times_input_and_cached_input_half():
+    assert GPT_4O.cost(1_000_000) == Decimal("2.50")
+    assert GPT_4O.cost(0, 1_000_000) == Decimal("1.25")
+    assert GPT_4O.cost(0, 0, 1_000_000) == Decimal("10.00")
+    turn = turn_cost(GPT_4O, prompt_tokens=1000, cached_tokens=800, completion_tokens=100)
+    assert turn.input == Decimal("0.0005") and turn.cached_input == Decimal("0.001") and turn.output == Decimal("0.001")
+    assert turn.total == Decimal("0.0025")
+
+
+def test_many_tiny_amounts_do_not_drift():
+    total = sum((GPT_4O.cost(1, 0, 1) for _ in range(100_000)), Decimal(0))
+    assert total == Decimal("1.25")
+
+
+@pytest.mark.parametrize(
+    ("amount", "shown"),
+    [("0", "$0.00"), ("0.005", "$0.005000"), ("0.015", "$0.02"), ("0.0049", "$0.004900"), ("0.0000004", "$0.000000"),
+     ("1234.565", "$1,234.57"), ("0.01", "$0.01")],
+)
+def test_cents_for_totals_more_digits_for_tiny_amounts(amount, shown):
+    assert format_usd(Decimal(amount)) == shown
+
+
+def test_words_become_tokens_at_1_33():
+    assert words_to_tokens(100) == 133 and words_to_tokens(3) == 4 and words_to_tokens(0) == 0
+
+
+def test_presets_are_found_by_any_case_and_unknown_lists_them():
+    assert find_preset(PRESETS, " gpt-4o ") is GPT_4O
+    with pytest.raises(PricingError, match="unknown price preset 'gpt-5': choose one of GPT-4o, GPT-4o mini"):
+        find_preset(PRESETS, "gpt-5")
+
+
+def test_overrides_and_new_presets():
+    presets = presets_with({"GPT-4o": {"output": 12}, "House model": {"input": "0.1", "output": "0.2", "read_on": "2026-11-01"}})
+    assert presets["GPT-4o"].output == Decimal("12") and presets["GPT-4o"].input == Decimal("2.50")
+    house = presets["House model"]
+    assert house.cached_input == Decimal("0.1") and house.read_on == "2026-11-01"
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"X": {"input": 1}}, r"\[prices.X\] needs at least input and output"),
+        ({"GPT-4o": {"output": -1}}, "output must be zero or more dollars"),
+        ({"GPT-4o": {"output": "lots"}}, "output must be a number of dollars"),
+        ({"GPT-4o": {"outptu": 1}}, "unknown field 'outptu'"),
+        ({"GPT-4o": 3}, "must be a table"),
+    ],
+)
+def test_bad_price_tables_are_refused(table, message):
+    with pytest.raises(PricingError, match=message):
+        presets_with(table)
+
+
+def test_config_chooses_and_overrides_prices(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('price = "house"\n[prices.House]\ninput = 0.5\noutput = 1.5\n')
+    config = load_config(path)
+    assert config.price == "House" and config.prices["House"].output == Decimal("1.5")
+    path.write_text('price = "nope"\n')
+    with pytest.raises(ConfigError, match="unknown price preset 'nope'"):
+        load_config(path)
+
+
+def estimate(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tui_chat", "estimate", *args],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_estimate_cli_text_and_json():
+    text = estimate("--output-tokens", "500", "--calls", "1000", "--price", "GPT-4o")
+    assert text.returncode == 0
+    assert "per day          $5.00  (1,000 calls)" in text.stdout and "per month        $150.00" in text.stdout
+    report = json.loads(estimate("--output-words", "75", "--input-tokens", "1000", "--calls", "10", "--json").stdout)
+    assert report["output_tokens"] == 100 and report["input_tokens"] == 1000
+    assert Decimal(report["cost_per_call"]) == Decimal("0.0035")
+    assert Decimal(report["cost_per_month"]) == Decimal("1.05")
+
+
+def test_estimate_counts_text_with_the_model_tokenizer(tiny, tiny_model, tmp_path):
+    expected = tiny.count_tokens("Hello world Paris")
+    report = json.loads(estimate("--text", "Hello world Paris", "--model", str(tiny_model), "--json").stdout)
+    assert report["input_tokens"] == expected
+    note = tmp_path / "prompt.txt"
+    note.write_text("Hello world Paris")
+    from_file = json.loads(estimate("--file", str(note), "--model", str(tiny_model), "--json").stdout)
+    assert from_file["input_tokens"] == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--price", "gpt-9"], "unknown price preset 'gpt-9': choose one of GPT-4o"),
+        (["--output-tokens", "-5"], "--output-tokens must be zero or more (got -5)"),
+        (["--calls", "ten"], "--calls must be a whole number (got 'ten')"),
+        (["--file", "/no/such/file.txt"], "cannot read /no/such/file.txt"),
+        (["--text", "a", "--input-tokens", "3"], "not allowed with argument"),
+    ],
+)
+def test_estimate_bad_input_is_one_line(args, message):
+    result = estimate(*args)
+    assert result.returncode == 2
+    assert message in result.stderr and result.stderr.count("\n") == 1
