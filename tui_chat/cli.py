@@ -14,6 +14,7 @@ from .engine.params import PARAMS, InvalidParameter
 from .pricing import PricingError, count, find_preset, words_to_tokens
 
 USAGE_ERROR = 2
+MAX_TOP_LOGPROBS = 20
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     for spec in PARAMS:
         run.add_argument(f"--{spec.name.replace('_', '-')}", type=spec.kind, metavar="N", help=spec.hint)
     run.add_argument("--stop", action="append", metavar="STR", help="stop sequence (repeatable); not shown")
+    run.add_argument("--top-logprobs", type=int, default=0, metavar="N",
+                     help=f"with --json: each token's probability and the N likeliest (at most {MAX_TOP_LOGPROBS})")
     run.add_argument("--json", action="store_true", help="print one JSON report at the end instead of the text")
 
     estimate = commands.add_parser("estimate", help="what a workload would cost on a paid API")
@@ -102,13 +105,16 @@ def _run(args: argparse.Namespace, config: Config, n_ctx: int, gpu_layers: int |
     if args.stop:
         given["stop"] = args.stop
     params = config.sampling.with_changes(**given)
+    if not 0 <= args.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise InvalidParameter(f"top-logprobs must be between 0 and {MAX_TOP_LOGPROBS} (got {args.top_logprobs})")
     backend = _opener(config, n_ctx, gpu_layers)(args.model)
     try:
         loaded = backend.load().result()
         if isinstance(loaded, Error):
             raise EngineError(loaded.message)
         try:
-            return run_conversation(backend, args.prompt, params, system=args.system, as_json=args.json)
+            return run_conversation(backend, args.prompt, params, system=args.system, as_json=args.json,
+                                    top_logprobs=args.top_logprobs)
         except EngineError as error:
             print(f"tui-chat: error: {error}", file=sys.stderr)
             return 1

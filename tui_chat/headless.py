@@ -29,6 +29,7 @@ def run_conversation(
     *,
     system: str | None,
     as_json: bool,
+    top_logprobs: int = 0,
     out: TextIO = sys.stdout,
 ) -> int:
     """Answer each prompt in turn as one conversation; returns the process exit status."""
@@ -37,13 +38,17 @@ def run_conversation(
     write = _writer(out)
     for index, prompt in enumerate(prompts):
         messages.append(Message("user", prompt))
-        stream = backend.generate(Request(list(messages), LiveParams(params)))
+        stream = backend.generate(Request(list(messages), LiveParams(params), top_logprobs=top_logprobs))
         shown = ""
         final = None
+        tokens: list[dict] = []
         try:
             for event in stream:
-                if isinstance(event, Token) and not as_json and event.text:
-                    shown = _show(write, shown, event.text)
+                if isinstance(event, Token):
+                    if top_logprobs:
+                        tokens.append(_token_entry(event))
+                    if not as_json and event.text:
+                        shown = _show(write, shown, event.text)
                 elif isinstance(event, (Done, Error)):
                     final = event
         except KeyboardInterrupt:
@@ -55,7 +60,10 @@ def run_conversation(
             shown = _show(write, shown, final.text[len(shown) :] if final.text.startswith(shown) else "")
             write("\n\n" if index < len(prompts) - 1 else "\n")
         messages.append(Message("assistant", final.text))
-        turns.append({"prompt": prompt, "text": final.text.strip(), "stop_reason": final.stop_reason, **final.metrics.as_dict()})
+        turn = {"prompt": prompt, "text": final.text.strip(), "stop_reason": final.stop_reason, **final.metrics.as_dict()}
+        if top_logprobs:
+            turn |= {"prompt_ids": list(final.prompt_ids), "tokens": tokens}
+        turns.append(turn)
         if final.stop_reason == "cancelled":
             break
     if as_json:
@@ -70,6 +78,16 @@ def run_conversation(
         }
         write(json.dumps(report, indent=2) + "\n")
     return 130 if turns and turns[-1]["stop_reason"] == "cancelled" else 0
+
+
+def _token_entry(token: Token) -> dict:
+    """Probabilities under the model's raw distribution, so a turn can be replayed elsewhere."""
+    return {
+        "token": token.piece,
+        "id": token.token_id,
+        "prob": token.prob,
+        "top": [{"token": c.text, "id": c.token_id, "prob": c.prob} for c in token.top],
+    }
 
 
 def _show(write: Callable[[str], None], shown: str, text: str) -> str:

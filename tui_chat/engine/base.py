@@ -101,6 +101,16 @@ class Candidate:
 
 
 @dataclass(frozen=True, slots=True)
+class PoolCut:
+    """How many candidates each sampling cut left, in the order llama.cpp applies them.
+    None: more than the engine scanned (only possible with top-k off)."""
+
+    top_k: int | None
+    top_p: int | None
+    min_p: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class LoadProgress:
     fraction: float
 
@@ -125,15 +135,19 @@ class PromptProgress:
 
 @dataclass(frozen=True, slots=True)
 class Token:
-    """One sampled token. `text` is what became visible with it (may be empty while a stop
-    sequence or a split UTF-8 character is pending). `params_version` names the settings it was drawn with."""
+    """One sampled token. `piece` is the token's own text; `text` is what became visible with it (may
+    be empty while a stop sequence or a split UTF-8 character is pending). `params_version` names the
+    settings it was drawn with. With top_logprobs on: its probability under the raw distribution, the
+    likeliest candidates and where the sampling settings cut the pool."""
 
     token_id: int
     text: str
     at: float
     params_version: int
+    piece: str = ""
     prob: float | None = None
     top: tuple[Candidate, ...] = ()
+    pool: PoolCut | None = None
 
 
 @dataclass(frozen=True, slots=True)

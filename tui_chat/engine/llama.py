@@ -253,19 +253,20 @@ class _Turn:
                     return "length"
                 token = session.sample(sampler)
                 now = time.perf_counter()
-                prob, top = session.probabilities(token, top_n) if top_n else (None, ())
+                prob, top, pool = session.inspect(token, top_n, params) if top_n else (None, (), None)
                 self.first_at = self.first_at or now
                 self.last_at = now
                 self.generated.append(token)
                 if session.is_end_of_generation(token):
                     self.ends.append(None)
-                    stream.put(Token(token, "", now, version, prob, top))
+                    stream.put(Token(token, "", now, version, "", prob, top, pool))
                     return "eos"
-                delta = scanner.feed(utf8.decode(session.piece(token)))
+                piece = session.piece(token)
+                delta = scanner.feed(utf8.decode(piece))
                 self.ends.append(len(scanner.text) if not utf8.pending else None)
                 if delta and self.visible_at is None:
                     self.visible_at = now
-                stream.put(Token(token, delta, now, version, prob, top))
+                stream.put(Token(token, delta, now, version, piece.decode("utf-8", errors="replace"), prob, top, pool))
                 if scanner.stopped:
                     return "stop"
                 if len(self.generated) >= params.max_tokens or len(session.tokens) + 1 >= session.n_ctx:

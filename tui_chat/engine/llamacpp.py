@@ -18,10 +18,11 @@ import llama_cpp
 import numpy as np
 
 from . import logs
-from .base import Candidate, EngineError
+from .base import Candidate, EngineError, PoolCut
 from .params import SamplingParams
 
 PENALTY_LAST_N = 64
+POOL_SCAN = 1024  # with top-k off, the pool cut is counted among this many likeliest tokens
 _ALL_LAYERS = 0x7FFF_FFFF
 _QUANT_IN_NAME = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32)(?![A-Za-z0-9])", re.IGNORECASE)
 
@@ -246,22 +247,26 @@ class LlamaSession:
     def sample(self, chain: ctypes.c_void_p) -> int:
         return llama_cpp.llama_sampler_sample(chain, self.ctx, -1)
 
-    def probabilities(self, token: int, top_n: int) -> tuple[float, tuple[Candidate, ...]]:
-        """`token`'s probability and the top-N candidates under the raw distribution of this step.
+    def inspect(self, token: int, top_n: int, params: SamplingParams) -> tuple[float, tuple[Candidate, ...], PoolCut]:
+        """`token`'s probability, the top-N candidates and the pool cut, under this step's raw distribution.
 
-        Softmax into a preallocated buffer and a partial sort: no full-vocabulary sort, no copies.
+        Softmax into a preallocated buffer and one partial sort of the few hundred likeliest tokens:
+        no full-vocabulary sort, no copies, and nothing at all when the inspector is off.
         """
         logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,))
         probs = self._probs
         np.subtract(logits, logits.max(), out=probs)
         np.exp(probs, out=probs)
         scale = 1.0 / float(probs.sum())
-        top = np.argpartition(probs, -top_n)[-top_n:]
-        top = top[np.argsort(probs[top])[::-1]]
+        scan = min(self.n_vocab, max(top_n, params.top_k if 0 < params.top_k < POOL_SCAN else POOL_SCAN))
+        best = np.argpartition(probs, -scan)[-scan:]
+        best = best[np.argsort(probs[best])[::-1]]
+        ranked = probs[best] * scale
         candidates = tuple(
-            Candidate(int(t), self.piece(int(t)).decode("utf-8", errors="replace"), float(probs[t]) * scale) for t in top
+            Candidate(int(t), self.piece(int(t)).decode("utf-8", errors="replace"), float(p))
+            for t, p in zip(best[:top_n], ranked[:top_n])
         )
-        return float(probs[token]) * scale, candidates
+        return float(probs[token]) * scale, candidates, pool_cut(ranked, self.n_vocab, params)
 
     # --- counters and teardown ----------------------------------------------------------------
 
@@ -280,6 +285,31 @@ class LlamaSession:
         if self.model:
             llama_cpp.llama_model_free(self.model)
             self.model = None
+
+
+def pool_cut(ranked: np.ndarray, n_vocab: int, params: SamplingParams) -> PoolCut:
+    """Candidates left after top-k, then top-p, then min-p, as llama.cpp's chain applies them.
+
+    `ranked` holds the likeliest probabilities in descending order (at least top-k of them when
+    top-k is on). Top-p renormalises over what top-k kept; min-p compares with the likeliest token.
+    Temperature comes last in the chain, so it changes no count; at 0 the pick is greedy: one.
+    """
+    if params.temperature <= 0:
+        return PoolCut(1, 1, 1)
+    after_k = min(params.top_k, n_vocab) if params.top_k > 0 else n_vocab
+    after_p: int | None = after_k
+    if params.top_p < 1.0:
+        kept = ranked[:after_k]
+        mass = float(kept.sum()) if after_k <= len(ranked) else 1.0
+        cumulative = np.cumsum(kept) / mass
+        reached = int(np.searchsorted(cumulative, params.top_p, side="left"))
+        after_p = reached + 1 if reached < len(cumulative) else None
+    after_m = after_p
+    if params.min_p > 0.0:
+        considered = ranked[: after_p if after_p is not None else len(ranked)]
+        survivors = int(np.count_nonzero(considered >= params.min_p * ranked[0]))
+        after_m = survivors if survivors < len(considered) or after_p is not None else None
+    return PoolCut(after_k, after_p, after_m)
 
 
 def _tokenize(vocab, text: str, *, add_bos: bool) -> list[int]:

@@ -1,0 +1,94 @@
+"""Per-token probabilities from the decode loop: checked against an independent softmax of llama.cpp's logits."""
+
+import json
+import subprocess
+import sys
+
+import llama_cpp
+import numpy as np
+import pytest
+
+from conftest import GREEDY, collect
+from tui_chat.engine.base import Message, PoolCut, Request
+from tui_chat.engine.llamacpp import pool_cut
+from tui_chat.engine.params import LiveParams, SamplingParams
+
+PROMPT = "Hello, what is the capital of France?"
+SAMPLED = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05, repeat_penalty=1.0, seed=11, max_tokens=24)
+
+
+def inspected(backend, params: SamplingParams, top: int = 5):
+    return collect(backend.generate(Request([Message("user", PROMPT)], LiveParams(params), top_logprobs=top)))
+
+
+def softmax(row: np.ndarray) -> np.ndarray:
+    shifted = np.exp(row.astype(np.float64) - row.max())
+    return shifted / shifted.sum()
+
+
+def test_probabilities_match_an_independent_softmax_of_all_logits(tiny, tiny_model):
+    tokens, done = inspected(tiny, SAMPLED, top=10)
+    reference = llama_cpp.Llama(model_path=str(tiny_model), n_ctx=512, logits_all=True, verbose=False)
+    ids = list(done.prompt_ids) + [t.token_id for t in tokens]
+    reference.eval(ids[:-1])
+    first = len(done.prompt_ids) - 1
+    for step, token in enumerate(tokens):
+        expected = softmax(reference.scores[first + step])
+        assert token.prob == pytest.approx(expected[token.token_id], abs=1e-3)
+        order = np.argsort(expected)[::-1][:10]
+        assert [c.prob for c in token.top] == pytest.approx(list(expected[order]), abs=1e-3)
+        assert {c.token_id for c in token.top[:3]} == set(order[:3].tolist())
+
+
+def test_temperature_zero_equals_top_k_one(tiny):
+    greedy, _ = inspected(tiny, GREEDY)
+    top_one, _ = inspected(tiny, GREEDY.with_changes(temperature=1.0, top_k=1, seed=5))
+    assert [t.token_id for t in greedy] == [t.token_id for t in top_one]
+    assert all(t.pool == PoolCut(1, 1, 1) for t in greedy)
+    assert all(t.pool.top_k == 1 for t in top_one)
+
+
+def test_same_seed_same_reply_and_same_probabilities(tiny):
+    one, _ = inspected(tiny, SAMPLED)
+    two, _ = inspected(tiny, SAMPLED)
+    assert [(t.token_id, t.prob, t.top) for t in one] == [(t.token_id, t.prob, t.top) for t in two]
+
+
+def test_pool_cut_reported_per_token(tiny):
+    tokens, _ = inspected(tiny, SAMPLED)
+    for token in tokens:
+        assert token.pool.top_k == 40
+        assert 1 <= token.pool.min_p <= token.pool.top_p <= 40
+        assert token.piece and token.prob > 0
+
+
+def test_pool_cut_follows_llama_cpp_order():
+    ranked = np.array([0.4, 0.3, 0.2, 0.05, 0.03, 0.02])
+    params = SamplingParams(temperature=1.0, top_k=4, top_p=0.75, min_p=0.0)
+    # top-k keeps 4 (mass 0.95); renormalised, 0.4/0.95 + 0.3/0.95 = 0.737 < 0.75, a third is needed.
+    assert pool_cut(ranked, 100, params) == PoolCut(4, 3, 3)
+    assert pool_cut(ranked, 100, params.with_changes(min_p=0.6)) == PoolCut(4, 3, 2)
+    assert pool_cut(ranked, 100, params.with_changes(top_k=0, top_p=1.0, min_p=0.1)) == PoolCut(100, 100, 4)
+    assert pool_cut(ranked[:3], 100, params.with_changes(top_k=0, top_p=0.95)) == PoolCut(100, None, None)
+
+
+def test_headless_json_carries_tokens_and_prompt_ids(tiny_model, tiny):
+    result = subprocess.run(
+        [sys.executable, "-m", "tui_chat", "run", "-m", str(tiny_model), "-p", PROMPT, "--temperature", "0",
+         "--max-tokens", "8", "--top-logprobs", "3", "--json"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    turn = json.loads(result.stdout)["turns"][0]
+    assert len(turn["tokens"]) == 8 and turn["prompt_ids"][0] == 1
+    assert len(turn["prompt_ids"]) == turn["prompt_tokens"]
+    for entry in turn["tokens"]:
+        assert len(entry["top"]) == 3 and entry["id"] == entry["top"][0]["id"]
+        assert entry["prob"] == pytest.approx(entry["top"][0]["prob"])
+    assert "".join(e["token"] for e in turn["tokens"]).strip() == turn["text"]
+
+
+def test_headless_refuses_too_many_alternatives(tiny_model):
+    result = subprocess.run([sys.executable, "-m", "tui_chat", "run", "-m", str(tiny_model), "-p", "hi",
+                             "--top-logprobs", "50"], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2 and "top-logprobs must be between 0 and 20 (got 50)" in result.stderr
