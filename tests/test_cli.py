@@ -40,9 +40,10 @@ def test_streamed_text_matches_the_json_text(tiny_model):
 
 
 def test_stop_sequence_from_the_command_line(tiny_model):
-    full = json.loads(run("run", "-m", str(tiny_model), "-p", "Hello", "--temperature", "0", "--json").stdout)
+    common = ("run", "-m", str(tiny_model), "-p", "Hello", "--temperature", "0", "--max-tokens", "40", "--json")
+    full = json.loads(run(*common).stdout)
     word = full["turns"][0]["text"].split()[2]
-    cut = json.loads(run("run", "-m", str(tiny_model), "-p", "Hello", "--temperature", "0", "--stop", word, "--json").stdout)
+    cut = json.loads(run(*common, "--stop", word).stdout)
     assert cut["turns"][0]["stop_reason"] == "stop"
     assert word not in cut["turns"][0]["text"]
 
