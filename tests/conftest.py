@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,3 +85,10 @@ def collect(stream) -> tuple[list[Token], Done | Error]:
         elif isinstance(event, (Done, Error)):
             final = event
     return tokens, final
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`tui-chat ARGS` as a real process, as a script would call it."""
+    return subprocess.run(
+        [sys.executable, "-m", "tui_chat", *args], capture_output=True, text=True, timeout=timeout, check=False
+    )

@@ -1,16 +1,10 @@
 """`tui-chat run` as a script would call it: a real process, real exit codes, real stdout/stderr."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-
-def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tui_chat", *args], capture_output=True, text=True, timeout=timeout, check=False
-    )
+from conftest import run_cli as run
 
 
 def test_json_report_for_a_two_turn_conversation(tiny_model):

@@ -1,14 +1,12 @@
 """Per-token probabilities from the decode loop: checked against an independent softmax of llama.cpp's logits."""
 
 import json
-import subprocess
-import sys
 
 import llama_cpp
 import numpy as np
 import pytest
 
-from conftest import GREEDY, collect
+from conftest import GREEDY, collect, run_cli
 from tui_chat.engine.base import Message, PoolCut, Request
 from tui_chat.engine.llamacpp import pool_cut
 from tui_chat.engine.params import LiveParams, SamplingParams
@@ -73,11 +71,8 @@ def test_pool_cut_follows_llama_cpp_order():
 
 
 def test_headless_json_carries_tokens_and_prompt_ids(tiny_model, tiny):
-    result = subprocess.run(
-        [sys.executable, "-m", "tui_chat", "run", "-m", str(tiny_model), "-p", PROMPT, "--temperature", "0",
-         "--max-tokens", "8", "--top-logprobs", "3", "--json"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )
+    result = run_cli("run", "-m", str(tiny_model), "-p", PROMPT, "--temperature", "0",
+                     "--max-tokens", "8", "--top-logprobs", "3", "--json")
     assert result.returncode == 0, result.stderr
     turn = json.loads(result.stdout)["turns"][0]
     assert len(turn["tokens"]) == 8 and turn["prompt_ids"][0] == 1
@@ -89,6 +84,5 @@ def test_headless_json_carries_tokens_and_prompt_ids(tiny_model, tiny):
 
 
 def test_headless_refuses_too_many_alternatives(tiny_model):
-    result = subprocess.run([sys.executable, "-m", "tui_chat", "run", "-m", str(tiny_model), "-p", "hi",
-                             "--top-logprobs", "50"], capture_output=True, text=True, timeout=60, check=False)
+    result = run_cli("run", "-m", str(tiny_model), "-p", "hi", "--top-logprobs", "50")
     assert result.returncode == 2 and "top-logprobs must be between 0 and 20 (got 50)" in result.stderr

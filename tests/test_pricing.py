@@ -1,12 +1,11 @@
 """Money arithmetic, price presets, config overrides and `tui-chat estimate`."""
 
 import json
-import subprocess
-import sys
 from decimal import Decimal
 
 import pytest
 
+from conftest import run_cli
 from tui_chat.config import ConfigError, load_config
 from tui_chat.estimate import Estimate
 from tui_chat.pricing import (
@@ -94,9 +93,8 @@ def test_config_chooses_and_overrides_prices(tmp_path):
         load_config(path)
 
 
-def estimate(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tui_chat", "estimate", *args],
-                          capture_output=True, text=True, timeout=60, check=False)
+def estimate(*args: str):
+    return run_cli("estimate", *args)
 
 
 def test_estimate_cli_text_and_json():
