@@ -400,3 +400,22 @@ async def test_panel_costs_match_the_pricing_module(tiny, tiny_model):
         sending = sonnet.cost(tiny.count_tokens("Hello world"), panel.metrics.context_tokens)
         await wait_for(pilot, lambda: f"sending ≈ {format_usd(sending)}" in str(draft.render()))
         assert f"up to {format_usd(sonnet.cost(0, 0, GREEDY.max_tokens))} out on Claude Sonnet 4" in str(draft.render())
+
+
+@pytest.mark.starter
+async def test_the_log_follows_the_reply_until_the_user_scrolls_up(starter_model):
+    app = make_app(STARTER_NAME, sampling=GREEDY.with_changes(max_tokens=300), n_ctx=2048)
+    async with app.run_test(size=(100, 20)) as pilot:
+        screen = await loaded(pilot)
+        log = screen.query_one("#log")
+        await send(pilot, LONG_REPLY)
+        await wait_for(pilot, lambda: screen.reply is not None and screen.reply.tokens >= 200)
+        await pilot.pause(0.1)
+        assert log.max_scroll_y > 0 and log.scroll_y == log.max_scroll_y, "following the reply"
+        log.scroll_home(animate=False)
+        await pilot.pause()
+        seen = screen.reply.tokens
+        await wait_for(pilot, lambda: screen.reply.tokens >= seen + 20)
+        assert log.scroll_y == 0, "scrolled up: the reply no longer pulls the view down"
+        await pilot.press("escape")
+        await reply_done(pilot)
