@@ -91,6 +91,9 @@ def test_config_chooses_and_overrides_prices(tmp_path):
     path.write_text('price = "nope"\n')
     with pytest.raises(ConfigError, match="unknown price preset 'nope'"):
         load_config(path)
+    path.write_text('prices = 3\n')
+    with pytest.raises(ConfigError, match=r"\[prices\] must hold tables"):
+        load_config(path)
 
 
 def estimate(*args: str):

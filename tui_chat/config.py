@@ -117,7 +117,10 @@ def _parse(raw: dict[str, Any]) -> Config:
     keys = raw.get("keys", {})
     if not isinstance(keys, dict) or not all(isinstance(v, str) for v in keys.values()):
         raise InvalidParameter('[keys] must map actions to keys, e.g. regenerate = "ctrl+r"')
-    prices = presets_with(raw.get("prices", {}) if isinstance(raw.get("prices", {}), dict) else {"prices": None})
+    price_tables = raw.get("prices", {})
+    if not isinstance(price_tables, dict):
+        raise InvalidParameter('[prices] must hold tables such as [prices."My provider"]')
+    prices = presets_with(price_tables)
     price = find_preset(prices, str(raw.get("price", DEFAULT_PRESET))).name
     return Config(
         default_model=default_model or None,
