@@ -29,7 +29,7 @@ from tui_chat.config import Config
 from tui_chat.engine.base import Done, Loaded, Message, Metrics, ModelInfo, Request, Stream, Token, TurnMetrics
 from tui_chat.ui.app import ChatApp
 from tui_chat.ui.screens.chat import ChatScreen
-from tui_chat.ui.widgets.messages import ReplyMessage, UserMessage
+from tui_chat.ui.widgets.messages import ReplyMessage
 from tui_chat.ui.widgets.prompt import PromptInput
 
 SIZE = (100, 32)
@@ -282,14 +282,13 @@ async def until(condition: Callable[[], bool], timeout: float, poll: float = 0.0
 
 
 async def prefill(screen: ChatScreen, messages: int, rng: random.Random) -> None:
-    """A long chat as it looks after a session: finished replies are frozen Statics with a footer."""
-    widgets: list[UserMessage | ReplyMessage] = []
+    """A long chat as it looks when reopened: the screen mounts the recent part of it."""
+    entries = []
     for n in range(messages // 2):
         question, answer = f"{sentence(rng)[:-1]}?", markdown_reply(rng, HISTORY_REPLY_TOKENS)
         footer = f"end of text · {len(split_tokens(answer))} tokens · 41.{n % 10} tok/s · TTFT 0.2{n % 10} s"
-        widgets += [UserMessage(question, classes="user"), ReplyMessage(answer, footer, classes="assistant")]
-        screen.conversation += [Message("user", question), Message("assistant", answer)]
-    await screen.query_one("#log").mount_all(widgets)
+        entries += [(Message("user", question), None), (Message("assistant", answer), footer)]
+    await screen.show_conversation(entries)
 
 
 async def run_case(history: int, rate: int, tokens: int, seed: int) -> Case:

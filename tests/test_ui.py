@@ -10,13 +10,14 @@ import pytest
 from conftest import GREEDY, ask
 from tui_chat.cli import _opener
 from tui_chat.config import Config, config_path, load_config
-from tui_chat.engine.base import TurnMetrics
+from tui_chat.engine.base import Message
 from tui_chat.engine.models import STARTER_NAME
 from tui_chat.engine.params import SamplingParams
 from tui_chat.ui.app import ChatApp
 from tui_chat.ui.screens.chat import ChatScreen
 from tui_chat.ui.screens.help import HelpScreen
 from tui_chat.pricing import PRESETS, format_usd, turn_cost
+from tui_chat.ui.widgets.chat_log import MAX_MOUNTED, ChatLog
 from tui_chat.ui.widgets.messages import ReplyMessage, UserMessage
 from tui_chat.ui.widgets.metrics import MetricsPanel
 from tui_chat.ui.widgets.prompt import PromptInput
@@ -419,3 +420,25 @@ async def test_the_log_follows_the_reply_until_the_user_scrolls_up(starter_model
         assert log.scroll_y == 0, "scrolled up: the reply no longer pulls the view down"
         await pilot.press("escape")
         await reply_done(pilot)
+
+
+async def test_a_long_chat_mounts_only_recent_messages(tiny_model):
+    entries = []
+    for n in range(115):
+        entries += [(Message("user", f"question {n}"), None), (Message("assistant", f"answer {n}"), "end of text")]
+    app = make_app(str(tiny_model), n_ctx=8192)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        await screen.show_conversation(entries)
+        log = screen.query_one(ChatLog)
+        assert len(log.messages()) == MAX_MOUNTED and len(log.hidden) == 130
+        assert log.messages()[0].text == "question 65" and len(screen.conversation) == 230
+        assert "130 earlier messages" in str(screen.query_one("#earlier").label)
+        await pilot.press("f4")
+        assert len(log.messages()) == 150 and log.messages()[0].text == "question 40"
+        await send(pilot, "Hello there")
+        await wait_for(pilot, lambda: len(screen.conversation) == 232 and screen.reply is None)
+        assert len(log.messages()) == MAX_MOUNTED and len(log.hidden) == 132
+        assert log.messages()[-1].text == screen.conversation[-1].content
+        await pilot.press("ctrl+n")
+        assert log.messages() == [] and log.hidden == [] and not screen.query_one("#earlier").display

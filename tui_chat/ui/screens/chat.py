@@ -40,6 +40,7 @@ from ...engine.params import LiveParams
 from ...pricing import format_usd
 from ...safetext import terminal_safe
 from ..bridge import EngineBatch, forward_events
+from ..widgets.chat_log import ChatLog, Entry
 from ..widgets.messages import ReplyMessage, UserMessage, reply_footer
 from ..widgets.metrics import MetricsPanel
 from ..widgets.prompt import PromptInput
@@ -83,6 +84,7 @@ class ChatScreen(Screen):
         Binding("ctrl+r", "regenerate", "Regenerate", id="regenerate", tooltip="Regenerate the last reply"),
         Binding("ctrl+g", "edit_last", "Edit last", id="edit_last", tooltip="Edit and resend the last message"),
         Binding("f3", "copy_last", "Copy reply", id="copy_last", tooltip="Copy the last reply"),
+        Binding("f4", "show_earlier", "Earlier", id="show_earlier", show=False, tooltip="Show earlier messages"),
         Binding("f2", "toggle_panel", "Panel", id="toggle_panel", tooltip="Show or hide the side panel"),
         Binding("ctrl+n", "new_chat", "New chat", id="new_chat", tooltip="Start a new chat"),
         Binding("ctrl+o", "open_model", "Model", id="open_model", tooltip="Open another model"),
@@ -104,7 +106,7 @@ class ChatScreen(Screen):
     def compose(self) -> ComposeResult:
         with Horizontal(id="main"):
             with Vertical(id="chat"):
-                yield VerticalScroll(id="log")
+                yield ChatLog(id="log")
                 yield Static(id="status")
                 yield PromptInput(id="prompt", placeholder="Type a message · F1 lists the keys")
                 yield Static(id="draft")
@@ -182,7 +184,7 @@ class ChatScreen(Screen):
 
     async def _start_reply(self, question: UserMessage) -> None:
         widget = ReplyMessage(classes="assistant")
-        log = self.query_one("#log", VerticalScroll)
+        log = self.query_one(ChatLog)
         await log.mount(widget)
         log.anchor()
         widget.show_status("Reading prompt…")
@@ -249,6 +251,7 @@ class ChatScreen(Screen):
             await self._take_back(reply)
             return
         await reply.widget.finish(done.text, reply_footer(done.stop_reason, done.metrics))
+        await self.query_one(ChatLog).trim()
         self.conversation.append(Message("assistant", done.text))
         self.query_one(MetricsPanel).finish_reply(done.metrics)
         self._count_draft()
@@ -335,10 +338,17 @@ class ChatScreen(Screen):
         self.action_stop()
         if self.reply is not None:
             self._end_reply()
-        self.conversation.clear()
         self.query_one(MetricsPanel).forget_turns()
-        await self.query_one("#log").remove_children()
+        await self.show_conversation([])
         self.query_one(PromptInput).focus()
+
+    async def show_conversation(self, entries: list[Entry]) -> None:
+        """Put a whole conversation on screen: messages with, for finished replies, their footers."""
+        self.conversation = [message for message, _ in entries]
+        await self.query_one(ChatLog).show(entries)
+
+    async def action_show_earlier(self) -> None:
+        await self.query_one(ChatLog).show_earlier()
 
     def action_open_model(self) -> None:
         from .open_model import OpenModelScreen

@@ -28,7 +28,7 @@ def key_lines(keymap: dict[str, str]) -> list[str]:
         lines.append(title)
         for binding in bindings:
             keys = keymap.get(binding.id, binding.key) if binding.id else binding.key
-            lines.append(f"  {keys:<22} {binding.description}")
+            lines.append(f"  {keys:<22} {binding.tooltip or binding.description}")
         lines.append("")
     lines += [
         "Anywhere",
