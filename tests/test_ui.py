@@ -63,6 +63,13 @@ async def reply_done(pilot, timeout: float = 60.0) -> ReplyMessage:
     return screen.query(ReplyMessage).last()
 
 
+async def focused_slider(pilot, name: str) -> Slider:
+    slider = pilot.app.screen.query_one(f"#{name}", Slider)
+    slider.focus()
+    await pilot.pause()
+    return slider
+
+
 def footer(message: ReplyMessage) -> str:
     return message.footer
 
@@ -147,8 +154,7 @@ async def test_slider_by_keyboard_and_mouse_changes_live_params(tiny_model):
     app = make_app(str(tiny_model))
     async with app.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
-        slider = screen.query_one("#temperature", Slider)
-        slider.focus()
+        slider = await focused_slider(pilot, "temperature")
         await pilot.press("right", "right")
         assert screen.live.snapshot()[1].temperature == pytest.approx(0.1)
         assert "0.10" in str(screen.query_one("#label-temperature").render())
@@ -342,8 +348,7 @@ async def test_typing_anywhere_goes_to_the_message_box(tiny_model):
     app = make_app(str(tiny_model))
     async with app.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
-        slider = screen.query_one("#temperature", Slider)
-        slider.focus()
+        slider = await focused_slider(pilot, "temperature")
         await pilot.press("plus", "h", "i")
         assert slider.value == pytest.approx(0.05), "keys bound on the focused slider stay with it"
         assert screen.query_one(PromptInput).text == "hi"

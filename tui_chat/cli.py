@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+
 from .config import Config, ConfigError, check_context, check_gpu_layers, load_config, log_dir, models_dir
 from .engine.base import Backend, EngineError, Error
 from .engine.params import PARAMS, InvalidParameter
@@ -141,9 +142,7 @@ def _estimate(args: argparse.Namespace, config: Config) -> int:
 
 
 def _count_text_tokens(args: argparse.Namespace, config: Config) -> int:
-    from .engine import logs
-    from .engine.llamacpp import count_tokens
-    from .engine.models import resolve_model
+    from .engine.factory import count_text_tokens
 
     if args.file is not None:
         try:
@@ -152,9 +151,8 @@ def _count_text_tokens(args: argparse.Namespace, config: Config) -> int:
             raise EngineError(f"cannot read {args.file}: {getattr(error, 'strerror', None) or error}") from None
     else:
         text = args.text
-    path = resolve_model(args.model, config.default_model, models_dir())
-    logs.install(log_dir())
-    return count_tokens(path, text)
+    return count_text_tokens(args.model, text, default_model=config.default_model, models_dir=models_dir(),
+                             log_dir=log_dir())
 
 
 def _fail(error: Exception) -> int:

@@ -135,10 +135,10 @@ class PromptProgress:
 
 @dataclass(frozen=True, slots=True)
 class Token:
-    """One sampled token. `piece` is the token's own text; `text` is what became visible with it (may
-    be empty while a stop sequence or a split UTF-8 character is pending). `params_version` names the
-    settings it was drawn with. With top_logprobs on: its probability under the raw distribution, the
-    likeliest candidates and where the sampling settings cut the pool."""
+    """One sampled token. `text` is what became visible with it (may be empty while a stop sequence
+    or a split UTF-8 character is pending). `params_version` names the settings it was drawn with.
+    With top_logprobs on (and only then, to keep the per-token path lean): the token's own text, its
+    probability under the raw distribution, the likeliest candidates and where the settings cut the pool."""
 
     token_id: int
     text: str

@@ -22,10 +22,23 @@ def open_local(
 
     llama_cpp is imported here, not at module import, so the UI can draw before it loads.
     """
-    from . import logs
     from .llama import LlamaBackend, LlamaSettings
+
+    path = _model_file(model, default_model, models_dir, log_dir)
+    name = model if model and not model.lower().endswith(".gguf") else path.stem
+    return LlamaBackend(LlamaSettings(path, n_ctx, gpu_layers, chat_template), name=name)
+
+
+def count_text_tokens(model: str | None, text: str, *, default_model: str | None, models_dir: Path, log_dir: Path) -> int:
+    """Tokens `text` takes in `model`'s own tokenizer, reading only its vocabulary (no weights)."""
+    from .llamacpp import count_tokens
+
+    return count_tokens(_model_file(model, default_model, models_dir, log_dir), text)
+
+
+def _model_file(model: str | None, default_model: str | None, models_dir: Path, log_dir: Path) -> Path:
+    from . import logs
 
     path = resolve_model(model, default_model, models_dir)
     logs.install(log_dir)
-    name = model if model and not model.lower().endswith(".gguf") else path.stem
-    return LlamaBackend(LlamaSettings(path, n_ctx, gpu_layers, chat_template), name=name)
+    return path

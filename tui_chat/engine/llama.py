@@ -266,7 +266,8 @@ class _Turn:
                 self.ends.append(len(scanner.text) if not utf8.pending else None)
                 if delta and self.visible_at is None:
                     self.visible_at = now
-                stream.put(Token(token, delta, now, version, piece.decode("utf-8", errors="replace"), prob, top, pool))
+                piece_text = piece.decode("utf-8", errors="replace") if top_n else ""
+                stream.put(Token(token, delta, now, version, piece_text, prob, top, pool))
                 if scanner.stopped:
                     return "stop"
                 if len(self.generated) >= params.max_tokens or len(session.tokens) + 1 >= session.n_ctx:

@@ -97,10 +97,9 @@ class MetricsPanel(Vertical):
         return sum((turn_cost(self.price, t.prompt_tokens, t.cached_tokens, t.completion_tokens).total
                     for t in self.turns), Decimal(0))
 
-    def cache_saving(self) -> Decimal:
-        """What the session would have cost more with every prompt token billed as fresh input."""
-        uncached = sum((self.price.cost(t.prompt_tokens, 0, t.completion_tokens) for t in self.turns), Decimal(0))
-        return uncached - self.session_cost()
+    def uncached_cost(self) -> Decimal:
+        """What the session would have cost with every prompt token billed as fresh input."""
+        return sum((self.price.cost(t.prompt_tokens, 0, t.completion_tokens) for t in self.turns), Decimal(0))
 
     def refresh_view(self, status: str = "") -> None:
         info, m = self.info, self.metrics
@@ -129,6 +128,7 @@ class MetricsPanel(Vertical):
             )
         )
         reply = turn_cost(self.price, m.prompt_tokens, m.cached_tokens, m.completion_tokens)
+        session = self.session_cost()
         self.query_one("#cost", Static).update(
             Content(
                 f"prices read {self.price.read_on}\n"
@@ -136,7 +136,7 @@ class MetricsPanel(Vertical):
                 f" input   {format_usd(reply.input)}\n"
                 f" cached  {format_usd(reply.cached_input)}\n"
                 f" output  {format_usd(reply.output)}\n"
-                f"Session  {format_usd(self.session_cost())}\n"
-                f"Saved    {format_usd(self.cache_saving())} by reuse"
+                f"Session  {format_usd(session)}\n"
+                f"Saved    {format_usd(self.uncached_cost() - session)} by reuse"
             )
         )
