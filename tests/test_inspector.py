@@ -86,3 +86,53 @@ def test_headless_json_carries_tokens_and_prompt_ids(tiny_model, tiny):
 def test_headless_refuses_too_many_alternatives(tiny_model):
     result = run_cli("run", "-m", str(tiny_model), "-p", "hi", "--top-logprobs", "50")
     assert result.returncode == 2 and "top-logprobs must be between 0 and 20 (got 50)" in result.stderr
+
+
+def branch_of(backend, tokens, cut: int, rank: int = 1, params: SamplingParams = GREEDY):
+    """Branch the reply at token `cut`: keep what came before and force its `rank`-th alternative."""
+    forced = tuple(t.token_id for t in tokens[:cut]) + (tokens[cut].top[rank].token_id,)
+    request = Request([Message("user", PROMPT)], LiveParams(params), top_logprobs=5, forced=forced)
+    return forced, collect(backend.generate(request))
+
+
+def greedy_reference(model_path, prompt_ids, count: int) -> list[int]:
+    """A fresh llama-cpp-python model, reading the whole prompt in one go: no cache shared with ours."""
+    reference = llama_cpp.Llama(model_path=str(model_path), n_ctx=1024, verbose=False)
+    produced = []
+    for token in reference.generate(list(prompt_ids), temp=0.0, repeat_penalty=1.0):
+        if len(produced) == count:
+            break
+        produced.append(token)
+    return produced
+
+
+def test_a_branch_rewinds_the_cache_and_continues_as_a_fresh_prompt_would(tiny, tiny_model):
+    tokens, done = inspected(tiny, GREEDY)
+    cut = len(tokens) // 2
+    forced, (branch_tokens, branch) = branch_of(tiny, tokens, cut)
+    assert branch.prompt_ids == done.prompt_ids + forced
+    assert branch.metrics.prompt_tokens - branch.metrics.cached_tokens == 1
+    given = [t for t in branch_tokens if t.forced]
+    drawn = [t for t in branch_tokens if not t.forced]
+    assert [t.token_id for t in given] == list(forced) and all(t.prob is None for t in given)
+    assert branch.metrics.completion_tokens == len(drawn) > 0
+    assert [t.token_id for t in drawn] == greedy_reference(tiny_model, branch.prompt_ids, len(drawn))
+    assert branch.text == "".join(t.text for t in branch_tokens)
+    assert branch.text.startswith("".join(t.text for t in tokens[:cut]))
+
+
+def test_the_original_reply_comes_back_from_the_cache_after_a_branch(tiny):
+    tokens, done = inspected(tiny, GREEDY)
+    branch_of(tiny, tokens, 3)
+    again_tokens, again = inspected(tiny, GREEDY)
+    assert again.text == done.text
+    assert [t.prob for t in again_tokens] == pytest.approx([t.prob for t in tokens], abs=1e-4)
+
+
+def test_forcing_the_end_of_text_token_ends_the_reply(tiny):
+    tokens, done = inspected(tiny, GREEDY)
+    eos = llama_cpp.llama_vocab_eos(tiny._session.vocab)
+    request = Request([Message("user", PROMPT)], LiveParams(GREEDY), forced=(tokens[0].token_id, eos))
+    branch_tokens, branch = collect(tiny.generate(request))
+    assert branch.stop_reason == "eos" and branch.metrics.completion_tokens == 0
+    assert branch.text == tokens[0].text

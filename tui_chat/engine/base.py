@@ -34,6 +34,9 @@ class Request:
     params: LiveParams = field(default_factory=LiveParams)
     top_logprobs: int = 0
     submitted_at: float = field(default_factory=time.perf_counter)
+    # A branch: the tokens the reply must start with (those kept before the cut, then the chosen
+    # alternative). The engine rewinds its KV cache to them instead of reading the chat again.
+    forced: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +141,8 @@ class Token:
     """One sampled token. `text` is what became visible with it (may be empty while a stop sequence
     or a split UTF-8 character is pending). `params_version` names the settings it was drawn with.
     With top_logprobs on (and only then, to keep the per-token path lean): the token's own text, its
-    probability under the raw distribution, the likeliest candidates and where the settings cut the pool."""
+    probability under the raw distribution, the likeliest candidates and where the settings cut the pool.
+    A `forced` token was given by the request (a branch), not drawn: it carries no probabilities."""
 
     token_id: int
     text: str
@@ -148,6 +152,7 @@ class Token:
     prob: float | None = None
     top: tuple[Candidate, ...] = ()
     pool: PoolCut | None = None
+    forced: bool = False
 
 
 @dataclass(frozen=True, slots=True)

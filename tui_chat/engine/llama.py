@@ -76,6 +76,7 @@ class LlamaBackend:
         self._format: PromptFormat | None = None
         self._history_text = ""
         self._history_tokens: list[int] = []
+        self._last_prompt: tuple[str, list[int]] = ("", [])
         self._session_lock = threading.Lock()
         self._worker = threading.Thread(target=self._run, name="llama-worker", daemon=True)
         self._worker.start()
@@ -155,6 +156,7 @@ class LlamaBackend:
             self._session = session
         self._format = prompt_format
         self._history_text, self._history_tokens = "", []
+        self._last_prompt = ("", [])
         stream.put(Loaded(self.info))
 
     def _generate(self, request: Request, stream: Stream) -> None:
@@ -169,11 +171,13 @@ class LlamaBackend:
         """Tokens for the rendered prompt, keeping the tokens the model saw last turn as they were.
 
         Re-tokenizing the whole transcript can merge the end of the last reply differently from how it
-        was generated, which would break prefix reuse right at the turn boundary.
+        was generated, which would break prefix reuse right at the turn boundary. A regenerated or
+        branched reply starts from the last prompt itself.
         """
         session = self._session
-        if self._history_text and text.startswith(self._history_text):
-            return self._history_tokens + session.tokenize(text[len(self._history_text) :], add_bos=False)
+        for known_text, known_tokens in ((self._history_text, self._history_tokens), self._last_prompt):
+            if known_text and text.startswith(known_text):
+                return known_tokens + session.tokenize(text[len(known_text) :], add_bos=False)
         add_bos = session.add_bos and not (session.bos_text and text.startswith(session.bos_text))
         return session.tokenize(text, add_bos=add_bos)
 
@@ -194,9 +198,12 @@ class _Turn:
         self.prompt_text = backend._format.render(request.messages, self.session.bos_text, self.session.eos_text)
         self.implicit_stops = backend._format.implicit_stops
         self.prompt = backend._prompt_tokens(self.prompt_text)
+        self.forced = list(request.forced)
+        self.context = self.prompt + self.forced  # all the model reads before its first new token
         self.cached = 0
         self.prefill_s = 0.0
         self.generated: list[int] = []
+        self.drawn = 0  # generated tokens the model chose (a branch's forced ones excluded)
         self.ends: list[int | None] = []
         self.first_at: float | None = None
         self.visible_at: float | None = None
@@ -204,25 +211,25 @@ class _Turn:
 
     def run(self) -> None:
         session, stream = self.session, self.stream
-        if len(self.prompt) >= session.n_ctx:
+        if len(self.context) >= session.n_ctx:
             raise EngineError(
-                f"the conversation is {len(self.prompt)} tokens but the context holds {session.n_ctx}: "
+                f"the conversation is {len(self.context)} tokens but the context holds {session.n_ctx}: "
                 "start a new chat or raise n_ctx"
             )
-        self.cached = session.keep_prefix(self.prompt)
+        self.cached = session.keep_prefix(self.context)
         session.reset_perf()
         try:
             self._prefill()
         except PrefillAborted:
             self._finish("cancelled", StopScanner(), Utf8Stream())
             return
-        scanner = StopScanner()
+        scanner = StopScanner(self.request.params.snapshot()[1].stop + self.implicit_stops)
         utf8 = Utf8Stream()
-        reason = self._decode(scanner, utf8)
+        reason = self._replay_forced(scanner, utf8) or self._decode(scanner, utf8)
         self._finish(reason, scanner, utf8)
 
     def _prefill(self) -> None:
-        todo = self.prompt[self.cached :]
+        todo = self.context[self.cached :]
         started = time.perf_counter()
 
         def progress(done: int) -> None:
@@ -231,6 +238,24 @@ class _Turn:
         progress(0)
         self.session.prefill(todo, progress, self.stream.cancelled.is_set)
         self.prefill_s = time.perf_counter() - started
+
+    def _replay_forced(self, scanner: StopScanner, utf8: Utf8Stream) -> StopReason | None:
+        """A branch's given tokens become the start of the reply text, as if they had been drawn."""
+        session, stream = self.session, self.stream
+        for token in self.forced:
+            self.generated.append(token)
+            if session.is_end_of_generation(token):
+                self.ends.append(None)
+                stream.put(Token(token, "", time.perf_counter(), -1, forced=True))
+                return "eos"
+            piece = session.piece(token)
+            delta = scanner.feed(utf8.decode(piece))
+            self.ends.append(len(scanner.text) if not utf8.pending else None)
+            stream.put(Token(token, delta, time.perf_counter(), -1, piece.decode("utf-8", errors="replace"),
+                             forced=True))
+            if scanner.stopped:
+                return "stop"
+        return None
 
     def _decode(self, scanner: StopScanner, utf8: Utf8Stream) -> StopReason:
         session, stream, live = self.session, self.stream, self.request.params
@@ -257,6 +282,7 @@ class _Turn:
                 self.first_at = self.first_at or now
                 self.last_at = now
                 self.generated.append(token)
+                self.drawn += 1
                 if session.is_end_of_generation(token):
                     self.ends.append(None)
                     stream.put(Token(token, "", now, version, "", prob, top, pool))
@@ -287,15 +313,16 @@ class _Turn:
         kept = kept_token_count(self.ends, len(text))
         self.backend._history_text = self.prompt_text + scanner.text[: self.ends[kept - 1]] if kept else self.prompt_text
         self.backend._history_tokens = self.prompt + self.generated[:kept]
+        self.backend._last_prompt = (self.prompt_text, self.prompt)
         metrics = self.metrics()
-        self.stream.put(Done(reason, text, metrics, tuple(self.prompt)))
+        self.stream.put(Done(reason, text, metrics, tuple(self.context)))
 
     def metrics(self) -> TurnMetrics:
         first = self.visible_at or self.first_at
         return TurnMetrics(
-            prompt_tokens=len(self.prompt),
+            prompt_tokens=len(self.context),
             cached_tokens=self.cached,
-            completion_tokens=len(self.generated),
+            completion_tokens=self.drawn,
             ttft_s=None if first is None else first - self.request.submitted_at,
             prefill_s=self.prefill_s,
             decode_s=0.0 if self.first_at is None else self.last_at - self.first_at,
