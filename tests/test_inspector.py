@@ -8,7 +8,7 @@ import pytest
 
 from conftest import GREEDY, collect, run_cli
 from tui_chat.engine.base import Message, PoolCut, Request
-from tui_chat.engine.llamacpp import pool_cut
+from tui_chat.engine.pool import kept_by, pool_cut
 from tui_chat.engine.params import LiveParams, SamplingParams
 
 PROMPT = "Hello, what is the capital of France?"
@@ -68,6 +68,15 @@ def test_pool_cut_follows_llama_cpp_order():
     assert pool_cut(ranked, 100, params.with_changes(min_p=0.6)) == PoolCut(4, 3, 2)
     assert pool_cut(ranked, 100, params.with_changes(top_k=0, top_p=1.0, min_p=0.1)) == PoolCut(100, 100, 4)
     assert pool_cut(ranked[:3], 100, params.with_changes(top_k=0, top_p=0.95)) == PoolCut(100, None, None)
+
+
+def test_kept_by_counts_what_the_settings_keep_among_the_listed_candidates():
+    listed = [0.4, 0.3, 0.2, 0.05, 0.03]
+    assert kept_by(listed, SamplingParams(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0)) == 2
+    assert kept_by(listed, SamplingParams(temperature=1.0, top_k=0, top_p=0.6, min_p=0.0)) == 2
+    assert kept_by(listed, SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.1)) == 4
+    assert kept_by(listed, SamplingParams(temperature=1.0, top_k=0, top_p=0.99, min_p=0.0)) == 5
+    assert kept_by(listed, SamplingParams(temperature=0.0)) == 1
 
 
 def test_headless_json_carries_tokens_and_prompt_ids(tiny_model, tiny):

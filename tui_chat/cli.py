@@ -11,11 +11,10 @@ from pathlib import Path
 
 from .config import Config, ConfigError, check_context, check_gpu_layers, load_config, log_dir, models_dir
 from .engine.base import Backend, EngineError, Error
-from .engine.params import PARAMS, InvalidParameter
+from .engine.params import MAX_TOP_LOGPROBS, PARAMS, InvalidParameter, check_top_logprobs
 from .pricing import PricingError, count, find_preset, words_to_tokens
 
 USAGE_ERROR = 2
-MAX_TOP_LOGPROBS = 20
 
 
 class _Parser(argparse.ArgumentParser):
@@ -106,8 +105,7 @@ def _run(args: argparse.Namespace, config: Config, n_ctx: int, gpu_layers: int |
     if args.stop:
         given["stop"] = args.stop
     params = config.sampling.with_changes(**given)
-    if not 0 <= args.top_logprobs <= MAX_TOP_LOGPROBS:
-        raise InvalidParameter(f"top-logprobs must be between 0 and {MAX_TOP_LOGPROBS} (got {args.top_logprobs})")
+    check_top_logprobs(args.top_logprobs)
     backend = _opener(config, n_ctx, gpu_layers)(args.model)
     try:
         loaded = backend.load().result()

@@ -12,13 +12,14 @@ from typing import Any
 
 import platformdirs
 
-from .engine.params import InvalidParameter, SamplingParams
+from .engine.params import InvalidParameter, SamplingParams, check_top_logprobs
 from .engine.prompts import AUTO, NAMED_TEMPLATES
 from .pricing import DEFAULT_PRESET, PRESETS, Price, PricingError, find_preset, presets_with
 
 APP_NAME = "tui-chat"
 CONTEXT_STEP = 256
 DEFAULT_N_CTX = 4096
+DEFAULT_INSPECTOR_TOP = 10
 
 
 class ConfigError(ValueError):
@@ -56,6 +57,7 @@ class Config:
     keys: dict[str, str] = field(default_factory=dict)
     price: str = DEFAULT_PRESET
     prices: dict[str, Price] = field(default_factory=lambda: dict(PRESETS))
+    inspector_top: int = DEFAULT_INSPECTOR_TOP
 
 
 def round_context(n_ctx: int) -> int:
@@ -97,7 +99,10 @@ def load_config(path: Path | None = None) -> Config:
         raise ConfigError(f"config {path}: {error}") from None
 
 
-_TOP_LEVEL = {"default_model", "chat_template", "n_ctx", "gpu_layers", "sampling", "theme", "keys", "price", "prices"}
+_TOP_LEVEL = {
+    "default_model", "chat_template", "n_ctx", "gpu_layers", "sampling", "theme", "keys", "price", "prices",
+    "inspector_top",
+}
 
 
 def _parse(raw: dict[str, Any]) -> Config:
@@ -132,6 +137,7 @@ def _parse(raw: dict[str, Any]) -> Config:
         keys=keys,
         price=price,
         prices=prices,
+        inspector_top=check_top_logprobs(raw.get("inspector_top", DEFAULT_INSPECTOR_TOP), "inspector_top"),
     )
 
 

@@ -140,7 +140,8 @@ class PromptProgress:
 class Token:
     """One sampled token. `text` is what became visible with it (may be empty while a stop sequence
     or a split UTF-8 character is pending). `params_version` names the settings it was drawn with.
-    With top_logprobs on (and only then, to keep the per-token path lean): the token's own text, its
+    With top_logprobs on (and only then, to keep the per-token path lean): the token's own text (a
+    character split across tokens belongs to the one that completes it), its
     probability under the raw distribution, the likeliest candidates and where the settings cut the pool.
     A `forced` token was given by the request (a branch), not drawn: it carries no probabilities."""
 

@@ -248,11 +248,10 @@ class _Turn:
                 self.ends.append(None)
                 stream.put(Token(token, "", time.perf_counter(), -1, forced=True))
                 return "eos"
-            piece = session.piece(token)
-            delta = scanner.feed(utf8.decode(piece))
+            decoded = utf8.decode(session.piece(token))
+            delta = scanner.feed(decoded)
             self.ends.append(len(scanner.text) if not utf8.pending else None)
-            stream.put(Token(token, delta, time.perf_counter(), -1, piece.decode("utf-8", errors="replace"),
-                             forced=True))
+            stream.put(Token(token, delta, time.perf_counter(), -1, decoded, forced=True))
             if scanner.stopped:
                 return "stop"
         return None
@@ -287,13 +286,12 @@ class _Turn:
                     self.ends.append(None)
                     stream.put(Token(token, "", now, version, "", prob, top, pool))
                     return "eos"
-                piece = session.piece(token)
-                delta = scanner.feed(utf8.decode(piece))
+                decoded = utf8.decode(session.piece(token))
+                delta = scanner.feed(decoded)
                 self.ends.append(len(scanner.text) if not utf8.pending else None)
                 if delta and self.visible_at is None:
                     self.visible_at = now
-                piece_text = piece.decode("utf-8", errors="replace") if top_n else ""
-                stream.put(Token(token, delta, now, version, piece_text, prob, top, pool))
+                stream.put(Token(token, delta, now, version, decoded if top_n else "", prob, top, pool))
                 if scanner.stopped:
                     return "stop"
                 if len(self.generated) >= params.max_tokens or len(session.tokens) + 1 >= session.n_ctx:

@@ -20,6 +20,7 @@ import numpy as np
 from . import logs
 from .base import Candidate, EngineError, PoolCut
 from .params import SamplingParams
+from .pool import pool_cut
 
 PENALTY_LAST_N = 64
 POOL_SCAN = 1024  # with top-k off, the pool cut is counted among this many likeliest tokens
@@ -285,31 +286,6 @@ class LlamaSession:
         if self.model:
             llama_cpp.llama_model_free(self.model)
             self.model = None
-
-
-def pool_cut(ranked: np.ndarray, n_vocab: int, params: SamplingParams) -> PoolCut:
-    """Candidates left after top-k, then top-p, then min-p, as llama.cpp's chain applies them.
-
-    `ranked` holds the likeliest probabilities in descending order (at least top-k of them when
-    top-k is on). Top-p renormalises over what top-k kept; min-p compares with the likeliest token.
-    Temperature comes last in the chain, so it changes no count; at 0 the pick is greedy: one.
-    """
-    if params.temperature <= 0:
-        return PoolCut(1, 1, 1)
-    after_k = min(params.top_k, n_vocab) if params.top_k > 0 else n_vocab
-    after_p: int | None = after_k
-    if params.top_p < 1.0:
-        kept = ranked[:after_k]
-        mass = float(kept.sum()) if after_k <= len(ranked) else 1.0
-        cumulative = np.cumsum(kept) / mass
-        reached = int(np.searchsorted(cumulative, params.top_p, side="left"))
-        after_p = reached + 1 if reached < len(cumulative) else None
-    after_m = after_p
-    if params.min_p > 0.0:
-        considered = ranked[: after_p if after_p is not None else len(ranked)]
-        survivors = int(np.count_nonzero(considered >= params.min_p * ranked[0]))
-        after_m = survivors if survivors < len(considered) or after_p is not None else None
-    return PoolCut(after_k, after_p, after_m)
 
 
 def _tokenize(vocab, text: str, *, add_bos: bool) -> list[int]:

@@ -114,6 +114,16 @@ class SamplingParams:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+MAX_TOP_LOGPROBS = 20
+
+
+def check_top_logprobs(value: Any, name: str = "top-logprobs") -> int:
+    """How many alternatives the inspector records per token: 0 (off) to MAX_TOP_LOGPROBS."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise InvalidParameter(f"{name} must be a whole number between 0 and {MAX_TOP_LOGPROBS} (got {value!r})")
+    return value
+
+
 def _check_stops(value: Any) -> tuple[str, ...]:
     stops = (value,) if isinstance(value, str) else tuple(value)
     for stop in stops:

@@ -10,7 +10,7 @@ import gc
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from textual import events, on, work
 from textual.app import ComposeResult
@@ -22,6 +22,7 @@ from textual.widgets import Footer, Input, Select, Static
 
 from ...engine.base import (
     Backend,
+    Candidate,
     Done,
     EngineError,
     Error,
@@ -41,10 +42,12 @@ from ...pricing import format_usd
 from ...safetext import terminal_safe
 from ..bridge import EngineBatch, forward_events
 from ..widgets.chat_log import ChatLog, Entry
+from ..widgets.heatmap import band_styles, legend
 from ..widgets.messages import ReplyMessage, UserMessage, reply_footer
 from ..widgets.metrics import MetricsPanel
 from ..widgets.prompt import PromptInput
 from ..widgets.sampling import SamplingPanel
+from .inspector import BranchChoice, InspectorScreen
 
 PANEL_REFRESH_S = 0.15
 NARROW_BELOW = 72  # columns; a narrower screen hides the side panel until F2 asks for it
@@ -60,6 +63,7 @@ class _Reply:
     stream: Stream
     widget: ReplyMessage
     question: UserMessage
+    forced: list[Token] = field(default_factory=list)  # a branch's given tokens, with what was known of them
     tokens: int = 0
     visible: bool = False
 
@@ -86,6 +90,8 @@ class ChatScreen(Screen):
         Binding("f3", "copy_last", "Copy reply", id="copy_last", tooltip="Copy the last reply"),
         Binding("f4", "show_earlier", "Earlier", id="show_earlier", show=False, tooltip="Show earlier messages"),
         Binding("f2", "toggle_panel", "Panel", id="toggle_panel", tooltip="Show or hide the side panel"),
+        Binding("ctrl+t", "toggle_heatmap", "Heatmap", id="toggle_heatmap",
+                tooltip="Colour each token by its probability"),
         Binding("ctrl+n", "new_chat", "New chat", id="new_chat", tooltip="Start a new chat"),
         Binding("ctrl+o", "open_model", "Model", id="open_model", tooltip="Open another model"),
         Binding("f1", "help", "Help", id="help", tooltip="Show all keys"),
@@ -100,6 +106,7 @@ class ChatScreen(Screen):
         self.backend: Backend | None = None
         self.conversation: list[Message] = []
         self.reply: _Reply | None = None
+        self.heatmap = False
         self._panel_refreshed = 0.0
         self._draft_timer = None
 
@@ -108,6 +115,7 @@ class ChatScreen(Screen):
             with Vertical(id="chat"):
                 yield ChatLog(id="log")
                 yield Static(id="status")
+                yield Static(id="legend")
                 yield PromptInput(id="prompt", placeholder="Type a message · F1 lists the keys")
                 yield Static(id="draft")
             with VerticalScroll(id="side"):
@@ -182,14 +190,24 @@ class ChatScreen(Screen):
         self.conversation.append(Message("user", event.text))
         await self._start_reply(question)
 
-    async def _start_reply(self, question: UserMessage) -> None:
-        widget = ReplyMessage(classes="assistant")
+    async def _start_reply(self, question: UserMessage, widget: ReplyMessage | None = None,
+                           forced: list[Token] | None = None) -> None:
+        """A new reply, or (given its widget) a new branch of one: regenerated, or forced to start
+        with `forced` tokens."""
         log = self.query_one(ChatLog)
-        await log.mount(widget)
-        log.anchor()
+        if widget is None:
+            widget = ReplyMessage(classes="assistant")
+            widget.heatmap = self.heatmap
+            await log.mount(widget)
+            log.anchor()
+        else:
+            await widget.restart()
         widget.show_status("Reading prompt…")
-        stream = self.backend.generate(Request(list(self.conversation), self.live))
-        self.reply = _Reply(stream, widget, question)
+        forced = forced or []
+        request = Request(list(self.conversation), self.live, top_logprobs=self.config.inspector_top,
+                          forced=tuple(token.token_id for token in forced))
+        stream = self.backend.generate(request)
+        self.reply = _Reply(stream, widget, question, forced)
         self.query_one(MetricsPanel).start_reply()
         gc.freeze()  # collections during the reply skip the whole chat so far: no 100s-of-ms pauses
         self._forward(stream, self.reply)
@@ -214,6 +232,7 @@ class ChatScreen(Screen):
         sampling = self.query_one(SamplingPanel)
         for event in events:
             if isinstance(event, Token):
+                reply.widget.tokens.append(reply.forced[reply.tokens] if event.forced else event)
                 reply.tokens += 1
                 if event.text:
                     pending.append(event.text)
@@ -250,7 +269,11 @@ class ChatScreen(Screen):
         if done.stop_reason == "cancelled" and not done.text.strip():
             await self._take_back(reply)
             return
-        await reply.widget.finish(done.text, reply_footer(done.stop_reason, done.metrics))
+        footer = reply_footer(done.stop_reason, done.metrics)
+        if reply.forced:
+            read = done.metrics.prompt_tokens - done.metrics.cached_tokens
+            footer += f" · branched at token {len(reply.forced)}, {read} token{'s' if read != 1 else ''} read"
+        await reply.widget.finish(done.text, footer, len(reply.forced) - 1 if reply.forced else None)
         await self.query_one(ChatLog).trim()
         self.conversation.append(Message("assistant", done.text))
         self.query_one(MetricsPanel).finish_reply(done.metrics)
@@ -267,7 +290,12 @@ class ChatScreen(Screen):
         gc.unfreeze()
 
     async def _take_back(self, reply: _Reply) -> None:
-        """Nothing was written: remove the turn and give the user their text back to edit."""
+        """Nothing was written: a new branch gives way to the one before it; a new turn is removed
+        and the user gets their text back to edit."""
+        if reply.widget.branches:
+            await reply.widget.show_branch(reply.widget.active)
+            self.conversation.append(Message("assistant", reply.widget.text))
+            return
         await reply.widget.remove()
         await reply.question.remove()
         self.conversation.pop()
@@ -289,9 +317,8 @@ class ChatScreen(Screen):
         if not replies or self.conversation[-1].role != "assistant":
             self.notify("There is no reply to regenerate yet.", timeout=3)
             return
-        await replies.last().remove()
         self.conversation.pop()
-        await self._start_reply(self.query(UserMessage).last())
+        await self._start_reply(self.query(UserMessage).last(), replies.last())
 
     async def action_edit_last(self) -> None:
         if self.reply is not None:
@@ -333,6 +360,64 @@ class ChatScreen(Screen):
             prompt.focus()
             prompt.insert(event.character)
             event.stop()
+
+    async def action_toggle_heatmap(self) -> None:
+        self.heatmap = not self.heatmap
+        shown = self.query_one("#legend", Static)
+        shown.display = self.heatmap
+        shown.update(legend(band_styles(self.app.get_css_variables())))
+        for reply in self.query(ReplyMessage):
+            await reply.set_heatmap(self.heatmap)
+        if self.heatmap and not self.config.inspector_top:
+            self.notify("The inspector is off (inspector_top = 0 in the config): replies carry no probabilities.",
+                        severity="warning", timeout=6)
+
+    # --- the token inspector and branches ------------------------------------------------------
+
+    def _why_not_branch(self, widget: ReplyMessage) -> str | None:
+        if self.reply is not None:
+            return "A reply is being written: Esc stops it first."
+        if widget is not self.query(ReplyMessage).last() or self.conversation[-1].role != "assistant":
+            return "Only the latest reply can be branched."
+        return None
+
+    @on(ReplyMessage.Inspect)
+    def _inspect(self, event: ReplyMessage.Inspect) -> None:
+        widget = event.reply
+        if not any(token.prob is not None for token in widget.tokens):
+            self.notify("This reply has no token probabilities: they are recorded as replies are written "
+                        "(inspector_top in the config).", timeout=5)
+            return
+        screen = InspectorScreen(widget.tokens, widget.text, min(event.index, len(widget.tokens) - 1),
+                                 self.live.snapshot()[1], self._why_not_branch(widget))
+        self.app.push_screen(screen, lambda choice: self._branch_chosen(widget, choice))
+
+    def _branch_chosen(self, widget: ReplyMessage, choice: BranchChoice | None) -> None:
+        if choice is not None:
+            self.run_worker(self.branch(widget, choice.index, choice.candidate), group="branch")
+
+    async def branch(self, widget: ReplyMessage, index: int, candidate: Candidate) -> None:
+        """Cut the reply at token `index`, put `candidate` there and let the model go on from it.
+        The engine rewinds its cache to the cut, so only the new token is read."""
+        reason = self._why_not_branch(widget)
+        if reason:
+            self.notify(reason, severity="warning", timeout=4)
+            return
+        original = widget.tokens[index]
+        given = replace(original, token_id=candidate.token_id, text=candidate.text, piece=candidate.text,
+                        prob=candidate.prob, forced=True)
+        self.conversation.pop()
+        await self._start_reply(self.query(UserMessage).last(), widget, [*widget.tokens[:index], given])
+
+    @on(ReplyMessage.SwitchBranch)
+    async def _switch_branch(self, event: ReplyMessage.SwitchBranch) -> None:
+        reason = self._why_not_branch(event.reply)
+        if reason:
+            self.notify(reason.replace("branched", "switched"), severity="warning", timeout=4)
+            return
+        await event.reply.show_branch(event.index)
+        self.conversation[-1] = Message("assistant", event.reply.text)
+        self._count_draft()
 
     async def action_new_chat(self) -> None:
         self.action_stop()

@@ -9,7 +9,7 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from ..widgets.messages import ChatMessage
+from ..widgets.messages import ChatMessage, ReplyMessage
 from ..widgets.prompt import PromptInput
 from ..widgets.slider import Slider
 
@@ -21,6 +21,7 @@ def key_lines(keymap: dict[str, str]) -> list[str]:
         ("Chat", ChatScreen.BINDINGS),
         ("Message box", PromptInput.BINDINGS),
         ("A focused message", ChatMessage.BINDINGS),
+        ("A focused reply (or click one of its tokens)", ReplyMessage.BINDINGS),
         ("A focused slider (or click and drag it)", Slider.BINDINGS),
     ]
     lines: list[str] = []

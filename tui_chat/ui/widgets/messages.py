@@ -10,18 +10,23 @@ characters become visible escapes before anything reaches the terminal.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from rich.console import Group
 from rich.markdown import Markdown as RichMarkdown
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.content import Content
+from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Markdown, Static
 
-from ...engine.base import StopReason, TurnMetrics
+from ...engine.base import StopReason, Token, TurnMetrics
 from ...safetext import terminal_safe
+from .heatmap import band_styles, has_probabilities, heatmap_text
 
 STOP_LABELS: dict[str, str] = {
     "eos": "end of text",
@@ -74,22 +79,66 @@ class UserMessage(ChatMessage, Static):
         self.text = text
 
 
+@dataclass(eq=False)
+class Branch:
+    """One continuation of a reply: what it says, its footer, and its tokens (with probabilities
+    when the inspector was on). `cut` is where it left its sibling: the index of the chosen token."""
+
+    text: str
+    footer: str
+    tokens: list[Token] = field(default_factory=list)
+    cut: int | None = None
+
+
 class ReplyMessage(ChatMessage, Vertical):
     """A reply. While it is written: frozen chunks, a live Markdown tail and a status line. Once
     finished: only the chunks, the last one carrying the quiet footer (stop reason, tokens, speed),
-    so finishing renders just the tail, not the whole reply again."""
+    so finishing renders just the tail, not the whole reply again.
+
+    A reply may have sibling branches (regenerated, or branched from a token); one is shown.
+    With the heatmap on, the shown branch is drawn token by token, and a token can be picked.
+    """
+
+    BINDINGS = [
+        Binding("enter", "inspect", "Inspect", tooltip="Inspect a token: alternatives, branch"),
+        Binding("left", "select(-1)", "Previous token", show=False, tooltip="Pick the previous token (heatmap)"),
+        Binding("right", "select(1)", "Next token", show=False, tooltip="Pick the next token (heatmap)"),
+        Binding("left_square_bracket", "switch_branch(-1)", "Previous branch", show=False,
+                tooltip="Show the reply's previous branch"),
+        Binding("right_square_bracket", "switch_branch(1)", "Next branch", show=False,
+                tooltip="Show the reply's next branch"),
+    ]
+
+    class Inspect(Message):
+        """The user asked to inspect a token of this reply."""
+
+        def __init__(self, reply: ReplyMessage, index: int) -> None:
+            super().__init__()
+            self.reply = reply
+            self.index = index
+
+    class SwitchBranch(Message):
+        def __init__(self, reply: ReplyMessage, index: int) -> None:
+            super().__init__()
+            self.reply = reply
+            self.index = index
 
     def __init__(self, text: str = "", footer: str | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.text = text
         self.footer = footer
+        self.branches: list[Branch] = [] if footer is None else [Branch(text, footer)]
+        self.active = 0
+        self.tokens: list[Token] = []
+        self.heatmap = False
+        self.selected = 0
         self._tail = text
         self._frozen_chars = 0
         self._stream = None
 
     def compose(self) -> ComposeResult:
         if self.footer is not None:
-            yield self._last_chunk(self.text, self.footer)
+            yield self._finished_body()
         else:
             yield Markdown(classes="tail")
             yield Static(classes="status")
@@ -98,9 +147,21 @@ class ReplyMessage(ChatMessage, Vertical):
         if self.footer is None:
             self._stream = Markdown.get_stream(self.query_one(Markdown))
 
-    @staticmethod
-    def _last_chunk(text: str, footer: str) -> Static:
-        return Static(Group(rendered_markdown(text.strip()), Text(footer, style="dim")), classes="chunk last")
+    def _finished_body(self, text: str | None = None) -> Static:
+        """The last chunk of a finished reply with its footer, or the whole reply as a heatmap."""
+        footer = Text(self.footer + self._branch_label(), style="dim")
+        if self.heatmap and has_probabilities(self.tokens):
+            styles = band_styles(self.app.get_css_variables())
+            body = heatmap_text(self.tokens, self.text, styles, self.selected if self.has_focus else None)
+            return Static(Group(body, footer), classes="chunk last heatmap")
+        if text is None:
+            text = self.text
+        return Static(Group(rendered_markdown(text.strip()), footer), classes="chunk last")
+
+    def _branch_label(self) -> str:
+        if len(self.branches) < 2:
+            return ""
+        return f" · branch {self.active + 1}/{len(self.branches)} ([ ])"
 
     def show_status(self, status: str) -> None:
         """Prompt-reading progress before the first token; nothing once text flows."""
@@ -129,11 +190,75 @@ class ReplyMessage(ChatMessage, Vertical):
             await self._stream.stop()
             self._stream = None
 
-    async def finish(self, text: str, footer: str) -> None:
+    async def restart(self) -> None:
+        """Write a new branch in place; the ones before it stay in `branches`."""
+        await self.stop()
+        await self.remove_children()
+        self.text, self.footer, self._tail, self._frozen_chars = "", None, "", 0
+        self.tokens = []
+        await self.mount_all([Markdown(classes="tail"), Static(classes="status")])
+        self._stream = Markdown.get_stream(self.query_one(Markdown))
+
+    async def finish(self, text: str, footer: str, cut: int | None = None) -> None:
         """Freeze what is left: `text` is the engine's final word on the reply (a held-back stop
-        prefix may have been released at the end)."""
+        prefix may have been released at the end). The reply becomes the newest branch."""
         await self.stop()
         self.text, self.footer = text, footer
+        self.branches.append(Branch(text, footer, self.tokens, cut))
+        self.active = len(self.branches) - 1
+        self.selected = min(self.selected, max(len(self.tokens) - 1, 0))
+        if self.heatmap and has_probabilities(self.tokens):
+            await self.redraw()
+            return
         await self.query_one(".status").remove()
         await self.query_one(Markdown).remove()
-        await self.mount(self._last_chunk(text[self._frozen_chars :], footer))
+        await self.mount(self._finished_body(text[self._frozen_chars :]))
+
+    async def show_branch(self, index: int) -> None:
+        branch = self.branches[index]
+        self.active = index
+        self.text, self.footer, self.tokens = branch.text, branch.footer, branch.tokens
+        self.selected = branch.cut if branch.cut is not None else 0
+        await self.redraw()
+
+    async def redraw(self) -> None:
+        """Draw the finished reply again (the heatmap toggled, a branch or a token picked)."""
+        if self.footer is None:
+            return
+        self._frozen_chars = 0
+        with self.app.batch_update():
+            await self.remove_children()
+            await self.mount(self._finished_body())
+
+    async def set_heatmap(self, on: bool) -> None:
+        if on != self.heatmap:
+            self.heatmap = on
+            await self.redraw()
+
+    async def action_select(self, step: int) -> None:
+        if self.heatmap and self.tokens:
+            self.selected = max(0, min(self.selected + step, len(self.tokens) - 1))
+            await self.redraw()
+
+    def action_inspect(self) -> None:
+        if self.footer is not None:
+            self.post_message(self.Inspect(self, self.selected))
+
+    def action_switch_branch(self, step: int) -> None:
+        target = self.active + step
+        if self.footer is not None and 0 <= target < len(self.branches):
+            self.post_message(self.SwitchBranch(self, target))
+
+    async def on_click(self, event: events.Click) -> None:
+        index = event.style.meta.get("token")
+        if index is not None:
+            self.selected = index
+            self.post_message(self.Inspect(self, index))
+
+    async def on_focus(self) -> None:
+        if self.heatmap:
+            await self.redraw()
+
+    async def on_blur(self) -> None:
+        if self.heatmap:
+            await self.redraw()

@@ -1,0 +1,197 @@
+"""The confidence heatmap, the token inspector and branches, driven through Pilot on real models."""
+
+from __future__ import annotations
+
+import pytest
+from textual.color import Color
+from textual.widgets import OptionList, Static
+
+from test_ui import SIZE, loaded, make_app, reply_done, send, wait_for
+from tui_chat.engine.base import Message
+from tui_chat.engine.params import SamplingParams
+from tui_chat.ui.screens.inspector import InspectorScreen, candidate_lines
+from tui_chat.ui.widgets.heatmap import BANDS, band_colors, band_of
+from tui_chat.ui.widgets.messages import ReplyMessage
+
+BUILT_IN_THEMES = ("textual-dark", "textual-light", "nord", "gruvbox", "solarized-light")
+
+
+def contrast(a: Color, b: Color) -> float:
+    """WCAG 2 contrast ratio."""
+
+    def luminance(color: Color) -> float:
+        channels = [c / 255 for c in color.rgb]
+        linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+        return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+    light, dark = sorted((luminance(a), luminance(b)), reverse=True)
+    return (light + 0.05) / (dark + 0.05)
+
+
+async def inspector_open(pilot) -> InspectorScreen:
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, InspectorScreen))
+    await pilot.pause()
+    return pilot.app.screen
+
+
+async def test_heatmap_bands_are_legible_in_every_shipped_and_built_in_theme(tiny_model):
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        shipped = [name for name in app.available_themes if name.startswith("tui-chat")]
+        assert len(shipped) == 3
+        for theme in (*shipped, *BUILT_IN_THEMES):
+            app.theme = theme
+            await pilot.pause()
+            colors = band_colors(app.get_css_variables())
+            assert colors[0] is None  # likely tokens stay plain
+            fills = [fill for _, fill in colors[1:]]
+            assert len(set(fills)) == len(fills), f"{theme}: two bands look the same"
+            for band, (text, fill) in zip(BANDS[1:], colors[1:]):
+                assert contrast(text, fill) >= 4.5, f"{theme}: band {band.label} is hard to read"
+
+
+async def test_heatmap_colours_each_token_by_its_probability(tiny_model):
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        await send(pilot, "Hello there")
+        reply = await reply_done(pilot)
+        assert len(reply.tokens) > 3 and all(t.prob is not None and len(t.top) == 10 for t in reply.tokens)
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        assert screen.query_one("#legend").display
+        body = reply.query_one(".heatmap", Static)
+        segments = [segment for y in range(body.size.height) for segment in body.render_line(y)]
+        colors = band_colors(app.get_css_variables())
+        drawn = set()
+        for segment in segments:
+            index = segment.style.meta.get("token") if segment.style else None
+            if index is None or not segment.text.strip():
+                continue
+            drawn.add(index)
+            pair = colors[band_of(reply.tokens[index].prob)]
+            if pair is not None:
+                assert segment.style.bgcolor.triplet == pair[1].rich_color.triplet
+        assert drawn == {i for i, t in enumerate(reply.tokens) if t.piece.strip()}
+        assert len({band_of(t.prob) for t in reply.tokens}) > 1, "the tiny model's reply should span several bands"
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        assert not reply.query(".heatmap") and not screen.query_one("#legend").display
+
+
+async def test_keys_pick_a_token_the_inspector_shows_it_and_a_branch_rewinds_to_it(tiny_model):
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        await send(pilot, "Hello there")
+        reply = await reply_done(pilot)
+        original, original_tokens = reply.text, list(reply.tokens)
+        await pilot.press("ctrl+t")
+        reply.focus()
+        await pilot.press("right", "right", "right", "enter")
+        inspector = await inspector_open(pilot)
+        assert inspector.index == 3
+        options = inspector.query_one(OptionList)
+        assert options.option_count == 10
+        assert str(options.get_option_at_index(options.highlighted).prompt).startswith("▶")
+        await pilot.press("left")
+        assert inspector.index == 2
+        await pilot.press("right", "down", "enter")
+        await wait_for(pilot, lambda: screen.is_current and screen.reply is None and len(reply.branches) == 2)
+        await pilot.pause()
+        alternative = [c for c in original_tokens[3].top if c.token_id != original_tokens[3].token_id][0]
+        assert [t.token_id for t in reply.tokens[:4]] == [t.token_id for t in original_tokens[:3]] + [alternative.token_id]
+        assert reply.tokens[3].forced and reply.tokens[3].prob == alternative.prob
+        assert all(not t.forced and t.prob is not None for t in reply.tokens[4:])
+        assert reply.text.startswith("".join(t.piece for t in original_tokens[:3]) + alternative.text)
+        assert "branched at token 4, 1 token read" in reply.footer
+        assert "branch 2/2" in str(reply.query_one(".last", Static).content.renderables[1])
+        assert screen.conversation[-1] == Message("assistant", reply.text)
+        branched = reply.text
+
+        reply.focus()
+        await pilot.press("left_square_bracket")
+        await pilot.pause()
+        assert reply.text == original and reply.tokens == original_tokens
+        assert screen.conversation[-1] == Message("assistant", original)
+        await pilot.press("right_square_bracket")
+        await pilot.pause()
+        assert screen.conversation[-1] == Message("assistant", branched)
+
+        await send(pilot, "And then?")
+        await reply_done(pilot)
+        assert screen.conversation[1] == Message("assistant", branched)
+        assert len(screen.conversation) == 4
+
+
+async def test_clicking_a_token_opens_the_inspector_at_it(tiny_model):
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Hello there")
+        reply = await reply_done(pilot)
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        body = reply.query_one(".heatmap", Static)
+        line = list(body.render_line(0))
+        x = 0
+        for segment in line:
+            if segment.style and segment.style.meta.get("token") is not None and segment.text.strip():
+                target = segment.style.meta["token"]
+                break
+            x += segment.cell_length
+        await pilot.click(body, offset=(x - body.region.x + body.content_region.x, 0))
+        inspector = await inspector_open(pilot)
+        assert inspector.index == target
+
+
+async def test_inspector_marks_what_the_current_settings_would_keep(tiny_model):
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        await send(pilot, "Hello there")
+        reply = await reply_done(pilot)
+        token = reply.tokens[0]
+        lines = [str(line) for line in candidate_lines(token, screen.live.snapshot()[1])]
+        assert lines[0].rstrip().endswith("kept") and all(line.rstrip().endswith("cut") for line in lines[1:])
+        wide = screen.live.snapshot()[1].with_changes(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0)
+        lines = [str(line) for line in candidate_lines(token, wide)]
+        assert [line.rstrip().endswith("kept") for line in lines] == [True] * 3 + [False] * 7
+        cumulative = [float(line.split("Σ")[1].split("%")[0]) for line in lines]
+        assert cumulative == sorted(cumulative) and cumulative[-1] == pytest.approx(sum(c.prob for c in token.top) * 100, abs=0.1)
+
+
+async def test_only_the_latest_reply_can_be_branched(tiny_model):
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        await send(pilot, "Hello there")
+        first = await reply_done(pilot)
+        await send(pilot, "Again")
+        await reply_done(pilot)
+        first.focus()
+        await pilot.press("enter")
+        inspector = await inspector_open(pilot)
+        await pilot.press("down", "enter")
+        await pilot.pause()
+        assert pilot.app.screen is inspector and len(first.branches) == 1
+        assert "Only the latest reply" in str(list(app._notifications)[-1].message)
+        await pilot.press("escape")
+        assert len(screen.conversation) == 4
+
+
+async def test_regenerate_keeps_the_earlier_reply_as_a_branch(tiny_model):
+    app = make_app(str(tiny_model), sampling=SamplingParams(temperature=1.0, seed=-1, max_tokens=12))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        await send(pilot, "Hello there")
+        reply = await reply_done(pilot)
+        first = reply.text
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: screen.reply is None and len(reply.branches) == 2)
+        assert reply.active == 1
+        reply.focus()
+        await pilot.press("left_square_bracket")
+        await pilot.pause()
+        assert reply.text == first and screen.conversation[-1].content == first
