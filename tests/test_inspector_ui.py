@@ -94,7 +94,7 @@ async def test_keys_pick_a_token_the_inspector_shows_it_and_a_branch_rewinds_to_
         assert inspector.index == 3
         options = inspector.query_one(OptionList)
         assert options.option_count == 10
-        assert str(options.get_option_at_index(options.highlighted).prompt).startswith("▶")
+        assert str(options.get_option_at_index(options.highlighted).prompt).split()[1] == "▶"
         await pilot.press("left")
         assert inspector.index == 2
         await pilot.press("right", "down", "enter")
@@ -195,3 +195,40 @@ async def test_regenerate_keeps_the_earlier_reply_as_a_branch(tiny_model):
         await pilot.press("left_square_bracket")
         await pilot.pause()
         assert reply.text == first and screen.conversation[-1].content == first
+
+
+def test_snapshot_heatmap_and_inspector_on_the_starter(snap_compare, starter_model, monkeypatch):
+    monkeypatch.setattr("tui_chat.ui.screens.chat.reply_footer", lambda reason, metrics: f"{reason} · timings")
+
+    async def inspect(pilot):
+        screen = await loaded(pilot)
+        await send(pilot, "Name three colours of the rainbow.")
+        reply = await reply_done(pilot)
+        for timing in (screen.query_one("#speed"), screen.query_one("#decode-sparkline")):
+            timing.display = False
+        await pilot.press("ctrl+t")
+        reply.focus()
+        await pilot.press("right", "right", "enter")
+        await inspector_open(pilot)
+        await pilot.pause(0.2)
+
+    app = make_app(str(starter_model), sampling=SamplingParams(temperature=0.0, max_tokens=40))
+    assert snap_compare(app, terminal_size=(100, 32), run_before=inspect)
+
+
+def test_snapshot_heatmap_on_the_starter(snap_compare, starter_model, monkeypatch):
+    monkeypatch.setattr("tui_chat.ui.screens.chat.reply_footer", lambda reason, metrics: f"{reason} · timings")
+
+    async def heatmap(pilot):
+        screen = await loaded(pilot)
+        await send(pilot, "Name three colours of the rainbow.")
+        reply = await reply_done(pilot)
+        for timing in (screen.query_one("#speed"), screen.query_one("#decode-sparkline")):
+            timing.display = False
+        await pilot.press("ctrl+t")
+        reply.focus()
+        await pilot.press("right", "right")
+        await pilot.pause(0.2)
+
+    app = make_app(str(starter_model), sampling=SamplingParams(temperature=0.0, max_tokens=40))
+    assert snap_compare(app, terminal_size=(100, 32), run_before=heatmap)

@@ -59,8 +59,8 @@ def candidate_lines(token: Token, params: SamplingParams) -> list[Text]:
     for rank, candidate in enumerate(token.top):
         cumulative += candidate.prob
         chosen = candidate.token_id == token.token_id
-        line = Text("▶ " if chosen else "  ", style="bold" if chosen else "")
-        line.append(f"{rank + 1:>2} ")
+        line = Text(f"{rank + 1}.".ljust(4))  # no leading blank: option lists trim it
+        line.append("▶ " if chosen else "  ", style="bold")
         line.append(f"{shown_token(candidate.text):<16.16}", style="bold" if chosen else "")
         line.append(f" {bar(candidate.prob)} ", style="green" if rank < keep else "dim")
         line.append(f"{candidate.prob:6.1%}  Σ {cumulative:6.1%}  ")
@@ -115,10 +115,10 @@ class InspectorScreen(ModalScreen[BranchChoice | None]):
         self.query_one("#context", Static).update(self._surroundings(token))
         facts = Text(f"{shown_token(token.piece)}  ")
         if token.prob is not None:
-            facts.append(f"p = {token.prob:.1%}", style="bold")
-            facts.append(" under the model's raw distribution")
+            facts.append_text(Text.assemble((f"p = {token.prob:.1%}", "bold"),
+                                            " under the model's raw distribution (before any setting)"))
         if token.forced:
-            facts.append(" · chosen by you (a branch)", style="italic")
+            facts.append(" · chosen by you: the branch starts here", style="italic")
         self.query_one("#facts", Static).update(facts)
         candidates = self.query_one(OptionList)
         candidates.clear_options()

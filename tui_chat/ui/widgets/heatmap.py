@@ -105,5 +105,5 @@ def legend(styles: Sequence[Style]) -> Text:
     for band, style in zip(BANDS, styles):
         out.append(f" {band.label} ", style)
         out.append(" ")
-    out.append(" ←/→ pick a token · Enter inspects", style="dim")
+    out.append("←/→ Enter", style="dim")
     return out
