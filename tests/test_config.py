@@ -73,3 +73,12 @@ def test_save_setting_creates_the_file(tmp_path):
     path = tmp_path / "new" / "config.toml"
     save_setting("theme", "light", path)
     assert load_config(path).theme == "light"
+
+
+def test_inspector_top_is_validated(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text("inspector_top = 5\n")
+    assert load_config(path).inspector_top == 5
+    path.write_text("inspector_top = 21\n")
+    with pytest.raises(ConfigError, match="inspector_top must be a whole number between 0 and 20"):
+        load_config(path)

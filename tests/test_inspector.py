@@ -94,7 +94,7 @@ def test_headless_json_carries_tokens_and_prompt_ids(tiny_model, tiny):
 
 def test_headless_refuses_too_many_alternatives(tiny_model):
     result = run_cli("run", "-m", str(tiny_model), "-p", "hi", "--top-logprobs", "50")
-    assert result.returncode == 2 and "top-logprobs must be between 0 and 20 (got 50)" in result.stderr
+    assert result.returncode == 2 and "top-logprobs must be a whole number between 0 and 20 (got 50)" in result.stderr
 
 
 def branch_of(backend, tokens, cut: int, rank: int = 1, params: SamplingParams = GREEDY):
