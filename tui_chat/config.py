@@ -45,6 +45,10 @@ def models_dir() -> Path:
     return data_dir() / "models"
 
 
+def history_path() -> Path:
+    return data_dir() / "history.sqlite3"
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     default_model: str | None = None
@@ -56,6 +60,7 @@ class Config:
     keys: dict[str, str] = field(default_factory=dict)
     price: str = DEFAULT_PRESET
     prices: dict[str, Price] = field(default_factory=lambda: dict(PRESETS))
+    system_prompt: str = ""  # for new conversations; each conversation keeps its own
 
 
 def round_context(n_ctx: int) -> int:
@@ -97,7 +102,10 @@ def load_config(path: Path | None = None) -> Config:
         raise ConfigError(f"config {path}: {error}") from None
 
 
-_TOP_LEVEL = {"default_model", "chat_template", "n_ctx", "gpu_layers", "sampling", "theme", "keys", "price", "prices"}
+_TOP_LEVEL = {
+    "default_model", "chat_template", "n_ctx", "gpu_layers", "sampling", "theme", "keys", "price", "prices",
+    "system_prompt",
+}
 
 
 def _parse(raw: dict[str, Any]) -> Config:
@@ -121,6 +129,9 @@ def _parse(raw: dict[str, Any]) -> Config:
     if not isinstance(price_tables, dict):
         raise InvalidParameter('[prices] must hold tables such as [prices."My provider"]')
     prices = presets_with(price_tables)
+    system_prompt = raw.get("system_prompt", "")
+    if not isinstance(system_prompt, str):
+        raise InvalidParameter("system_prompt must be text")
     price = find_preset(prices, str(raw.get("price", DEFAULT_PRESET))).name
     return Config(
         default_model=default_model or None,
@@ -132,6 +143,7 @@ def _parse(raw: dict[str, Any]) -> Config:
         keys=keys,
         price=price,
         prices=prices,
+        system_prompt=system_prompt,
     )
 
 
