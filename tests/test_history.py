@@ -212,11 +212,14 @@ def test_newer_schema_and_foreign_files_are_clear_errors(db, tmp_path):
 
 WRITER = textwrap.dedent("""
     import sys
+    import time
     from pathlib import Path
     from tui_chat.history import History
 
-    path, conversation, tag = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    path, conversation, tag, start = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
     with History(path) as history:
+        while not start.exists():
+            time.sleep(0.005)
         parent = None
         for i in range(200):
             parent = history.add_user_message(conversation, f"{tag} {i}", parent)
@@ -225,14 +228,17 @@ WRITER = textwrap.dedent("""
 """)
 
 
-def test_two_processes_writing_at_once_both_succeed(db):
+def test_two_processes_writing_at_once_both_succeed(db, tmp_path):
     with History(db) as history:
         conversation = history.create(title="shared")
+    start = tmp_path / "go"
     writers = [
-        subprocess.Popen([sys.executable, "-c", WRITER, str(db), str(conversation), tag], cwd=ROOT,
+        subprocess.Popen([sys.executable, "-c", WRITER, str(db), str(conversation), tag, str(start)], cwd=ROOT,
                          stderr=subprocess.PIPE, text=True)
         for tag in ("left", "right")
     ]
+    time.sleep(1.0)  # both have opened the file and wait for the start
+    start.touch()
     for writer in writers:
         assert writer.wait(timeout=120) == 0, writer.stderr.read()
     with History(db) as history:
