@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
@@ -111,10 +111,17 @@ class Conversation:
     updated_at: float
     messages: tuple[StoredMessage, ...]  # every branch, oldest first
     path: tuple[StoredMessage, ...]  # the active branch from the first message to the last
+    _children: dict[int | None, tuple[StoredMessage, ...]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        children: dict[int | None, list[StoredMessage]] = {}
+        for message in self.messages:
+            children.setdefault(message.parent_id, []).append(message)
+        object.__setattr__(self, "_children", {parent: tuple(group) for parent, group in children.items()})
 
     def siblings(self, message: StoredMessage) -> tuple[StoredMessage, ...]:
         """`message` and its alternatives (regenerations, forks), oldest first."""
-        return tuple(m for m in self.messages if m.parent_id == message.parent_id)
+        return self._children.get(message.parent_id, ())
 
     def engine_messages(self) -> list[Message]:
         """What the model sees to continue: the system prompt and the active path, failed replies left out."""
