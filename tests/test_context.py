@@ -6,7 +6,7 @@ import pytest
 
 from conftest import GREEDY, ask, open_backend, run_cli
 from tui_chat.engine.base import EngineError, Error, Message, Request
-from tui_chat.engine.context import fit_context, reply_reserve, split_turns
+from tui_chat.engine.context import fit_context, left_out, reply_reserve, split_turns
 from tui_chat.engine.params import LiveParams
 
 LONG = "Hello world " * 30
@@ -122,7 +122,8 @@ def test_headless_run_says_when_turns_were_left_out(tiny_model):
     assert result.returncode == 0, result.stderr
     notes = result.stderr.splitlines()
     assert notes and all(n.startswith("tui-chat: note: ") for n in notes)
-    assert "earlier turns left out to fit the 256-token context" in notes[-1]
+    assert notes[-1].endswith(" left out to fit the 256-token context")
+    assert left_out(1) == "1 earlier turn left out" and left_out(2) == "2 earlier turns left out"
     huge = run_cli("run", "-m", str(tiny_model), "--n-ctx", "256", "-p", "Hello world " * 200)
     assert huge.returncode == 1 and "Traceback" not in huge.stderr
     assert huge.stderr.startswith("tui-chat: error: the newest message needs ") and huge.stderr.count("\n") == 1

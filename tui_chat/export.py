@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+from .engine.context import left_out
 from .history import STATES, Conversation, HistoryError, StoredMessage, active_path, sampling_from
 
 FORMAT = "tui-chat conversation"
@@ -128,7 +129,7 @@ def metrics_line(metrics: dict[str, Any], stop_reason: str | None) -> str:
     if "completion_tokens" in metrics:
         parts.append(f"{metrics.get('prompt_tokens', 0)} prompt + {metrics['completion_tokens']} reply tokens")
     if metrics.get("dropped_turns"):
-        parts.append(f"{metrics['dropped_turns']} earlier turns left out")
+        parts.append(left_out(metrics["dropped_turns"]))
     if stop_reason:
         parts.append(f"stop: {stop_reason}")
     if "cost_usd" in metrics:

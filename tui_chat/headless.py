@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from .engine.base import Backend, Done, EngineError, Error, Message, Request, Token
+from .engine.context import left_out
 from .engine.params import LiveParams, SamplingParams
 from .history import History, ReplyWriter
 from .pricing import Price, turn_cost
@@ -77,8 +78,8 @@ def run_conversation(
         if isinstance(final, Error):
             raise EngineError(final.message)
         if final.metrics.dropped_turns:
-            print(f"tui-chat: note: {final.metrics.dropped_turns} earlier turns left out to fit the "
-                  f"{final.metrics.n_ctx}-token context", file=sys.stderr)
+            print(f"tui-chat: note: {left_out(final.metrics.dropped_turns)} to fit the {final.metrics.n_ctx}-token "
+                  "context", file=sys.stderr)
         if not as_json:
             shown = _show(write, shown, final.text[len(shown) :] if final.text.startswith(shown) else "")
             write("\n\n" if index < len(prompts) - 1 else "\n")

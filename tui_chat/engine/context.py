@@ -20,6 +20,11 @@ class Fitted:
     dropped_turns: int
 
 
+def left_out(turns: int) -> str:
+    """What the user is told: `2 earlier turns left out`."""
+    return f"{turns} earlier turn{'' if turns == 1 else 's'} left out"
+
+
 def reply_reserve(max_tokens: int, n_ctx: int) -> int:
     """Room kept free for the reply when trimming: max_tokens, but never more than a quarter of the context."""
     return max(1, min(max_tokens, n_ctx // REPLY_SHARE))
