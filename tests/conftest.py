@@ -25,11 +25,19 @@ def shared_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def isolated_dirs(tmp_path: Path, shared_data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Config, data and logs under tmp: tests never read or write the user's own files."""
+def isolated_dirs(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, shared_data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """Config, data (the history too) and logs under tmp: tests never read or write the user's own files.
+    Only the models folder is shared (a link), so the starter model is unpacked once."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setenv("XDG_DATA_HOME", str(shared_data_dir))
+    data = tmp_path_factory.mktemp("data")
+    monkeypatch.setenv("XDG_DATA_HOME", str(data))
+    shared_models = shared_data_dir / "tui-chat" / "models"
+    shared_models.mkdir(parents=True, exist_ok=True)
+    (data / "tui-chat").mkdir()
+    (data / "tui-chat" / "models").symlink_to(shared_models, target_is_directory=True)
     return tmp_path
 
 

@@ -8,11 +8,25 @@ import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .config import Config, ConfigError, check_context, check_gpu_layers, load_config, log_dir, models_dir
+from .config import (
+    Config,
+    ConfigError,
+    check_context,
+    check_gpu_layers,
+    history_path,
+    load_config,
+    log_dir,
+    models_dir,
+)
 from .engine.base import Backend, EngineError, Error
 from .engine.params import MAX_TOP_LOGPROBS, PARAMS, InvalidParameter, check_top_logprobs
+from .history import HistoryError
 from .pricing import PricingError, count, find_preset, words_to_tokens
+
+if TYPE_CHECKING:
+    from .headless import Saving
 
 USAGE_ERROR = 2
 
@@ -38,13 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="answer prompts without the UI (tokens stream to stdout)")
     _add_model_options(run)
     run.add_argument("--prompt", "-p", action="append", required=True, help="a user turn; repeat for more turns")
-    run.add_argument("--system", help="system prompt")
+    run.add_argument("--system", help="system prompt (default: system_prompt in the config)")
     for spec in PARAMS:
         run.add_argument(f"--{spec.name.replace('_', '-')}", type=spec.kind, metavar="N", help=spec.hint)
     run.add_argument("--stop", action="append", metavar="STR", help="stop sequence (repeatable); not shown")
     run.add_argument("--top-logprobs", type=int, default=0, metavar="N",
                      help=f"with --json: each token's probability and the N likeliest (at most {MAX_TOP_LOGPROBS})")
     run.add_argument("--json", action="store_true", help="print one JSON report at the end instead of the text")
+    run.add_argument("--save", action="store_true", help="keep the conversation in the history")
 
     estimate = commands.add_parser("estimate", help="what a workload would cost on a paid API")
     given_input = estimate.add_mutually_exclusive_group()
@@ -58,7 +73,19 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("--price", metavar="PRESET", help="price preset (default: the configured one, GPT-4o)")
     estimate.add_argument("--model", "-m", help="whose tokenizer counts --text/--file (default: the default model)")
     estimate.add_argument("--json", action="store_true", help="print JSON (money as exact decimal strings)")
+    _add_history_commands(commands)
     return parser
+
+
+def _add_history_commands(commands: argparse._SubParsersAction) -> None:
+    listing = commands.add_parser("history", help="list saved conversations, most recent first")
+    listing.add_argument("--search", metavar="TEXT", help="only conversations whose title or messages contain TEXT")
+    export = commands.add_parser("export", help="write a saved conversation as Markdown or JSON")
+    export.add_argument("id", type=int, help="the conversation's ID (see tui-chat history)")
+    export.add_argument("--format", choices=("md", "json"), default="md", help="md to read, json to import (default md)")
+    export.add_argument("--output", "-o", type=Path, metavar="FILE", help="write to FILE instead of stdout")
+    imports = commands.add_parser("import", help="add a conversation from a JSON export to the history")
+    imports.add_argument("file", type=Path, help="a file written by tui-chat export --format json")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args, config, n_ctx, gpu_layers)
         if args.command == "estimate":
             return _estimate(args, config)
-    except (ConfigError, InvalidParameter, EngineError, PricingError) as error:
+        if args.command in ("history", "export", "import"):
+            return _history_command(args)
+    except (ConfigError, InvalidParameter, EngineError, PricingError, HistoryError) as error:
         return _fail(error)
     return _chat(args.model, config, n_ctx, gpu_layers)
 
@@ -111,14 +140,38 @@ def _run(args: argparse.Namespace, config: Config, n_ctx: int, gpu_layers: int |
         loaded = backend.load().result()
         if isinstance(loaded, Error):
             raise EngineError(loaded.message)
+        system = config.system_prompt if args.system is None else args.system
+        saving = _saver(config) if args.save else None
         try:
-            return run_conversation(backend, args.prompt, params, system=args.system, as_json=args.json,
-                                    top_logprobs=args.top_logprobs)
-        except EngineError as error:
+            return run_conversation(backend, args.prompt, params, system=system, as_json=args.json,
+                                    top_logprobs=args.top_logprobs, saving=saving)
+        except (EngineError, HistoryError) as error:
             print(f"tui-chat: error: {error}", file=sys.stderr)
             return 1
+        finally:
+            if saving is not None:
+                saving.history.close()
     finally:
         backend.close()
+
+
+def _saver(config: Config) -> Saving:
+    from .headless import Saving
+    from .history import History
+
+    return Saving(History(history_path()), find_preset(config.prices, config.price))
+
+
+def _history_command(args: argparse.Namespace) -> int:
+    from . import history_cli
+    from .history import History
+
+    with History(history_path()) as history:
+        if args.command == "history":
+            return history_cli.list_conversations(history, args.search)
+        if args.command == "export":
+            return history_cli.export_conversation(history, args.id, args.format, args.output)
+        return history_cli.import_conversation(history, args.file)
 
 
 def _estimate(args: argparse.Namespace, config: Config) -> int:

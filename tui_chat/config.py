@@ -46,6 +46,10 @@ def models_dir() -> Path:
     return data_dir() / "models"
 
 
+def history_path() -> Path:
+    return data_dir() / "history.sqlite3"
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     default_model: str | None = None
@@ -58,6 +62,7 @@ class Config:
     price: str = DEFAULT_PRESET
     prices: dict[str, Price] = field(default_factory=lambda: dict(PRESETS))
     inspector_top: int = DEFAULT_INSPECTOR_TOP
+    system_prompt: str = ""  # for new conversations; each conversation keeps its own
 
 
 def round_context(n_ctx: int) -> int:
@@ -101,7 +106,7 @@ def load_config(path: Path | None = None) -> Config:
 
 _TOP_LEVEL = {
     "default_model", "chat_template", "n_ctx", "gpu_layers", "sampling", "theme", "keys", "price", "prices",
-    "inspector_top",
+    "inspector_top", "system_prompt",
 }
 
 
@@ -126,6 +131,9 @@ def _parse(raw: dict[str, Any]) -> Config:
     if not isinstance(price_tables, dict):
         raise InvalidParameter('[prices] must hold tables such as [prices."My provider"]')
     prices = presets_with(price_tables)
+    system_prompt = raw.get("system_prompt", "")
+    if not isinstance(system_prompt, str):
+        raise InvalidParameter("system_prompt must be text")
     price = find_preset(prices, str(raw.get("price", DEFAULT_PRESET))).name
     return Config(
         default_model=default_model or None,
@@ -138,6 +146,7 @@ def _parse(raw: dict[str, Any]) -> Config:
         price=price,
         prices=prices,
         inspector_top=check_top_logprobs(raw.get("inspector_top", DEFAULT_INSPECTOR_TOP), "inspector_top"),
+        system_prompt=system_prompt,
     )
 
 

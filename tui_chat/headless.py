@@ -5,11 +5,23 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TextIO
 
 from .engine.base import Backend, Done, EngineError, Error, Message, Request, Token
+from .engine.context import left_out
 from .engine.params import LiveParams, SamplingParams
+from .history import History, ReplyWriter
+from .pricing import Price, turn_cost
 from .safetext import terminal_safe
+
+
+@dataclass(frozen=True, slots=True)
+class Saving:
+    """Where `--save` keeps the conversation, and the price its replies are costed at."""
+
+    history: History
+    price: Price
 
 
 def _writer(out: TextIO) -> Callable[[str], None]:
@@ -31,13 +43,18 @@ def run_conversation(
     as_json: bool,
     top_logprobs: int = 0,
     out: TextIO = sys.stdout,
+    saving: Saving | None = None,
 ) -> int:
     """Answer each prompt in turn as one conversation; returns the process exit status."""
     messages: list[Message] = [Message("system", system)] if system else []
     turns: list[dict] = []
     write = _writer(out)
+    saved = _SavedConversation(saving, backend.info.name, system or "", params) if saving else None
+    if saved:
+        print(f"tui-chat: saving as conversation {saved.id}", file=sys.stderr)
     for index, prompt in enumerate(prompts):
         messages.append(Message("user", prompt))
+        reply = saved.start(prompt) if saved else None
         stream = backend.generate(Request(list(messages), LiveParams(params), top_logprobs=top_logprobs))
         shown = ""
         final = None
@@ -49,13 +66,20 @@ def run_conversation(
                         tokens.append(_token_entry(event))
                     if not as_json and event.text:
                         shown = _show(write, shown, event.text)
+                    if reply:
+                        reply.append(event.text)
                 elif isinstance(event, (Done, Error)):
                     final = event
         except KeyboardInterrupt:
             stream.cancel()
             final = stream.result()
+        if saved:
+            saved.end(reply, final)
         if isinstance(final, Error):
             raise EngineError(final.message)
+        if final.metrics.dropped_turns:
+            print(f"tui-chat: note: {left_out(final.metrics.dropped_turns)} to fit the {final.metrics.n_ctx}-token "
+                  "context", file=sys.stderr)
         if not as_json:
             shown = _show(write, shown, final.text[len(shown) :] if final.text.startswith(shown) else "")
             write("\n\n" if index < len(prompts) - 1 else "\n")
@@ -78,6 +102,29 @@ def run_conversation(
         }
         write(json.dumps(report, indent=2) + "\n")
     return 130 if turns and turns[-1]["stop_reason"] == "cancelled" else 0
+
+
+class _SavedConversation:
+    """The conversation as `--save` writes it: each prompt, then its reply as it streams."""
+
+    def __init__(self, saving: Saving, model: str, system: str, params: SamplingParams) -> None:
+        self.history = saving.history
+        self.price = saving.price
+        self.id = self.history.create(model=model, system_prompt=system, sampling=params)
+        self.last_id: int | None = None
+
+    def start(self, prompt: str) -> ReplyWriter:
+        self.last_id = self.history.add_user_message(self.id, prompt, self.last_id)
+        return self.history.start_reply(self.id, self.last_id)
+
+    def end(self, reply: ReplyWriter, final: Done | Error) -> None:
+        if isinstance(final, Error):
+            reply.fail(final.message)
+            return
+        m = final.metrics
+        cost = turn_cost(self.price, m.prompt_tokens, m.cached_tokens, m.completion_tokens).total
+        reply.finish(final.text, final.stop_reason, m, cost)
+        self.last_id = reply.id
 
 
 def _token_entry(token: Token) -> dict:

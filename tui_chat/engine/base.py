@@ -71,6 +71,7 @@ class TurnMetrics:
     decode_s: float = 0.0
     context_tokens: int = 0
     n_ctx: int = 0
+    dropped_turns: int = 0  # oldest turns left out of the prompt to fit the context
 
     @property
     def prefill_tok_s(self) -> float | None:
@@ -93,6 +94,7 @@ class TurnMetrics:
             "decode_tok_s": self.decode_tok_s,
             "context_tokens": self.context_tokens,
             "n_ctx": self.n_ctx,
+            "dropped_turns": self.dropped_turns,
         }
 
 

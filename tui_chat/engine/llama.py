@@ -17,6 +17,7 @@ from .base import (
     Error,
     LoadProgress,
     Loaded,
+    Message,
     Metrics,
     ModelInfo,
     PromptProgress,
@@ -26,6 +27,7 @@ from .base import (
     Token,
     TurnMetrics,
 )
+from .context import fit_context
 from .llamacpp import LlamaSession, PrefillAborted, quantization_of, supports_gpu_offload
 from .prompts import PromptError, PromptFormat, choose_format
 from .stops import StopScanner, Utf8Stream
@@ -195,10 +197,9 @@ class _Turn:
         self.session: LlamaSession = backend._session
         self.request = request
         self.stream = stream
-        self.prompt_text = backend._format.render(request.messages, self.session.bos_text, self.session.eos_text)
         self.implicit_stops = backend._format.implicit_stops
-        self.prompt = backend._prompt_tokens(self.prompt_text)
         self.forced = list(request.forced)
+        self.prompt_text, self.prompt, self.dropped_turns = self._fitted_prompt()
         self.context = self.prompt + self.forced  # all the model reads before its first new token
         self.cached = 0
         self.prefill_s = 0.0
@@ -209,13 +210,23 @@ class _Turn:
         self.visible_at: float | None = None
         self.last_at: float | None = None
 
+    def _fitted_prompt(self) -> tuple[str, list[int], int]:
+        """The prompt's text and tokens, the oldest turns left out if the conversation outgrew the context."""
+        backend, session = self.backend, self.session
+        rendered: dict[int, tuple[str, list[int]]] = {}
+
+        def count(messages: list[Message]) -> int:
+            text = backend._format.render(messages, session.bos_text, session.eos_text)
+            rendered[len(messages)] = text, backend._prompt_tokens(text)
+            return len(rendered[len(messages)][1]) + len(self.forced)
+
+        _, params = self.request.params.snapshot()
+        fitted = fit_context(self.request.messages, count, session.n_ctx, params.max_tokens)
+        text, tokens = rendered[len(fitted.messages)]
+        return text, tokens, fitted.dropped_turns
+
     def run(self) -> None:
-        session, stream = self.session, self.stream
-        if len(self.context) >= session.n_ctx:
-            raise EngineError(
-                f"the conversation is {len(self.context)} tokens but the context holds {session.n_ctx}: "
-                "start a new chat or raise n_ctx"
-            )
+        session = self.session
         self.cached = session.keep_prefix(self.context)
         session.reset_perf()
         try:
@@ -326,4 +337,5 @@ class _Turn:
             decode_s=0.0 if self.first_at is None else self.last_at - self.first_at,
             context_tokens=len(self.session.tokens),
             n_ctx=self.session.n_ctx,
+            dropped_turns=self.dropped_turns,
         )

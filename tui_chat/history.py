@@ -1,0 +1,508 @@
+"""Every conversation in one SQLite file, safe against crashes and a second running instance.
+
+WAL lets readers and one writer work at once; each write is one short `BEGIN IMMEDIATE` transaction,
+so a second process waits its turn (busy_timeout, then a few retries) instead of failing. A reply is
+written while it streams, at most FLUSH_INTERVAL_S behind, so a crash loses under a second of text.
+
+Messages form a tree: a regenerated reply or a token-inspector continuation is a sibling of the
+reply it replaces (same parent). Among siblings the one chosen last is on the active path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Literal
+
+from .engine.base import Message, StopReason, TurnMetrics
+from .engine.params import InvalidParameter, SamplingParams
+
+BUSY_TIMEOUT_S = 5.0
+WRITE_ATTEMPTS = 4
+FLUSH_INTERVAL_S = 0.5
+TITLE_LENGTH = 60
+
+State = Literal["streaming", "complete", "stopped", "error", "interrupted"]
+STATES: tuple[str, ...] = ("streaming", "complete", "stopped", "error", "interrupted")
+
+# MIGRATIONS[i] takes a database from schema version i to i + 1 (PRAGMA user_version).
+# Append new steps; never edit a released one.
+MIGRATIONS: list[tuple[str, ...]] = [
+    (
+        """CREATE TABLE conversations (
+            id INTEGER PRIMARY KEY,
+            title TEXT NOT NULL DEFAULT '',
+            model TEXT NOT NULL DEFAULT '',
+            system_prompt TEXT NOT NULL DEFAULT '',
+            sampling TEXT NOT NULL DEFAULT '{}',
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        )""",
+        f"""CREATE TABLE messages (
+            id INTEGER PRIMARY KEY,
+            conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+            parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE,
+            role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
+            content TEXT NOT NULL DEFAULT '',
+            state TEXT NOT NULL CHECK (state IN ({", ".join(repr(s) for s in STATES)})),
+            stop_reason TEXT,
+            error TEXT,
+            metrics TEXT NOT NULL DEFAULT '{{}}',
+            fork_of INTEGER REFERENCES messages(id) ON DELETE SET NULL,
+            fork_token INTEGER,
+            chosen INTEGER NOT NULL DEFAULT 0,
+            writer TEXT,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        )""",
+        "CREATE INDEX messages_by_conversation ON messages(conversation_id, parent_id)",
+        "CREATE INDEX conversations_by_update ON conversations(updated_at)",
+    ),
+]
+
+
+class HistoryError(Exception):
+    """The history database cannot do what was asked; the message is one user-facing line."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationSummary:
+    id: int
+    title: str
+    model: str
+    messages: int
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    id: int
+    parent_id: int | None
+    role: Literal["user", "assistant"]
+    content: str
+    state: State
+    created_at: float
+    updated_at: float
+    stop_reason: StopReason | None = None
+    error: str | None = None
+    metrics: dict[str, Any] | None = None
+    fork_of: int | None = None  # the reply this one branched from ...
+    fork_token: int | None = None  # ... at this generated-token index
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    id: int
+    title: str
+    model: str
+    system_prompt: str
+    sampling: SamplingParams
+    created_at: float
+    updated_at: float
+    messages: tuple[StoredMessage, ...]  # every branch, oldest first
+    path: tuple[StoredMessage, ...]  # the active branch from the first message to the last
+    _children: dict[int | None, tuple[StoredMessage, ...]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        children: dict[int | None, list[StoredMessage]] = {}
+        for message in self.messages:
+            children.setdefault(message.parent_id, []).append(message)
+        object.__setattr__(self, "_children", {parent: tuple(group) for parent, group in children.items()})
+
+    def siblings(self, message: StoredMessage) -> tuple[StoredMessage, ...]:
+        """`message` and its alternatives (regenerations, forks), oldest first."""
+        return self._children.get(message.parent_id, ())
+
+    def engine_messages(self) -> list[Message]:
+        """What the model sees to continue: the system prompt and the active path, failed replies left out."""
+        messages = [Message("system", self.system_prompt)] if self.system_prompt else []
+        messages += [Message(m.role, m.content) for m in self.path if m.state != "error" or m.content]
+        return messages
+
+    @property
+    def last_id(self) -> int | None:
+        """The parent for the next message on the active path."""
+        return self.path[-1].id if self.path else None
+
+
+def active_path(messages: tuple[StoredMessage, ...], rank: dict[int, int]) -> tuple[StoredMessage, ...]:
+    """Walk from the root, taking at each step the child ranked highest (the newest on a tie)."""
+    children: dict[int | None, list[StoredMessage]] = {}
+    for message in messages:
+        children.setdefault(message.parent_id, []).append(message)
+    path: list[StoredMessage] = []
+    parent: int | None = None
+    while children.get(parent):
+        chosen = max(children[parent], key=lambda m: (rank.get(m.id, 0), m.id))
+        path.append(chosen)
+        parent = chosen.id
+    return tuple(path)
+
+
+def title_from(text: str) -> str:
+    """The first line of the first message, cut to fit a list row."""
+    line = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1].rstrip() + "…"
+
+
+def sampling_from(settings: Any) -> SamplingParams:
+    """Stored or imported settings, validated like the config's."""
+    if not isinstance(settings, dict):
+        raise HistoryError("sampling settings must be a table of name: value")
+    try:
+        return SamplingParams().with_changes(**settings)
+    except (TypeError, InvalidParameter) as error:
+        raise HistoryError(f"sampling settings: {error}") from None
+
+
+_WRITER = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _writer_gone(writer: str | None) -> bool:
+    """True when the process that was streaming a reply on this machine no longer exists."""
+    host, _, pid = (writer or "").rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class History:
+    """One connection to the history database; safe to share between threads."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.RLock()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+        except (OSError, sqlite3.Error) as error:
+            raise HistoryError(f"cannot open the history {path}: {error}") from None
+        try:
+            self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.execute("PRAGMA synchronous = NORMAL")  # with WAL: a killed process loses no commit
+            self._db.execute("PRAGMA foreign_keys = ON")
+            self._migrate()
+        except sqlite3.Error as error:
+            self._db.close()
+            raise HistoryError(f"cannot open the history {path}: {error}") from None
+        except HistoryError:
+            self._db.close()
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> History:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # --- transactions -------------------------------------------------------------------------
+
+    @contextmanager
+    def _transaction(self, begin: str = "BEGIN IMMEDIATE") -> Iterator[sqlite3.Connection]:
+        """One short transaction; a writer waits for another process's write instead of failing."""
+        with self._lock:
+            for attempt in range(WRITE_ATTEMPTS):
+                try:
+                    self._db.execute(begin)
+                    break
+                except sqlite3.OperationalError as error:
+                    if "locked" not in str(error) and "busy" not in str(error) or attempt == WRITE_ATTEMPTS - 1:
+                        raise HistoryError(f"the history {self.path} is busy: {error}") from None
+                    time.sleep(0.05 * (attempt + 1))
+            try:
+                yield self._db
+                self._db.execute("COMMIT")
+            except sqlite3.Error as error:
+                self._db.execute("ROLLBACK")
+                raise HistoryError(f"the history {self.path} failed: {error}") from None
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def _read(self) -> Any:
+        """A consistent snapshot across several SELECTs."""
+        return self._transaction("BEGIN")
+
+    def _migrate(self) -> None:
+        with self._transaction() as db:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version > len(MIGRATIONS):
+                raise HistoryError(
+                    f"the history {self.path} is schema version {version}, newer than this tui-chat "
+                    f"understands ({len(MIGRATIONS)}): upgrade tui-chat"
+                )
+            for step in MIGRATIONS[version:]:
+                for statement in step:
+                    db.execute(statement)
+            db.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
+
+    def schema_version(self) -> int:
+        with self._lock:
+            return self._db.execute("PRAGMA user_version").fetchone()[0]
+
+    # --- conversations ------------------------------------------------------------------------
+
+    def create(
+        self, *, model: str = "", system_prompt: str = "", sampling: SamplingParams | None = None, title: str = ""
+    ) -> int:
+        now = time.time()
+        with self._transaction() as db:
+            return db.execute(
+                "INSERT INTO conversations (title, model, system_prompt, sampling, created_at, updated_at)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (title, model, system_prompt, json.dumps((sampling or SamplingParams()).as_dict()), now, now),
+            ).lastrowid
+
+    def update(
+        self,
+        conversation_id: int,
+        *,
+        title: str | None = None,
+        model: str | None = None,
+        system_prompt: str | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> None:
+        """Rename, or change the model, system prompt or settings that the next reply will use."""
+        changes: dict[str, Any] = {}
+        if title is not None:
+            if not title.strip():
+                raise HistoryError("a title cannot be empty")
+            changes["title"] = title.strip()
+        if model is not None:
+            changes["model"] = model
+        if system_prompt is not None:
+            changes["system_prompt"] = system_prompt
+        if sampling is not None:
+            changes["sampling"] = json.dumps(sampling.as_dict())
+        changes["updated_at"] = time.time()
+        with self._transaction() as db:
+            self._require(db, conversation_id)
+            db.execute(
+                f"UPDATE conversations SET {', '.join(f'{k} = ?' for k in changes)} WHERE id = ?",
+                (*changes.values(), conversation_id),
+            )
+
+    def delete(self, conversation_id: int) -> None:
+        with self._transaction() as db:
+            self._require(db, conversation_id)
+            db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+
+    def conversations(self, search: str | None = None) -> list[ConversationSummary]:
+        """Conversations, most recently updated first; `search` matches titles and message text
+        (case-insensitive substring; LIKE, since a personal history is small enough to scan)."""
+        query = (
+            "SELECT c.id, c.title, c.model, (SELECT count(*) FROM messages m WHERE m.conversation_id = c.id),"
+            " c.created_at, c.updated_at FROM conversations c"
+        )
+        args: tuple[str, ...] = ()
+        if search:
+            pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            query += (
+                " WHERE c.title LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m"
+                " WHERE m.conversation_id = c.id AND m.content LIKE ? ESCAPE '\\')"
+            )
+            args = (pattern, pattern)
+        with self._read() as db:
+            rows = db.execute(query + " ORDER BY c.updated_at DESC, c.id DESC", args).fetchall()
+        return [ConversationSummary(*row) for row in rows]
+
+    def load(self, conversation_id: int) -> Conversation:
+        with self._read() as db:
+            head = self._require(db, conversation_id)
+            rows = db.execute(
+                "SELECT id, parent_id, role, content, state, created_at, updated_at, stop_reason, error, metrics,"
+                " fork_of, fork_token, chosen, writer FROM messages WHERE conversation_id = ? ORDER BY id",
+                (conversation_id,),
+            ).fetchall()
+        messages = tuple(_stored(row) for row in rows)
+        rank = {row[0]: row[12] for row in rows}
+        title, model, system_prompt, sampling, created_at, updated_at = head
+        return Conversation(
+            conversation_id, title, model, system_prompt, sampling_from(json.loads(sampling)), created_at, updated_at,
+            messages, active_path(messages, rank),
+        )
+
+    def add_conversation(self, conversation: Conversation) -> int:
+        """Store a whole conversation (an import) under new ids, keeping its branches and active path."""
+        on_path = {m.id for m in conversation.path}
+        with self._transaction() as db:
+            new_id = db.execute(
+                "INSERT INTO conversations (title, model, system_prompt, sampling, created_at, updated_at)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (conversation.title, conversation.model, conversation.system_prompt,
+                 json.dumps(conversation.sampling.as_dict()), conversation.created_at, conversation.updated_at),
+            ).lastrowid
+            ids: dict[int, int] = {}
+            for m in conversation.messages:
+                ids[m.id] = db.execute(
+                    "INSERT INTO messages (conversation_id, parent_id, role, content, state, stop_reason, error,"
+                    " metrics, fork_of, fork_token, chosen, created_at, updated_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (new_id, ids.get(m.parent_id), m.role, m.content,
+                     "interrupted" if m.state == "streaming" else m.state, m.stop_reason, m.error,
+                     json.dumps(m.metrics or {}), ids.get(m.fork_of), m.fork_token, int(m.id in on_path),
+                     m.created_at, m.updated_at),
+                ).lastrowid
+        return new_id
+
+    # --- messages -----------------------------------------------------------------------------
+
+    def add_user_message(self, conversation_id: int, text: str, parent_id: int | None) -> int:
+        """A user turn after `parent_id` (None: the first message); it becomes the active branch.
+        The conversation's first message also names it, unless it already has a title."""
+        with self._transaction() as db:
+            self._require(db, conversation_id)
+            message_id = self._insert(db, conversation_id, parent_id, "user", text, "complete")
+            db.execute(
+                "UPDATE conversations SET title = CASE WHEN title = '' THEN ? ELSE title END, updated_at = ?"
+                " WHERE id = ?",
+                (title_from(text), time.time(), conversation_id),
+            )
+        return message_id
+
+    def start_reply(
+        self, conversation_id: int, parent_id: int, *, text: str = "", fork_of: int | None = None,
+        fork_token: int | None = None,
+    ) -> ReplyWriter:
+        """An assistant reply to `parent_id`, stored now and kept up to date as it streams.
+        A fork carries the reply it branched from, the token index where it diverged and the text before it."""
+        with self._transaction() as db:
+            self._require(db, conversation_id)
+            message_id = self._insert(db, conversation_id, parent_id, "assistant", text, "streaming", fork_of, fork_token)
+            db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (time.time(), conversation_id))
+        return ReplyWriter(self, conversation_id, message_id, text)
+
+    def set_active(self, message_id: int) -> None:
+        """Put `message_id` (and the branch below it, as last chosen) on the active path."""
+        with self._transaction() as db:
+            row = db.execute("SELECT conversation_id, parent_id FROM messages WHERE id = ?", (message_id,)).fetchone()
+            if row is None:
+                raise HistoryError(f"no message {message_id}")
+            db.execute("UPDATE messages SET chosen = ? WHERE id = ?", (self._next_rank(db, *row), message_id))
+
+    def _insert(
+        self, db: sqlite3.Connection, conversation_id: int, parent_id: int | None, role: str, text: str, state: str,
+        fork_of: int | None = None, fork_token: int | None = None,
+    ) -> int:
+        if parent_id is not None:
+            owner = db.execute("SELECT conversation_id FROM messages WHERE id = ?", (parent_id,)).fetchone()
+            if owner is None or owner[0] != conversation_id:
+                raise HistoryError(f"message {parent_id} is not in conversation {conversation_id}")
+        now = time.time()
+        return db.execute(
+            "INSERT INTO messages (conversation_id, parent_id, role, content, state, fork_of, fork_token, chosen,"
+            " writer, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (conversation_id, parent_id, role, text, state, fork_of, fork_token,
+             self._next_rank(db, conversation_id, parent_id), _WRITER if state == "streaming" else None, now, now),
+        ).lastrowid
+
+    @staticmethod
+    def _next_rank(db: sqlite3.Connection, conversation_id: int, parent_id: int | None) -> int:
+        (top,) = db.execute(
+            "SELECT coalesce(max(chosen), 0) FROM messages WHERE conversation_id = ? AND parent_id IS ?",
+            (conversation_id, parent_id),
+        ).fetchone()
+        return top + 1
+
+    @staticmethod
+    def _require(db: sqlite3.Connection, conversation_id: int) -> tuple:
+        row = db.execute(
+            "SELECT title, model, system_prompt, sampling, created_at, updated_at FROM conversations WHERE id = ?",
+            (conversation_id,),
+        ).fetchone()
+        if row is None:
+            raise HistoryError(f"no conversation {conversation_id}")
+        return row
+
+    def _write_reply(self, message_id: int, text: str, **fields: Any) -> None:
+        now = time.time()
+        columns = {"content": text, "updated_at": now, **fields}
+        with self._transaction() as db:
+            db.execute(
+                f"UPDATE messages SET {', '.join(f'{k} = ?' for k in columns)} WHERE id = ?",
+                (*columns.values(), message_id),
+            )
+            if "state" in fields:
+                db.execute(
+                    "UPDATE conversations SET updated_at = ? WHERE id = (SELECT conversation_id FROM messages"
+                    " WHERE id = ?)",
+                    (now, message_id),
+                )
+
+
+def _stored(row: tuple) -> StoredMessage:
+    (message_id, parent_id, role, content, state, created_at, updated_at, stop_reason, error, metrics,
+     fork_of, fork_token, _chosen, writer) = row
+    if state == "streaming" and _writer_gone(writer):
+        state = "interrupted"
+    return StoredMessage(message_id, parent_id, role, content, state, created_at, updated_at, stop_reason, error,
+                         json.loads(metrics) or None, fork_of, fork_token)
+
+
+def metrics_record(metrics: TurnMetrics | None, cost: Decimal | None) -> dict[str, Any]:
+    """A reply's figures as stored and exported: money as an exact decimal string."""
+    record: dict[str, Any] = metrics.as_dict() if metrics is not None else {}
+    if cost is not None:
+        record["cost_usd"] = str(cost)
+    return record
+
+
+class ReplyWriter:
+    """A reply being generated. `append` is cheap per token; the text reaches the database at most
+    FLUSH_INTERVAL_S after it arrived, and at once on `finish`, `fail` or `flush`."""
+
+    def __init__(self, history: History, conversation_id: int, message_id: int, text: str) -> None:
+        self.history = history
+        self.conversation_id = conversation_id
+        self.id = message_id
+        self.text = text
+        self._saved = text
+        self._saved_at = time.monotonic()
+
+    def append(self, text: str) -> None:
+        self.text += text
+        if time.monotonic() - self._saved_at >= FLUSH_INTERVAL_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.text != self._saved:
+            self.history._write_reply(self.id, self.text)
+            self._saved = self.text
+        self._saved_at = time.monotonic()
+
+    def finish(
+        self, text: str, stop_reason: StopReason, metrics: TurnMetrics | None = None, cost: Decimal | None = None
+    ) -> None:
+        """The final text (the engine's, which may differ from the streamed pieces), how it ended and its figures."""
+        self.text = text
+        self.history._write_reply(
+            self.id, text, state="stopped" if stop_reason == "cancelled" else "complete", stop_reason=stop_reason,
+            metrics=json.dumps(metrics_record(metrics, cost)), writer=None,
+        )
+        self._saved = text
+
+    def fail(self, message: str) -> None:
+        """The engine gave up: what arrived stays, with the reason."""
+        self.history._write_reply(self.id, self.text, state="error", error=message, writer=None)
+        self._saved = self.text
