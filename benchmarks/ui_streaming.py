@@ -29,6 +29,7 @@ from tui_chat.config import Config
 from tui_chat.engine.base import Done, Loaded, Message, Metrics, ModelInfo, Request, Stream, Token, TurnMetrics
 from tui_chat.ui.app import ChatApp
 from tui_chat.ui.screens.chat import ChatScreen
+from tui_chat.ui.widgets.chat_log import Entry
 from tui_chat.ui.widgets.messages import ReplyMessage
 from tui_chat.ui.widgets.prompt import PromptInput
 
@@ -287,7 +288,7 @@ async def prefill(screen: ChatScreen, messages: int, rng: random.Random) -> None
     for n in range(messages // 2):
         question, answer = f"{sentence(rng)[:-1]}?", markdown_reply(rng, HISTORY_REPLY_TOKENS)
         footer = f"end of text · {len(split_tokens(answer))} tokens · 41.{n % 10} tok/s · TTFT 0.2{n % 10} s"
-        entries += [(Message("user", question), None), (Message("assistant", answer), footer)]
+        entries += [Entry(Message("user", question)), Entry(Message("assistant", answer), footer)]
     await screen.show_conversation(entries)
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from conftest import GREEDY, ask
 from tui_chat.cli import _opener
-from tui_chat.config import Config, config_path, load_config
+from tui_chat.config import Config, config_path, history_path, load_config
+from tui_chat.history import History
 from tui_chat.engine.base import Message
 from tui_chat.engine.models import STARTER_NAME
 from tui_chat.engine.params import SamplingParams
@@ -17,7 +18,7 @@ from tui_chat.ui.app import ChatApp
 from tui_chat.ui.screens.chat import ChatScreen
 from tui_chat.ui.screens.help import HelpScreen
 from tui_chat.pricing import PRESETS, format_usd, turn_cost
-from tui_chat.ui.widgets.chat_log import MAX_MOUNTED, ChatLog
+from tui_chat.ui.widgets.chat_log import MAX_MOUNTED, ChatLog, Entry
 from tui_chat.ui.widgets.messages import ReplyMessage, UserMessage
 from tui_chat.ui.widgets.metrics import MetricsPanel
 from tui_chat.ui.widgets.prompt import PromptInput
@@ -130,6 +131,9 @@ async def test_stopping_before_the_first_token_gives_the_text_back(starter_model
         assert not screen.query(ReplyMessage) and not screen.query(UserMessage)
         assert screen.conversation == []
         assert screen.query_one(PromptInput).text == long_text
+    with History(history_path()) as history:
+        [chat] = history.conversations()
+        assert history.load(chat.id).messages == (), "a turn taken back leaves nothing in the history"
 
 
 async def test_regenerate_and_edit_last(tiny_model):
@@ -430,7 +434,7 @@ async def test_the_log_follows_the_reply_until_the_user_scrolls_up(starter_model
 async def test_a_long_chat_mounts_only_recent_messages(tiny_model):
     entries = []
     for n in range(115):
-        entries += [(Message("user", f"question {n}"), None), (Message("assistant", f"answer {n}"), "end of text")]
+        entries += [Entry(Message("user", f"question {n}")), Entry(Message("assistant", f"answer {n}"), "end of text")]
     app = make_app(str(tiny_model), n_ctx=8192)
     async with app.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)

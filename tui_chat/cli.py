@@ -26,7 +26,7 @@ from .history import HistoryError
 from .pricing import PricingError, count, find_preset, words_to_tokens
 
 if TYPE_CHECKING:
-    from .headless import Saving
+    from .recording import Saving
 
 USAGE_ERROR = 2
 
@@ -156,7 +156,7 @@ def _run(args: argparse.Namespace, config: Config, n_ctx: int, gpu_layers: int |
 
 
 def _saver(config: Config) -> Saving:
-    from .headless import Saving
+    from .recording import Saving
     from .history import History
 
     return Saving(History(history_path()), find_preset(config.prices, config.price))

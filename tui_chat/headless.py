@@ -5,23 +5,13 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TextIO
 
 from .engine.base import Backend, Done, EngineError, Error, Message, Request, Token
 from .engine.context import left_out
 from .engine.params import LiveParams, SamplingParams
-from .history import History, ReplyWriter
-from .pricing import Price, turn_cost
+from .recording import SavedChat, Saving
 from .safetext import terminal_safe
-
-
-@dataclass(frozen=True, slots=True)
-class Saving:
-    """Where `--save` keeps the conversation, and the price its replies are costed at."""
-
-    history: History
-    price: Price
 
 
 def _writer(out: TextIO) -> Callable[[str], None]:
@@ -49,12 +39,14 @@ def run_conversation(
     messages: list[Message] = [Message("system", system)] if system else []
     turns: list[dict] = []
     write = _writer(out)
-    saved = _SavedConversation(saving, backend.info.name, system or "", params) if saving else None
-    if saved:
-        print(f"tui-chat: saving as conversation {saved.id}", file=sys.stderr)
+    saved = SavedChat(saving) if saving else None
     for index, prompt in enumerate(prompts):
         messages.append(Message("user", prompt))
-        reply = saved.start(prompt) if saved else None
+        reply = None
+        if saved:
+            reply = saved.start_reply(saved.add_user(prompt, backend.info.name, system or "", params))
+            if index == 0:
+                print(f"tui-chat: saving as conversation {saved.id}", file=sys.stderr)
         stream = backend.generate(Request(list(messages), LiveParams(params), top_logprobs=top_logprobs))
         shown = ""
         final = None
@@ -74,7 +66,7 @@ def run_conversation(
             stream.cancel()
             final = stream.result()
         if saved:
-            saved.end(reply, final)
+            saved.end_reply(reply, final)
         if isinstance(final, Error):
             raise EngineError(final.message)
         if final.metrics.dropped_turns:
@@ -102,29 +94,6 @@ def run_conversation(
         }
         write(json.dumps(report, indent=2) + "\n")
     return 130 if turns and turns[-1]["stop_reason"] == "cancelled" else 0
-
-
-class _SavedConversation:
-    """The conversation as `--save` writes it: each prompt, then its reply as it streams."""
-
-    def __init__(self, saving: Saving, model: str, system: str, params: SamplingParams) -> None:
-        self.history = saving.history
-        self.price = saving.price
-        self.id = self.history.create(model=model, system_prompt=system, sampling=params)
-        self.last_id: int | None = None
-
-    def start(self, prompt: str) -> ReplyWriter:
-        self.last_id = self.history.add_user_message(self.id, prompt, self.last_id)
-        return self.history.start_reply(self.id, self.last_id)
-
-    def end(self, reply: ReplyWriter, final: Done | Error) -> None:
-        if isinstance(final, Error):
-            reply.fail(final.message)
-            return
-        m = final.metrics
-        cost = turn_cost(self.price, m.prompt_tokens, m.cached_tokens, m.completion_tokens).total
-        reply.finish(final.text, final.stop_reason, m, cost)
-        self.last_id = reply.id
 
 
 def _token_entry(token: Token) -> dict:

@@ -308,6 +308,11 @@ class History:
             self._require(db, conversation_id)
             db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
+    def delete_message(self, message_id: int) -> None:
+        """A turn the user took back before any reply came: the message and everything below it."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
+
     def conversations(self, search: str | None = None) -> list[ConversationSummary]:
         """Conversations, most recently updated first; `search` matches titles and message text
         (case-insensitive substring; LIKE, since a personal history is small enough to scan)."""

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from textual import events, on, work
 from textual.app import ComposeResult
@@ -36,7 +37,10 @@ from ...engine.base import (
     Stream,
     Token,
 )
-from ...config import Config, save_setting
+from ...config import Config, data_dir, history_path, save_setting
+from ...engine.context import left_out
+from ...history import History, HistoryError, ReplyWriter
+from ...recording import SavedChat, Saving
 from ...engine.params import LiveParams
 from ...pricing import format_usd
 from ...safetext import terminal_safe
@@ -54,6 +58,7 @@ NARROW_BELOW = 72  # columns; a narrower screen hides the side panel until F2 as
 DRAFT_COUNT_DELAY_S = 0.15
 
 BackendOpener = Callable[[str | None], Backend]
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -64,6 +69,7 @@ class _Reply:
     widget: ReplyMessage
     question: UserMessage
     forced: list[Token] = field(default_factory=list)  # a branch's given tokens, with what was known of them
+    writer: ReplyWriter | None = None  # saves it as it streams
     tokens: int = 0
     visible: bool = False
 
@@ -72,6 +78,11 @@ class _Reply:
 class _Load:
     name: str | None
     backend: Backend | None = None
+
+    @property
+    def spec(self) -> str:
+        """What opens this model again (saved with a chat): the name asked for, or the file loaded."""
+        return self.name or (self.backend.info.path if self.backend and self.backend.info else "")
 
 
 def _progress_line(event: PromptProgress) -> str:
@@ -93,6 +104,10 @@ class ChatScreen(Screen):
         Binding("ctrl+t", "toggle_heatmap", "Heatmap", id="toggle_heatmap",
                 tooltip="Colour each token by its probability"),
         Binding("ctrl+n", "new_chat", "New chat", id="new_chat", tooltip="Start a new chat"),
+        Binding("ctrl+l", "conversations", "Chats", id="conversations",
+                tooltip="Saved chats: open, search, rename, delete, export"),
+        Binding("f6", "system_prompt", "System", id="system_prompt", show=False, priority=True,
+                tooltip="Edit this chat's system prompt"),
         Binding("ctrl+o", "open_model", "Model", id="open_model", tooltip="Open another model"),
         Binding("f1", "help", "Help", id="help", tooltip="Show all keys"),
     ]
@@ -104,9 +119,13 @@ class ChatScreen(Screen):
         self.initial_model = model
         self.live = live
         self.backend: Backend | None = None
+        self.model_spec = ""
         self.conversation: list[Message] = []
+        self.system_prompt = config.system_prompt
         self.reply: _Reply | None = None
         self.heatmap = False
+        self.history: History | None = None
+        self.saved: SavedChat | None = None  # None: not saving (no history, or it failed)
         self._panel_refreshed = 0.0
         self._draft_timer = None
 
@@ -127,6 +146,35 @@ class ChatScreen(Screen):
         self.query_one("#log").anchor()
         self.query_one(PromptInput).focus()
         self.load_model(self.initial_model)
+        try:
+            self.history = History(history_path())
+        except HistoryError as error:
+            self.notify(f"{error}: this session is not saved", severity="warning", timeout=8)
+        self._start_saving()
+
+    def _start_saving(self, conversation_id: int | None = None, last_id: int | None = None) -> None:
+        if self.history is not None:
+            saving = Saving(self.history, self.query_one(MetricsPanel).price)
+            self.saved = SavedChat(saving, conversation_id, last_id)
+
+    def on_unmount(self) -> None:
+        if self.history is not None:
+            self.history.close()
+
+    def _save(self, write: Callable[[], T]) -> T | None:
+        """Write to the history; if it fails, say so once and go on unsaved (the chat itself is unharmed)."""
+        if self.saved is None:
+            return None
+        try:
+            return write()
+        except HistoryError as error:
+            self.saved = None
+            self.notify(f"{error}: the rest of this chat is not saved", severity="error", timeout=10)
+            return None
+
+    def _request_messages(self) -> list[Message]:
+        system = [Message("system", self.system_prompt)] if self.system_prompt else []
+        return system + self.conversation
 
     # --- model loading -------------------------------------------------------------------------
 
@@ -153,6 +201,7 @@ class ChatScreen(Screen):
                     self.action_stop()
                     self._close_in_background(self.backend)
                 self.backend = job.backend
+                self.model_spec = job.spec
                 self.query_one(MetricsPanel).show_model(event.info)
                 self._set_status("")
                 self._count_draft()
@@ -186,6 +235,10 @@ class ChatScreen(Screen):
             return
         self.query_one(PromptInput).clear()
         question = UserMessage(event.text, classes="user")
+        if self.saved is not None:
+            question.parent_id = self.saved.last_id
+            question.message_id = self._save(lambda: self.saved.add_user(
+                event.text, self.model_spec, self.system_prompt, self.live.snapshot()[1]))
         await self.query_one("#log").mount(question)
         self.conversation.append(Message("user", event.text))
         await self._start_reply(question)
@@ -195,19 +248,25 @@ class ChatScreen(Screen):
         """A new reply, or (given its widget) a new branch of one: regenerated, or forced to start
         with `forced` tokens."""
         log = self.query_one(ChatLog)
+        fork_of = None
         if widget is None:
             widget = ReplyMessage(classes="assistant")
             widget.heatmap = self.heatmap
             await log.mount(widget)
             log.anchor()
         else:
+            fork_of = widget.message_id if forced else None
             await widget.restart()
         widget.show_status("Reading prompt…")
         forced = forced or []
-        request = Request(list(self.conversation), self.live, top_logprobs=self.config.inspector_top,
+        request = Request(self._request_messages(), self.live, top_logprobs=self.config.inspector_top,
                           forced=tuple(token.token_id for token in forced))
         stream = self.backend.generate(request)
-        self.reply = _Reply(stream, widget, question, forced)
+        writer = None
+        if self.saved is not None and question.message_id is not None:
+            writer = self._save(lambda: self.saved.start_reply(
+                question.message_id, fork_of if widget.branches else None, len(forced) - 1 if forced else None))
+        self.reply = _Reply(stream, widget, question, forced, writer)
         self.query_one(MetricsPanel).start_reply()
         gc.freeze()  # collections during the reply skip the whole chat so far: no 100s-of-ms pauses
         self._forward(stream, self.reply)
@@ -261,7 +320,10 @@ class ChatScreen(Screen):
             if not reply.visible:
                 reply.visible = True
                 reply.widget.show_status("")
-            await reply.widget.append("".join(pending))
+            text = "".join(pending)
+            if reply.writer is not None:
+                self._save(lambda: reply.writer.append(text))
+            await reply.widget.append(text)
 
     async def _finish(self, reply: _Reply, done: Done) -> None:
         self._end_reply()
@@ -269,11 +331,19 @@ class ChatScreen(Screen):
         if done.stop_reason == "cancelled" and not done.text.strip():
             await self._take_back(reply)
             return
-        footer = reply_footer(done.stop_reason, done.metrics)
+        footer = reply_footer(done.stop_reason, done.metrics.as_dict())
         if reply.forced:
             read = done.metrics.prompt_tokens - done.metrics.cached_tokens
             footer += f" · branched at token {len(reply.forced)}, {read} token{'s' if read != 1 else ''} read"
-        await reply.widget.finish(done.text, footer, len(reply.forced) - 1 if reply.forced else None)
+        if done.metrics.dropped_turns:
+            footer += f" · {left_out(done.metrics.dropped_turns)}"
+            self.notify(f"{left_out(done.metrics.dropped_turns)} of the prompt to fit the "
+                        f"{done.metrics.n_ctx:,}-token context (they stay in the chat).", severity="warning", timeout=6)
+        if reply.writer is not None:
+            self.saved.price = self.query_one(MetricsPanel).price
+            self._save(lambda: self.saved.end_reply(reply.writer, done))
+        await reply.widget.finish(done.text, footer, len(reply.forced) - 1 if reply.forced else None,
+                                  reply.writer.id if reply.writer else None)
         await self.query_one(ChatLog).trim()
         self.conversation.append(Message("assistant", done.text))
         self.query_one(MetricsPanel).finish_reply(done.metrics)
@@ -282,6 +352,8 @@ class ChatScreen(Screen):
     async def _fail(self, reply: _Reply, message: str) -> None:
         self._end_reply()
         await reply.widget.stop()
+        if reply.writer is not None and reply.writer.text:
+            self._save(lambda: self.saved.end_reply(reply.writer, Error(message)))
         await self._take_back(reply)
         self.notify(message, title="No reply", severity="error", timeout=8)
 
@@ -293,9 +365,13 @@ class ChatScreen(Screen):
         """Nothing was written: a new branch gives way to the one before it; a new turn is removed
         and the user gets their text back to edit."""
         if reply.widget.branches:
+            if reply.writer is not None:
+                self._save(lambda: self.saved.take_back(reply.writer.id, reply.widget.message_id))
             await reply.widget.show_branch(reply.widget.active)
             self.conversation.append(Message("assistant", reply.widget.text))
             return
+        if reply.question.message_id is not None:
+            self._save(lambda: self.saved.take_back(reply.question.message_id, reply.question.parent_id))
         await reply.widget.remove()
         await reply.question.remove()
         self.conversation.pop()
@@ -328,6 +404,9 @@ class ChatScreen(Screen):
             self.notify("There is no message to edit yet.", timeout=3)
             return
         question = questions.last()
+        if self.saved is not None:
+            shown = self.query_one(ChatLog).messages()
+            self.saved.last_id = shown[shown.index(question) - 1].message_id if shown.index(question) else None
         while self.conversation and self.conversation[-1].role == "assistant":
             self.conversation.pop()
             await self.query(ReplyMessage).last().remove()
@@ -417,6 +496,8 @@ class ChatScreen(Screen):
             return
         await event.reply.show_branch(event.index)
         self.conversation[-1] = Message("assistant", event.reply.text)
+        if event.reply.message_id is not None:
+            self._save(lambda: self.saved.choose(event.reply.message_id))
         self._count_draft()
 
     async def action_new_chat(self) -> None:
@@ -424,13 +505,69 @@ class ChatScreen(Screen):
         if self.reply is not None:
             self._end_reply()
         self.query_one(MetricsPanel).forget_turns()
+        self.system_prompt = self.config.system_prompt
+        self._start_saving()
         await self.show_conversation([])
         self.query_one(PromptInput).focus()
 
     async def show_conversation(self, entries: list[Entry]) -> None:
         """Put a whole conversation on screen: messages with, for finished replies, their footers."""
-        self.conversation = [message for message, _ in entries]
+        self.conversation = [entry.message for entry in entries]
         await self.query_one(ChatLog).show(entries)
+
+    # --- saved chats and the system prompt -----------------------------------------------------
+
+    def action_conversations(self) -> None:
+        if self.history is None:
+            self.notify("The history could not be opened: chats are not saved this session.", severity="warning")
+            return
+        from .conversations import ConversationsScreen
+
+        self.app.push_screen(ConversationsScreen(self.history, data_dir() / "exports"), self._conversation_chosen)
+
+    def _conversation_chosen(self, conversation_id: int | None) -> None:
+        if conversation_id is not None:
+            self.run_worker(self.open_conversation(conversation_id), group="open-chat", exclusive=True)
+
+    async def open_conversation(self, conversation_id: int) -> None:
+        """Go on with a saved chat: its messages and branches, system prompt, settings and model."""
+        from .conversations import entries_of
+
+        try:
+            conversation = self.history.load(conversation_id)
+        except HistoryError as error:
+            self.notify(str(error), severity="error", markup=False)
+            return
+        self.action_stop()
+        if self.reply is not None:
+            self._end_reply()
+        self.system_prompt = conversation.system_prompt
+        self.query_one(SamplingPanel).set_values(conversation.sampling.as_dict())
+        self.query_one(MetricsPanel).forget_turns()
+        self._start_saving(conversation.id, conversation.last_id)
+        entries = entries_of(conversation)
+        await self.show_conversation(entries)
+        for reply in self.query(ReplyMessage):
+            reply.heatmap = self.heatmap
+        if conversation.model and conversation.model != self.model_spec:
+            self.load_model(conversation.model)
+        self.notify(f"Opened “{terminal_safe(conversation.title)}”", timeout=3, markup=False)
+
+    def action_system_prompt(self) -> None:
+        from .ask import AskText
+
+        hint = "Sent before the chat with every reply. Applies from the next reply; saved with this chat."
+        self.app.push_screen(AskText("System prompt", self.system_prompt, hint, multiline=True),
+                             self._system_prompt_set)
+
+    def _system_prompt_set(self, text: str | None) -> None:
+        if text is None or text == self.system_prompt:
+            return
+        self.system_prompt = text
+        if self.saved is not None and self.saved.id is not None:
+            self._save(lambda: self.history.update(self.saved.id, system_prompt=text))
+        self.notify("System prompt set: it applies from the next reply.", timeout=3)
+        self._count_draft()
 
     async def action_show_earlier(self) -> None:
         await self.query_one(ChatLog).show_earlier()

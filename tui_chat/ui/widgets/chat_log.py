@@ -4,32 +4,43 @@ Earlier messages come back on request, a batch at a time."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Button
 
 from ...engine.base import Message
-from .messages import ChatMessage, ReplyMessage, UserMessage
+from .messages import Branch, ChatMessage, ReplyMessage, UserMessage
 
 MAX_MOUNTED = 100
 SHOW_MORE = 50
 
-Entry = tuple[Message, str | None]
-"""A message and, for a finished reply, its footer line."""
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A message as the log shows it; a finished reply has a footer and may have sibling branches."""
+
+    message: Message
+    footer: str | None = None
+    message_id: int | None = None
+    branches: tuple[Branch, ...] = ()
+    active: int = 0
 
 
 def widget_for(entry: Entry) -> ChatMessage:
-    message, footer = entry
+    message = entry.message
     if message.role == "assistant":
-        return ReplyMessage(message.content, footer or "", classes="assistant")
-    return UserMessage(message.content, classes="user")
+        branches = list(entry.branches) or [Branch(message.content, entry.footer or "", message_id=entry.message_id)]
+        return ReplyMessage(message.content, entry.footer or "", branches, entry.active, classes="assistant")
+    return UserMessage(message.content, entry.message_id, classes="user")
 
 
 def entry_of(widget: ChatMessage) -> Entry:
     if isinstance(widget, ReplyMessage):
-        return Message("assistant", widget.text), widget.footer
-    return Message("user", widget.text), None
+        return Entry(Message("assistant", widget.text), widget.footer, widget.message_id, tuple(widget.branches),
+                     widget.active)
+    return Entry(Message("user", widget.text), None, widget.message_id)
 
 
 class ChatLog(VerticalScroll):

@@ -10,7 +10,9 @@ characters become visible escapes before anything reaches the terminal.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from rich.console import Group
 from rich.markdown import Markdown as RichMarkdown
@@ -24,7 +26,7 @@ from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Markdown, Static
 
-from ...engine.base import StopReason, Token, TurnMetrics
+from ...engine.base import StopReason, Token
 from ...safetext import terminal_safe
 from .heatmap import band_styles, has_probabilities, heatmap_text
 
@@ -52,12 +54,13 @@ def freeze_point(text: str) -> int | None:
     return None
 
 
-def reply_footer(reason: StopReason, metrics: TurnMetrics) -> str:
-    parts = [STOP_LABELS[reason], f"{metrics.completion_tokens} tokens"]
-    if metrics.decode_tok_s:
-        parts.append(f"{metrics.decode_tok_s:.1f} tok/s")
-    if metrics.ttft_s is not None:
-        parts.append(f"TTFT {metrics.ttft_s:.2f} s")
+def reply_footer(reason: StopReason, metrics: Mapping[str, Any]) -> str:
+    """Stop reason, tokens, speed, TTFT: from a live `TurnMetrics.as_dict()` or a stored reply's metrics."""
+    parts = [STOP_LABELS.get(reason, reason), f"{metrics.get('completion_tokens', 0)} tokens"]
+    if metrics.get("decode_tok_s"):
+        parts.append(f"{metrics['decode_tok_s']:.1f} tok/s")
+    if metrics.get("ttft_s") is not None:
+        parts.append(f"TTFT {metrics['ttft_s']:.2f} s")
     return " · ".join(parts)
 
 
@@ -74,9 +77,11 @@ class ChatMessage(Widget):
 
 
 class UserMessage(ChatMessage, Static):
-    def __init__(self, text: str, **kwargs) -> None:
+    def __init__(self, text: str, message_id: int | None = None, **kwargs) -> None:
         super().__init__(Content(terminal_safe(text)), **kwargs)
         self.text = text
+        self.message_id = message_id  # in the history, where it is saved
+        self.parent_id: int | None = None
 
 
 @dataclass(eq=False)
@@ -88,6 +93,7 @@ class Branch:
     footer: str
     tokens: list[Token] = field(default_factory=list)
     cut: int | None = None
+    message_id: int | None = None  # in the history
 
 
 class ReplyMessage(ChatMessage, Vertical):
@@ -123,12 +129,13 @@ class ReplyMessage(ChatMessage, Vertical):
             self.reply = reply
             self.index = index
 
-    def __init__(self, text: str = "", footer: str | None = None, **kwargs) -> None:
+    def __init__(self, text: str = "", footer: str | None = None, branches: list[Branch] | None = None,
+                 active: int = 0, **kwargs) -> None:
         super().__init__(**kwargs)
         self.text = text
         self.footer = footer
-        self.branches: list[Branch] = [] if footer is None else [Branch(text, footer)]
-        self.active = 0
+        self.branches: list[Branch] = branches or ([] if footer is None else [Branch(text, footer)])
+        self.active = active
         self.tokens: list[Token] = []
         self.heatmap = False
         self.selected = 0
@@ -199,12 +206,16 @@ class ReplyMessage(ChatMessage, Vertical):
         await self.mount_all([Markdown(classes="tail"), Static(classes="status")])
         self._stream = Markdown.get_stream(self.query_one(Markdown))
 
-    async def finish(self, text: str, footer: str, cut: int | None = None) -> None:
+    @property
+    def message_id(self) -> int | None:
+        return self.branches[self.active].message_id if self.branches else None
+
+    async def finish(self, text: str, footer: str, cut: int | None = None, message_id: int | None = None) -> None:
         """Freeze what is left: `text` is the engine's final word on the reply (a held-back stop
         prefix may have been released at the end). The reply becomes the newest branch."""
         await self.stop()
         self.text, self.footer = text, footer
-        self.branches.append(Branch(text, footer, self.tokens, cut))
+        self.branches.append(Branch(text, footer, self.tokens, cut, message_id))
         self.active = len(self.branches) - 1
         self.selected = min(self.selected, max(len(self.tokens) - 1, 0))
         if self.heatmap and has_probabilities(self.tokens):

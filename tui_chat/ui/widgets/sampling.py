@@ -21,6 +21,10 @@ def format_value(spec: ParamSpec, value: float) -> str:
     return str(value) if spec.kind is int else f"{value:.2f}"
 
 
+def shown_stops(stops: tuple[str, ...] | list[str]) -> str:
+    return " | ".join(stops).replace("\n", "\\n")
+
+
 def parse_stops(text: str) -> list[str]:
     r"""`a | b` gives two stop sequences; `\n` and `\t` stand for a newline and a tab."""
     stops = (part.strip().replace("\\n", "\n").replace("\\t", "\t") for part in text.split("|"))
@@ -52,7 +56,7 @@ class SamplingPanel(Vertical):
             hint = spec.hint if supported else f"Not supported by the {self.backend} backend."
             yield Static(Content(hint), classes="hint")
         yield Static(Content("Stop sequences (a | b, \\n = newline)"), classes="param-label")
-        yield Input(" | ".join(params.stop).replace("\n", "\\n"), placeholder="none", id="stop", compact=True)
+        yield Input(shown_stops(params.stop), placeholder="none", id="stop", compact=True)
         yield Static(id="applied", classes="hint")
 
     def on_mount(self) -> None:
@@ -99,9 +103,17 @@ class SamplingPanel(Vertical):
         self.apply_preset(str(event.button.label))
 
     def apply_preset(self, name: str) -> None:
-        values = PRESETS[name]
-        with self.prevent(Slider.Changed):
-            for slider_name, value in values.items():
-                self.query_one(f"#{slider_name}", Slider).value = value
-        self._apply(**values)
+        self.set_values(PRESETS[name])
         self.notify(f"Preset: {name}", timeout=2)
+
+    def set_values(self, values: dict) -> None:
+        """Settings from elsewhere (a preset, a reopened conversation): the controls follow them."""
+        with self.prevent(Slider.Changed):
+            for name, value in values.items():
+                if name == "seed":
+                    self.query_one("#seed", Input).value = "" if value < 0 else str(value)
+                elif name == "stop":
+                    self.query_one("#stop", Input).value = shown_stops(value)
+                else:
+                    self.query_one(f"#{name}", Slider).value = value
+        self._apply(**values)

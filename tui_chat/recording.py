@@ -1,0 +1,58 @@
+"""One conversation as it is written to the history: each prompt when sent, each reply as it
+streams. Shared by `tui-chat run --save` and the chat screen, so both store the same shape."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .engine.base import Done, Error
+from .engine.params import SamplingParams
+from .history import History, ReplyWriter
+from .pricing import Price, turn_cost
+
+
+@dataclass(frozen=True, slots=True)
+class Saving:
+    """Where conversations are kept, and the price their replies are costed at."""
+
+    history: History
+    price: Price
+
+
+class SavedChat:
+    """The conversation is created with its first message, so opening the app stores nothing."""
+
+    def __init__(self, saving: Saving, conversation_id: int | None = None, last_id: int | None = None) -> None:
+        self.history = saving.history
+        self.price = saving.price
+        self.id = conversation_id
+        self.last_id = last_id  # the message the next one follows on the active path
+
+    def add_user(self, prompt: str, model: str, system: str, params: SamplingParams) -> int:
+        if self.id is None:
+            self.id = self.history.create(model=model, system_prompt=system, sampling=params)
+        else:
+            self.history.update(self.id, model=model, sampling=params)
+        self.last_id = self.history.add_user_message(self.id, prompt, self.last_id)
+        return self.last_id
+
+    def start_reply(self, parent_id: int, fork_of: int | None = None, fork_token: int | None = None) -> ReplyWriter:
+        return self.history.start_reply(self.id, parent_id, fork_of=fork_of, fork_token=fork_token)
+
+    def end_reply(self, reply: ReplyWriter, final: Done | Error) -> None:
+        if isinstance(final, Error):
+            reply.fail(final.message)
+            return
+        m = final.metrics
+        cost = turn_cost(self.price, m.prompt_tokens, m.cached_tokens, m.completion_tokens).total
+        reply.finish(final.text, final.stop_reason, m, cost)
+        self.last_id = reply.id
+
+    def choose(self, message_id: int) -> None:
+        """Another branch of the last reply is now the one the chat goes on from."""
+        self.history.set_active(message_id)
+        self.last_id = message_id
+
+    def take_back(self, message_id: int, parent_id: int | None) -> None:
+        self.history.delete_message(message_id)
+        self.last_id = parent_id

@@ -1,0 +1,52 @@
+"""A small dialog that asks for one piece of text: a chat's new title, its system prompt."""
+
+from __future__ import annotations
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.content import Content
+from textual.screen import ModalScreen
+from textual.widgets import Input, Static, TextArea
+
+
+class AskText(ModalScreen[str | None]):
+    """One line (Enter saves) or, with `multiline`, a text area (Ctrl+S saves, Enter is a new line)."""
+
+    BINDINGS = [Binding("escape", "dismiss(None)", "Cancel"), Binding("ctrl+s", "save", "Save")]
+    DEFAULT_CSS = """
+    AskText { align: center middle; }
+    AskText > Vertical {
+        width: 76; max-width: 100%; height: auto;
+        border: round $accent; background: $surface; padding: 0 1;
+    }
+    AskText TextArea { height: 10; }
+    AskText .hint { color: $text-muted; }
+    """
+
+    def __init__(self, title: str, value: str, hint: str, multiline: bool = False) -> None:
+        super().__init__()
+        self.title_text = title
+        self.value = value
+        self.hint = hint
+        self.multiline = multiline
+
+    def compose(self) -> ComposeResult:
+        with Vertical() as box:
+            box.border_title = self.title_text
+            yield Static(Content(self.hint), classes="hint")
+            if self.multiline:
+                yield TextArea(self.value, id="answer", soft_wrap=True, show_line_numbers=False)
+            else:
+                yield Input(self.value, id="answer")
+            keys = "Ctrl+S saves · Esc cancels" if self.multiline else "Enter saves · Esc cancels"
+            yield Static(Content(keys), classes="hint")
+
+    def action_save(self) -> None:
+        answer = self.query_one("#answer")
+        self.dismiss(answer.text if isinstance(answer, TextArea) else answer.value)
+
+    @on(Input.Submitted)
+    def _submitted(self) -> None:
+        self.action_save()
