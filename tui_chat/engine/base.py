@@ -50,9 +50,14 @@ class ModelInfo:
     n_ctx_train: int
     chat_format: str
     backend: str = "llama"
+    remote_host: str = ""  # host:port of the server a remote backend talks to
+    params_per_token: bool = True  # False: sampling changes apply from the next reply on
+    ignored_params: tuple[str, ...] = ()  # sampling settings this backend cannot pass on
 
     @property
     def offload(self) -> str:
+        if self.remote_host:
+            return f"server {self.remote_host}"
         if self.gpu_layers <= 0:
             return "CPU"
         return f"GPU {self.gpu_layers}/{self.n_layers} layers"
@@ -68,6 +73,7 @@ class TurnMetrics:
     decode_s: float = 0.0
     context_tokens: int = 0
     n_ctx: int = 0
+    server_decode_tok_s: float | None = None  # a server's own decode rate, where it reports one
 
     @property
     def prefill_tok_s(self) -> float | None:
@@ -90,6 +96,7 @@ class TurnMetrics:
             "decode_tok_s": self.decode_tok_s,
             "context_tokens": self.context_tokens,
             "n_ctx": self.n_ctx,
+            "server_decode_tok_s": self.server_decode_tok_s,
         }
 
 
@@ -165,7 +172,10 @@ class Done:
 
 @dataclass(frozen=True, slots=True)
 class Error:
+    """`text`: the part of a reply written before the failure (a remote stream cut mid-reply)."""
+
     message: str
+    text: str = ""
 
 
 Event = LoadProgress | Loaded | PromptProgress | Token | Metrics | Done | Error
