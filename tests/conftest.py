@@ -105,8 +105,10 @@ def tiny_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="session")
 def starter_server(starter_model: Path, tmp_path_factory: pytest.TempPathFactory):
-    """A real llama_cpp.server serving the starter model as "gemma-3-270m"; yields its base URL."""
+    """A real llama_cpp.server serving the starter model as "gemma-3-270m" in Gemma's turn format (the file
+    names no template, and llama-2's makes it end at once); yields its base URL."""
     from llama_server import llama_cpp_server
 
-    with llama_cpp_server(starter_model, "gemma-3-270m", 2048, tmp_path_factory.mktemp("server") / "starter.log") as url:
+    log = tmp_path_factory.mktemp("server") / "starter.log"
+    with llama_cpp_server(starter_model, "gemma-3-270m", 2048, log, chat_format="gemma") as url:
         yield url
