@@ -347,6 +347,7 @@ def test_parse_chunk_tolerates_odd_but_valid_chunks():
                       '[{"token": "x", "logprob": "high", "top_logprobs": [7, {"token": "x", "logprob": 3}]}]}}]}')
     assert odd.content == "x" and odd.tokens[0].prob == 0.0 and odd.tokens[0].top[0].prob == 1.0
     assert parse_chunk('{"error": {"message": "overloaded"}}').error == "overloaded"
+    assert parse_chunk('{"choices": [{"delta": {}, "logprobs": {"content": [{"top_logprobs": 5}]}}]}').tokens[0].top == ()
 
 
 # --- config and command line -------------------------------------------------------------------

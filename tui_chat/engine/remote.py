@@ -136,14 +136,17 @@ def _token_probs(logprobs: Any) -> tuple[TokenProb, ...]:
     if not isinstance(entries, list):
         return ()
     return tuple(
-        TokenProb(str(entry.get("token", "")), _prob(entry.get("logprob")), tuple(
-            Candidate(-1, str(top.get("token", "")), _prob(top.get("logprob")))
-            for top in entry.get("top_logprobs") or ()
-            if isinstance(top, dict)
-        ))
+        TokenProb(str(entry.get("token", "")), _prob(entry.get("logprob")), _candidates(entry.get("top_logprobs")))
         for entry in entries
         if isinstance(entry, dict)
     )
+
+
+def _candidates(tops: Any) -> tuple[Candidate, ...]:
+    """The likeliest tokens; servers do not say their ids, so each has id -1."""
+    if not isinstance(tops, list):
+        return ()
+    return tuple(Candidate(-1, str(top.get("token", "")), _prob(top.get("logprob"))) for top in tops if isinstance(top, dict))
 
 
 def _prob(logprob: Any) -> float:
@@ -343,11 +346,12 @@ class OpenAIBackend:
     def _server_count(self, text: str) -> int:
         url = f"{self.root_url}/{self.kind.tokenize_path}"
         model = self.settings.model
-        body = {
-            LLAMA_SERVER.name: {"content": text, "add_special": False},
-            LLAMA_CPP_PYTHON.name: {"input": text, "model": model},
-            VLLM.name: {"model": model, "prompt": text, "add_special_tokens": False},
-        }[self.kind.name]
+        if self.kind is LLAMA_SERVER:
+            body: dict[str, Any] = {"content": text, "add_special": False}
+        elif self.kind is VLLM:
+            body = {"model": model, "prompt": text, "add_special_tokens": False}
+        else:
+            body = {"input": text, "model": model}  # llama-cpp-python always adds BOS: see _bos_tokens
         request = self._client.build_request("POST", url, json=body, timeout=TOKENIZE_TIMEOUT_S)
         answer = self._send(request)
         count = _count(answer, "count")
