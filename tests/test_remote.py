@@ -347,6 +347,7 @@ def test_parse_chunk_tolerates_odd_but_valid_chunks():
                       '[{"token": "x", "logprob": "high", "top_logprobs": [7, {"token": "x", "logprob": 3}]}]}}]}')
     assert odd.content == "x" and odd.tokens[0].prob == 0.0 and odd.tokens[0].top[0].prob == 1.0
     assert parse_chunk('{"error": {"message": "overloaded"}}').error == "overloaded"
+    assert parse_chunk('{"error": {"message": "\\u001b]52;c;aGk=\\u0007 gone"}}').error == "\\x1b]52;c;aGk=\\x07 gone"
     assert parse_chunk('{"choices": [{"delta": {}, "logprobs": {"content": [{"top_logprobs": 5}]}}]}').tokens[0].top == ()
 
 
@@ -417,3 +418,9 @@ def test_unreachable_server_from_the_command_line():
     result = run_cli("run", "--base-url", f"http://127.0.0.1:{free_port()}/v1", "-p", "hi")
     assert result.returncode == 2 and "cannot connect to 127.0.0.1:" in result.stderr
     assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_a_reply_cut_mid_stream_from_the_command_line(fake):
+    result = run_cli("run", "--base-url", fake.base_url, "--model", "cut", "-p", "hi")
+    assert result.returncode == 1 and result.stdout == "Paris is the\n"
+    assert result.stderr == f"tui-chat: error: the server at {fake.base_url.split('/')[2]} closed the stream mid-reply\n"

@@ -55,6 +55,8 @@ def run_conversation(
             stream.cancel()
             final = stream.result()
         if isinstance(final, Error):
+            if shown and not as_json:
+                write("\n")  # the part of the reply that arrived stays, on its own line
             raise EngineError(final.message)
         if not as_json:
             shown = _show(write, shown, final.text[len(shown) :] if final.text.startswith(shown) else "")

@@ -34,6 +34,7 @@ from .base import (
     Token,
     TurnMetrics,
 )
+from ..safetext import terminal_safe
 from .params import SamplingParams
 from .sse import SseDecoder
 
@@ -189,8 +190,9 @@ def _error_text(payload: Any) -> str:
 
 
 def _excerpt(text: str) -> str:
-    """Server text made one short line (it is untrusted, so the UI still renders it literally)."""
-    line = " ".join(text.split())
+    """Server text made one short line, its control characters made visible: it is untrusted, and
+    error messages also go to stderr."""
+    line = terminal_safe(" ".join(text.split()))
     return line if len(line) <= _SERVER_TEXT_LIMIT else line[: _SERVER_TEXT_LIMIT - 1] + "…"
 
 
