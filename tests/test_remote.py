@@ -286,15 +286,19 @@ def test_model_gone_at_reply_time_is_a_404_message(fake):
         (f"http://127.0.0.1:{free_port()}/v1", None, "cannot connect to 127.0.0.1:"),
         ("FAKE/v1", "llama-9000", "model 'llama-9000' is not served at 127.0.0.1:"),
         ("FAKE", None, "has no /models (404"),
+        ("http://user:pw-secret@FAKEHOST", None, "is the base URL http://127.0.0.1:"),
     ],
 )
 def test_load_failures_are_clear(fake, base_url, model, message):
-    backend = OpenAIBackend(RemoteSettings(base_url.replace("FAKE", fake.base_url.removesuffix("/v1")), model))
+    host = fake.base_url.split("/")[2]
+    base_url = base_url.replace("FAKEHOST", host).replace("FAKE", f"http://{host}")
+    backend = OpenAIBackend(RemoteSettings(base_url, model))
     try:
         result = backend.load().result()
     finally:
         backend.close()
     assert isinstance(result, Error) and message in result.message and "\n" not in result.message
+    assert "secret" not in result.message
 
 
 def test_the_api_key_is_sent_but_never_shown(caplog):

@@ -225,6 +225,7 @@ class OpenAIBackend:
         url = httpx.URL(self.base_url)
         self.host = f"{url.host}:{url.port}" if url.port else url.host
         self.root_url = self.base_url.removesuffix("/v1")
+        self.shown_url = display_url(self.base_url)  # a password in the URL stays out of messages
         self.info: ModelInfo | None = None
         self.kind = GENERIC
         self._bos_tokens = 0
@@ -299,7 +300,7 @@ class OpenAIBackend:
             f"token counts estimated at {CHARS_PER_TOKEN} characters a token")
         return ModelInfo(
             name=wanted,
-            path=display_url(self.base_url),
+            path=self.shown_url,
             description=f"{self.kind.name} · settings apply per reply · {counting}",
             quantization="unknown",
             size_bytes=0,
@@ -319,7 +320,7 @@ class OpenAIBackend:
         listing = self._get_json(f"{self.base_url}/models")
         entries = listing.get("data") if isinstance(listing, dict) else None
         if not isinstance(entries, list):
-            raise RemoteError(f"{self.host} did not answer /models with a model list: is {self.base_url} right?")
+            raise RemoteError(f"{self.host} did not answer /models with a model list: is {self.shown_url} right?")
         return [e for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str)]
 
     def _server_kind(self, entry: dict[str, Any]) -> tuple[ServerKind, int]:
@@ -455,7 +456,7 @@ class OpenAIBackend:
         if status == 404 and path.endswith("/chat/completions"):
             return f"model {self.settings.model!r} not found at {self.host} (404{said})"
         if status == 404:
-            return (f"{self.host} has no {httpx.URL(path).path} (404{said}): is the base URL {self.base_url} right? "
+            return (f"{self.host} has no {httpx.URL(path).path} (404{said}): is the base URL {self.shown_url} right? "
                     "(the API root usually ends in /v1)")
         return f"the server at {self.host} answered {status}{said}"
 
