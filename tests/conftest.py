@@ -100,3 +100,23 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "tui_chat", *args], capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A real llama_cpp.server serving the tiny model as "tiny"; yields its base URL."""
+    from llama_server import llama_cpp_server
+
+    with llama_cpp_server(tiny_model, "tiny", 1024, tmp_path_factory.mktemp("server") / "tiny.log") as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def starter_server(starter_model: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A real llama_cpp.server serving the starter model as "gemma-3-270m" in Gemma's turn format (the file
+    names no template, and llama-2's makes it end at once); yields its base URL."""
+    from llama_server import llama_cpp_server
+
+    log = tmp_path_factory.mktemp("server") / "starter.log"
+    with llama_cpp_server(starter_model, "gemma-3-270m", 2048, log, chat_format="gemma") as url:
+        yield url

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 from .config import (
     Config,
     ConfigError,
+    RemoteProfile,
     check_context,
     check_gpu_layers,
     history_path,
@@ -42,6 +44,15 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", "-m", help="a .gguf file, or the starter model's name (gemma-3-270m)")
     parser.add_argument("--n-ctx", type=int, help="context size in tokens (rounded up to a multiple of 256)")
     parser.add_argument("--gpu-layers", type=int, help="layers to offload to the GPU: -1 all, 0 none")
+    _add_remote_options(parser)
+
+
+def _add_remote_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=("local", "openai"),
+                        help="local: llama.cpp in this process (default); openai: an OpenAI-compatible server")
+    parser.add_argument("--base-url", metavar="URL", help="the server's API root, e.g. http://127.0.0.1:8080/v1")
+    parser.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the server's API key")
+    parser.add_argument("--remote", metavar="PROFILE", help="a [remotes.PROFILE] server from the config")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,21 +105,51 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config()
         n_ctx = check_context(args.n_ctx if args.n_ctx is not None else config.n_ctx)
         gpu_layers = check_gpu_layers(args.gpu_layers) if args.gpu_layers is not None else config.gpu_layers
-        if args.command == "run":
-            return _run(args, config, n_ctx, gpu_layers)
         if args.command == "estimate":
             return _estimate(args, config)
         if args.command in ("history", "export", "import"):
             return _history_command(args)
+        opener = _opener(config, n_ctx, gpu_layers, _remote_profile(args, config))
+        if args.command == "run":
+            return _run(args, config, opener)
     except (ConfigError, InvalidParameter, EngineError, PricingError, HistoryError) as error:
         return _fail(error)
-    return _chat(args.model, config, n_ctx, gpu_layers)
+    return _chat(args.model, config, opener)
 
 
-def _opener(config: Config, n_ctx: int, gpu_layers: int | None) -> Callable[[str | None], Backend]:
+def _remote_profile(args: argparse.Namespace, config: Config) -> RemoteProfile | None:
+    """The server this run talks to (a config profile with the flags laid over it), or None for local."""
+    profile = None
+    if args.remote is not None:
+        profile = config.remotes.get(args.remote)
+        if profile is None:
+            known = ", ".join(sorted(config.remotes)) or "none; add a [remotes.NAME] table to the config"
+            raise InvalidParameter(f"unknown remote {args.remote!r} (configured: {known})")
+    remote_flags = [flag for flag, value in (("--base-url", args.base_url), ("--api-key-env", args.api_key_env),
+                                             ("--remote", args.remote)) if value is not None]
+    if args.backend == "local" or (args.backend is None and not remote_flags):
+        if remote_flags:
+            raise InvalidParameter(f"{remote_flags[0]} needs --backend openai")
+        return None
+    if args.n_ctx is not None or args.gpu_layers is not None:
+        raise InvalidParameter("--n-ctx and --gpu-layers are for local models: the server sets its own")
+    base_url = args.base_url or (profile.base_url if profile else None)
+    if base_url is None:
+        raise InvalidParameter("--backend openai needs --base-url URL or --remote PROFILE")
+    profile = profile or RemoteProfile("", base_url)
+    if args.api_key_env is not None:
+        profile = replace(profile, api_key_env=args.api_key_env, api_key=None)
+    return replace(profile, base_url=base_url)
+
+
+def _opener(config: Config, n_ctx: int, gpu_layers: int | None,
+            remote: RemoteProfile | None = None) -> Callable[[str | None], Backend]:
     """Opens a backend for a model name with the settings of this run (used off the UI thread)."""
-    from .engine.factory import open_local
+    from .engine.factory import open_local, open_remote
 
+    if remote is not None:
+        return partial(open_remote, default_model=remote.model, base_url=remote.base_url,
+                       api_key=remote.resolved_api_key(), timeout_s=remote.timeout_s)
     return partial(
         open_local,
         default_model=config.default_model,
@@ -120,14 +161,14 @@ def _opener(config: Config, n_ctx: int, gpu_layers: int | None) -> Callable[[str
     )
 
 
-def _chat(model: str | None, config: Config, n_ctx: int, gpu_layers: int | None) -> int:
+def _chat(model: str | None, config: Config, opener: Callable[[str | None], Backend]) -> int:
     from .ui.app import ChatApp
 
-    ChatApp(config, _opener(config, n_ctx, gpu_layers), model).run()
+    ChatApp(config, opener, model).run()
     return 0
 
 
-def _run(args: argparse.Namespace, config: Config, n_ctx: int, gpu_layers: int | None) -> int:
+def _run(args: argparse.Namespace, config: Config, opener: Callable[[str | None], Backend]) -> int:
     from .headless import run_conversation
 
     given = {spec.name: getattr(args, spec.name) for spec in PARAMS if getattr(args, spec.name) is not None}
@@ -135,7 +176,7 @@ def _run(args: argparse.Namespace, config: Config, n_ctx: int, gpu_layers: int |
         given["stop"] = args.stop
     params = config.sampling.with_changes(**given)
     check_top_logprobs(args.top_logprobs)
-    backend = _opener(config, n_ctx, gpu_layers)(args.model)
+    backend = opener(args.model)
     try:
         loaded = backend.load().result()
         if isinstance(loaded, Error):

@@ -20,6 +20,7 @@ APP_NAME = "tui-chat"
 CONTEXT_STEP = 256
 DEFAULT_N_CTX = 4096
 DEFAULT_INSPECTOR_TOP = 10
+DEFAULT_REMOTE_TIMEOUT_S = 120.0
 
 
 class ConfigError(ValueError):
@@ -51,6 +52,28 @@ def history_path() -> Path:
 
 
 @dataclass(frozen=True, slots=True)
+class RemoteProfile:
+    """An OpenAI-compatible server from `[remotes.NAME]` (name "" when given by flags alone).
+    The key itself is read only when opening."""
+
+    name: str
+    base_url: str
+    model: str | None = None
+    api_key_env: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    timeout_s: float = DEFAULT_REMOTE_TIMEOUT_S
+
+    def resolved_api_key(self) -> str | None:
+        if not self.api_key_env:
+            return self.api_key
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            source = f" (api_key_env of [remotes.{self.name}])" if self.name else ""
+            raise ConfigError(f"the API key variable {self.api_key_env}{source} is not set")
+        return key
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     default_model: str | None = None
     chat_template: str = AUTO
@@ -63,6 +86,7 @@ class Config:
     prices: dict[str, Price] = field(default_factory=lambda: dict(PRESETS))
     inspector_top: int = DEFAULT_INSPECTOR_TOP
     system_prompt: str = ""  # for new conversations; each conversation keeps its own
+    remotes: dict[str, RemoteProfile] = field(default_factory=dict)
 
 
 def round_context(n_ctx: int) -> int:
@@ -106,7 +130,7 @@ def load_config(path: Path | None = None) -> Config:
 
 _TOP_LEVEL = {
     "default_model", "chat_template", "n_ctx", "gpu_layers", "sampling", "theme", "keys", "price", "prices",
-    "inspector_top", "system_prompt",
+    "inspector_top", "system_prompt", "remotes",
 }
 
 
@@ -147,7 +171,36 @@ def _parse(raw: dict[str, Any]) -> Config:
         prices=prices,
         inspector_top=check_top_logprobs(raw.get("inspector_top", DEFAULT_INSPECTOR_TOP), "inspector_top"),
         system_prompt=system_prompt,
+        remotes=_remotes(raw.get("remotes", {})),
     )
+
+
+_REMOTE_KEYS = {"base_url", "model", "api_key_env", "api_key", "timeout_s"}
+
+
+def _remotes(tables: Any) -> dict[str, RemoteProfile]:
+    if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
+        raise InvalidParameter('[remotes] must hold tables such as [remotes.lab] with base_url = "http://host:8080/v1"')
+    return {name: _remote(name, table) for name, table in tables.items()}
+
+
+def _remote(name: str, table: dict[str, Any]) -> RemoteProfile:
+    where = f"[remotes.{name}]"
+    unknown = sorted(set(table) - _REMOTE_KEYS)
+    if unknown:
+        raise InvalidParameter(f"{where}: unknown setting {unknown[0]!r} (known: {', '.join(sorted(_REMOTE_KEYS))})")
+    for key in ("base_url", "model", "api_key_env", "api_key"):
+        if key in table and not (isinstance(table[key], str) and table[key]):
+            raise InvalidParameter(f"{where}: {key} must be non-empty text")
+    base_url = table.get("base_url")
+    if not base_url or not base_url.startswith(("http://", "https://")):
+        raise InvalidParameter(f'{where}: base_url must be an http:// or https:// URL, e.g. "http://host:8080/v1"')
+    if "api_key_env" in table and "api_key" in table:
+        raise InvalidParameter(f"{where}: give api_key_env or api_key, not both")
+    timeout = table.get("timeout_s", DEFAULT_REMOTE_TIMEOUT_S)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
+        raise InvalidParameter(f"{where}: timeout_s must be a number of seconds between 0 and 3600")
+    return RemoteProfile(name, base_url, table.get("model"), table.get("api_key_env"), table.get("api_key"), float(timeout))
 
 
 def save_setting(key: str, value: str, path: Path | None = None) -> None:

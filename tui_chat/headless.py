@@ -68,6 +68,8 @@ def run_conversation(
         if saved:
             saved.end_reply(reply, final)
         if isinstance(final, Error):
+            if shown and not as_json:
+                write("\n")  # the part of the reply that arrived stays, on its own line
             raise EngineError(final.message)
         if final.metrics.dropped_turns:
             print(f"tui-chat: note: {left_out(final.metrics.dropped_turns)} to fit the {final.metrics.n_ctx}-token "

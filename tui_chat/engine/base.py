@@ -53,9 +53,14 @@ class ModelInfo:
     n_ctx_train: int
     chat_format: str
     backend: str = "llama"
+    remote_host: str = ""  # host:port of the server a remote backend talks to
+    params_per_token: bool = True  # False: sampling changes apply from the next reply on
+    ignored_params: tuple[str, ...] = ()  # sampling settings this backend cannot pass on
 
     @property
     def offload(self) -> str:
+        if self.remote_host:
+            return f"server {self.remote_host}"
         if self.gpu_layers <= 0:
             return "CPU"
         return f"GPU {self.gpu_layers}/{self.n_layers} layers"
@@ -72,6 +77,7 @@ class TurnMetrics:
     context_tokens: int = 0
     n_ctx: int = 0
     dropped_turns: int = 0  # oldest turns left out of the prompt to fit the context
+    server_decode_tok_s: float | None = None  # a server's own decode rate, where it reports one
 
     @property
     def prefill_tok_s(self) -> float | None:
@@ -95,6 +101,7 @@ class TurnMetrics:
             "context_tokens": self.context_tokens,
             "n_ctx": self.n_ctx,
             "dropped_turns": self.dropped_turns,
+            "server_decode_tok_s": self.server_decode_tok_s,
         }
 
 
@@ -173,7 +180,10 @@ class Done:
 
 @dataclass(frozen=True, slots=True)
 class Error:
+    """`text`: the part of a reply written before the failure (a remote stream cut mid-reply)."""
+
     message: str
+    text: str = ""
 
 
 Event = LoadProgress | Loaded | PromptProgress | Token | Metrics | Done | Error

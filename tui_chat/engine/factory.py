@@ -42,3 +42,11 @@ def _model_file(model: str | None, default_model: str | None, models_dir: Path, 
     path = resolve_model(model, default_model, models_dir)
     logs.install(log_dir)
     return path
+
+
+def open_remote(model: str | None, *, default_model: str | None, base_url: str, api_key: str | None,
+                timeout_s: float) -> Backend:
+    """A backend for an OpenAI-compatible server, not yet connected (`load()` lists and picks the model)."""
+    from .remote import OpenAIBackend, RemoteSettings
+
+    return OpenAIBackend(RemoteSettings(base_url, model or default_model, api_key, timeout_s))

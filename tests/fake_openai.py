@@ -1,0 +1,204 @@
+"""A small OpenAI-compatible server on 127.0.0.1 that misbehaves on request, for the remote backend's faults.
+
+The model id picks the behaviour (see `BEHAVIOURS`). The well-behaved model, "words", answers in the
+wire format of llama.cpp's llama-server: `/props`, `/tokenize`, and a final chunk with `usage`
+(cached tokens included) and `timings`. Its tokens are words, and its prompt cache is the common
+word prefix with the previous request, so its reports can be checked by hand.
+
+Every wait is bounded, so a test that forgets to stop it cannot hang the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+REPLY = "Paris is the capital of France and its largest city ."
+SLOW_TOKEN_S = 0.2
+MAX_WAIT_S = 10.0
+BEHAVIOURS = ("words", "slow", "cut", "cut-chunked", "malformed", "server-error", "error-event", "hang", "silent-end")
+
+
+class FakeServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, api_key: str | None = None, llama_server: bool = True) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.api_key = api_key
+        self.llama_server = llama_server  # False: a plain OpenAI-compatible server, without /props or /tokenize
+        self.requests: list[dict] = []
+        self.previous_prompt: list[str] = []
+        self.stopping = threading.Event()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server_port}/v1"
+
+    def handle_error(self, request, client_address) -> None:
+        """A client hanging up mid-stream is what the cancel tests do: not worth a traceback."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+@contextmanager
+def fake_server(api_key: str | None = None, llama_server: bool = True) -> Iterator[FakeServer]:
+    server = FakeServer(api_key, llama_server)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.stopping.set()
+        server.shutdown()
+        server.server_close()
+
+
+def prompt_words(messages: list[dict]) -> list[str]:
+    """The fake's tokenization of a conversation: a role marker, then the words of each message."""
+    words: list[str] = []
+    for message in messages:
+        words += [f"<{message['role']}>", *message["content"].split()]
+    return words + ["<assistant>"]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FakeServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    # --- plain JSON endpoints -----------------------------------------------------------------
+
+    def do_GET(self) -> None:
+        if not self._authorized():
+            return
+        if self.path == "/v1/models":
+            self._json(200, {"object": "list", "data": [{"id": name, "object": "model"} for name in BEHAVIOURS]})
+        elif self.path == "/props" and self.server.llama_server:
+            self._json(200, {"default_generation_settings": {"n_ctx": 4096}})
+        else:
+            self._json(404, {"error": {"message": f"no route {self.path}"}})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        if not self._authorized():
+            return
+        if self.path == "/tokenize" and self.server.llama_server:
+            self._json(200, {"tokens": list(range(len(body.get("content", "").split())))})
+        elif self.path == "/v1/chat/completions":
+            self.server.requests.append(body)
+            self._chat(body)
+        else:
+            self._json(404, {"error": {"message": f"no route {self.path}"}})
+
+    def _authorized(self) -> bool:
+        key = self.server.api_key
+        given = self.headers.get("Authorization", "")
+        if key is None or given == f"Bearer {key}":
+            return True
+        # Like some real servers, echo what was sent: the client must not show it.
+        self._json(401, {"error": {"message": f"invalid api key {given.removeprefix('Bearer ')!r}"}})
+        return False
+
+    def _json(self, status: int, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    # --- streamed chat --------------------------------------------------------------------------
+
+    def _chat(self, body: dict) -> None:
+        model = body.get("model")
+        if model not in BEHAVIOURS:
+            self._json(404, {"error": {"message": f"The model `{model}` does not exist."}})
+            return
+        if model == "server-error":
+            self._json(500, {"error": {"message": "CUDA error: out of memory"}})
+            return
+        if model == "hang":
+            self.server.stopping.wait(MAX_WAIT_S)
+            return
+        self.close_connection = True
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        if model == "cut-chunked":
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            first = _event(_chunk("Paris"))
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(first), first) + b"40\r\n" + _event(_chunk(" is"))[:20])
+            return
+        self.send_header("Connection", "close")
+        self.end_headers()
+        getattr(self, "_stream_" + model.replace("-", "_"))(body)
+
+    def _send(self, payload: dict | str) -> None:
+        self.wfile.write(_event(payload))
+        self.wfile.flush()
+
+    def _stream_words(self, body: dict) -> None:
+        prompt = prompt_words(body["messages"])
+        previous = self.server.previous_prompt
+        cached = next((i for i, (a, b) in enumerate(zip(prompt, previous)) if a != b), min(len(prompt), len(previous)))
+        words = REPLY.split()[: body.get("max_tokens", 100)]
+        self.server.previous_prompt = prompt + words
+        self._send(": ping")
+        for index, word in enumerate(words):
+            self._send(_chunk(("" if index == 0 else " ") + word))
+        finish = "length" if len(words) < len(REPLY.split()) else "stop"
+        self._send(_chunk(None, finish))
+        timings = {"cache_n": cached, "prompt_n": len(prompt) - cached, "prompt_ms": 12.5,
+                   "predicted_n": len(words), "predicted_ms": 40.0, "predicted_per_second": 250.0}
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(words), "total_tokens": len(prompt) + len(words),
+                 "prompt_tokens_details": {"cached_tokens": cached}}
+        if self.server.llama_server:
+            self._send({"choices": [], "usage": usage, "timings": timings})
+        else:
+            del usage["prompt_tokens_details"]
+            self._send({"choices": [], "usage": usage})
+        self._send("[DONE]")
+
+    def _stream_slow(self, body: dict) -> None:
+        for index in range(int(MAX_WAIT_S / SLOW_TOKEN_S)):
+            if self.server.stopping.is_set():
+                return
+            self._send(_chunk(f" word{index}"))
+            time.sleep(SLOW_TOKEN_S)
+
+    def _stream_cut(self, body: dict) -> None:
+        for word in ("Paris", " is", " the"):
+            self._send(_chunk(word))
+
+    def _stream_malformed(self, body: dict) -> None:
+        self._send(_chunk("Paris"))
+        self._send(_chunk(" is"))
+        self.wfile.write(b'data: {"choices": [{"delta": {"content": " the\n\n')
+        self._send(_chunk(" capital"))
+        self._send("[DONE]")
+
+    def _stream_error_event(self, body: dict) -> None:
+        self._send(_chunk("Paris"))
+        self._send({"error": {"message": "the slot was cancelled by the server"}})
+
+    def _stream_silent_end(self, body: dict) -> None:
+        self._send(_chunk("Paris"))
+        self._send(_chunk(" is", "stop"))
+
+
+def _chunk(content: str | None, finish: str | None = None) -> dict:
+    delta = {} if content is None else {"content": content}
+    return {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+def _event(payload: dict | str) -> bytes:
+    if isinstance(payload, str):
+        return (payload if payload.startswith(":") else f"data: {payload}").encode() + b"\n\n"
+    return f"data: {json.dumps(payload)}\n\n".encode()
