@@ -26,7 +26,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", "-m", help="a .gguf file, or the starter model's name (gemma-3-270m)")
+    parser.add_argument("--model", "-m", help="a .gguf file, a downloaded OWNER/NAME:FILE.gguf, or gemma-3-270m")
     parser.add_argument("--n-ctx", type=int, help="context size in tokens (rounded up to a multiple of 256)")
     parser.add_argument("--gpu-layers", type=int, help="layers to offload to the GPU: -1 all, 0 none")
 
@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("--price", metavar="PRESET", help="price preset (default: the configured one, GPT-4o)")
     estimate.add_argument("--model", "-m", help="whose tokenizer counts --text/--file (default: the default model)")
     estimate.add_argument("--json", action="store_true", help="print JSON (money as exact decimal strings)")
+
+    from .models_cli import add_models_parser
+
+    add_models_parser(commands)
     return parser
 
 
@@ -72,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args, config, n_ctx, gpu_layers)
         if args.command == "estimate":
             return _estimate(args, config)
+        if args.command == "models":
+            from .models_cli import run_models
+
+            return run_models(args, config)
     except (ConfigError, InvalidParameter, EngineError, PricingError) as error:
         return _fail(error)
     return _chat(args.model, config, n_ctx, gpu_layers)
