@@ -13,6 +13,7 @@ import hashlib
 import json
 import re
 import threading
+from email.message import Message
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -48,7 +49,8 @@ class FakeRepo:
 class Seen:
     method: str
     path: str
-    headers: dict[str, str]
+    query: dict[str, list[str]]
+    headers: Message  # case-insensitive, as HTTP headers are
 
 
 @dataclass
@@ -116,7 +118,7 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
         def _answer(self, head: bool) -> None:
             url = urlsplit(self.path)
             path, query = unquote(url.path), parse_qs(url.query)
-            hub.seen.append(Seen(self.command, path, dict(self.headers)))
+            hub.seen.append(Seen(self.command, path, query, self.headers))
             if hub.faults.status is not None:
                 return self._json(hub.faults.status, {"error": "fault"})
             if path == "/api/models":

@@ -90,13 +90,11 @@ def _files(args: argparse.Namespace, config: Config) -> int:
 
 
 def _pull(args: argparse.Namespace, config: Config) -> int:
-    from .hub.names import parse_ref
     from .hub.remote import pull
 
-    ref = parse_ref(args.ref) if ":" in args.ref else args.ref
     bar = _ProgressBar()
     try:
-        chosen, path = pull(ref, models_dir(), bar.show)
+        chosen, path = pull(args.ref, models_dir(), bar.show)
     finally:
         bar.close()
     print(f"{terminal_safe(str(chosen))}\t{path}")

@@ -25,7 +25,6 @@ from . import HubError
 from .http import auth_headers, session, status_error, timeout, translated
 from .names import format_size
 
-CHUNK_BYTES = 1 << 16
 PROGRESS_EVERY_S = 0.1
 SPEED_WINDOW_S = 3.0
 NETWORK_RETRIES = 3
@@ -187,7 +186,7 @@ def _receive(url: str, part: Path, offset: int, size: int, digest, target: Path,
                         f"bytes {offset}-"):
                     raise HubError(f"{target.name}: the hub sent a different part of the file than asked for")
                 with part.open("ab", buffering=0) as out:
-                    for chunk in response.iter_bytes(CHUNK_BYTES):
+                    for chunk in response.iter_bytes():
                         _stop_if_cancelled(meter, target)
                         if offset + len(chunk) > size:
                             raise HubError(f"{target.name}: the hub sent more than the {size:,} bytes it listed")

@@ -95,7 +95,7 @@ def translated(what: str) -> Iterator[None]:
                        "are you offline? local models still work") from None
 
 
-def get_pages(path: str, params: dict[str, Any], what: str) -> Iterator[Any]:
+def get_pages(path: str, params: dict[str, Any] | None, what: str) -> Iterator[Any]:
     """Each JSON page of a hub listing, following its `Link: rel=next` header."""
     client, headers = session(), auth_headers()
     url: str | None = f"{endpoint()}{path}"
@@ -110,7 +110,7 @@ def get_pages(path: str, params: dict[str, Any], what: str) -> Iterator[Any]:
             yield json.loads(response.content)
         except (ValueError, UnicodeDecodeError):
             raise HubError(f"{what}: the hub sent an answer that is not JSON") from None
-        url, params = response.links.get("next", {}).get("url"), {}
+        url, params = response.links.get("next", {}).get("url"), None
 
 
 def get_json(path: str, params: dict[str, Any], what: str) -> Any:

@@ -13,7 +13,16 @@ from . import HubError, HubInputError
 from .download import Checksum, Meter, Progress, fetch
 from .http import endpoint, get_json, get_pages
 from .local import hub_path, record_pull
-from .names import ModelRef, check_file_name, check_repo_id, is_gguf, quant_of, split_names, split_part
+from .names import (
+    ModelRef,
+    check_file_name,
+    check_repo_id,
+    is_gguf,
+    parse_ref,
+    quant_of,
+    split_names,
+    split_part,
+)
 
 SORTS = ("downloads", "likes")
 SEARCH_LIMIT = 40
@@ -103,12 +112,16 @@ def list_gguf(repo: str) -> RepoListing:
     return RepoListing(repo, commit, tuple(models))
 
 
-def pull(ref: ModelRef | str, models_dir: Path, report: Callable[[Progress], None],
+def pull(name: str, models_dir: Path, report: Callable[[Progress], None],
          cancel: threading.Event | None = None) -> tuple[ModelRef, Path]:
-    """Download a model (every part of a split set) unless it is here; the name to use it by and its path."""
+    """Download `REPO:FILE` or `REPO`'s obvious model (every part of a split set) unless it is here.
+
+    Returns the name to use it by and its path.
+    """
     from huggingface_hub import hf_hub_url
 
-    repo, file = (ref.repo, ref.file) if isinstance(ref, ModelRef) else (ref, None)
+    ref = parse_ref(name)
+    repo, file = (ref.repo, ref.file) if ref else (check_repo_id(name.strip()), None)
     listing = list_gguf(repo)
     model = listing.choose(file)
     if not model.complete:
