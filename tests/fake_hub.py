@@ -87,7 +87,7 @@ class FakeHub:
         return [seen for seen in self.seen if kind in seen.path]
 
     def __enter__(self) -> FakeHub:
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True).start()
         return self
 
     def __exit__(self, *exc) -> None:

@@ -141,15 +141,34 @@ def test_a_full_disk_stops_cleanly_and_the_download_resumes_later(hub, models):
 
 
 OFFLINE_START = textwrap.dedent("""
+    import asyncio
     import sys
 
     connects = []
     sys.addaudithook(lambda event, args: connects.append(args) if event == "socket.connect" else None)
 
-    from tui_chat.cli import main
+    from tui_chat.cli import _opener, main
+    from tui_chat.config import load_config
+    from tui_chat.ui.app import ChatApp
 
     assert main(["models", "list"]) == 0
     assert main(["run", "-m", sys.argv[1], "-p", "Hello", "--max-tokens", "4", "--n-ctx", "512"]) == 0
+
+
+    async def start_the_app():
+        config = load_config()
+        app = ChatApp(config, _opener(config, 512, None), sys.argv[1])
+        async with app.run_test() as pilot:
+            for _ in range(1000):
+                if app.screen.backend is not None:
+                    break
+                await pilot.pause(0.02)
+            await pilot.press("f5")
+            await pilot.pause()
+            print("loaded", app.screen.local[sys.argv[1]].path.name)
+
+
+    asyncio.run(start_the_app())
     print("connects", connects, "hub imported", "huggingface_hub" in sys.modules)
 """)
 
@@ -159,4 +178,4 @@ def test_offline_start_lists_and_loads_local_models_without_a_socket(hub, models
     script = subprocess.run([sys.executable, "-c", OFFLINE_START, REF], capture_output=True, text=True, timeout=120)
     assert script.returncode == 0, script.stderr
     assert script.stdout.splitlines()[1].split()[:4] == [REF, "Q4_K_M", "398.9", "KB"]
-    assert script.stdout.splitlines()[-1] == "connects [] hub imported False"
+    assert script.stdout.splitlines()[-2:] == [f"loaded {FILE}", "connects [] hub imported False"]

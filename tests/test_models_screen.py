@@ -132,8 +132,9 @@ async def test_set_default_delete_with_confirm_and_import(hub, models, tiny_mode
         await pilot.press("delete", "y")
         await wait_for(pilot, lambda: local_names(screen) == [])
         assert not (models / "hub").exists()
-        await pilot.press("i", *str(tmp_path / "missing.gguf"), "enter")
-        await pilot.pause()
+        await pilot.press("i")
+        screen.query_one("#import-path").value = str(tmp_path / "missing.gguf")
+        await pilot.press("enter")
         assert local_names(screen) == [] and screen.query_one("#import-path").display
         screen.query_one("#import-path").value = str(tiny_model)
         await pilot.press("enter")
