@@ -105,6 +105,15 @@ def fake_hub(monkeypatch: pytest.MonkeyPatch):
         yield hub
 
 
+@pytest.fixture
+def models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A models dir of this test's own (the shared data dir keeps only the starter model)."""
+    from tui_chat.config import models_dir
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    return models_dir()
+
+
 def run_cli(*args: str, timeout: float = 120, **options) -> subprocess.CompletedProcess:
     """`tui-chat ARGS` as a real process, as a script would call it."""
     return subprocess.run(

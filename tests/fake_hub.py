@@ -19,6 +19,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
 POINTER_SIZE = 134
+REPO = "tiny-org/tiny-GGUF"  # the names the hub tests serve the tiny model under
+FILE = "tiny-Q4_K_M.gguf"
+REF = f"{REPO}:{FILE}"
 
 
 @dataclass

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_hub import FakeFile
-from tui_chat.config import models_dir
+from fake_hub import FILE, REPO, FakeFile
 from tui_chat.engine.base import EngineError
 from tui_chat.engine.models import resolve_model
 from tui_chat.hub import HubError, HubInputError
@@ -20,16 +19,6 @@ from tui_chat.hub.http import OFFLINE_MESSAGE
 from tui_chat.hub.local import find_local, import_model, list_local, mark_used, remove_model
 from tui_chat.hub.names import ModelRef, check_file_name, parse_ref, quant_of, split_part
 from tui_chat.hub.remote import list_gguf, pull, search
-
-REPO = "tiny-org/tiny-GGUF"
-FILE = "tiny-Q4_K_M.gguf"
-
-
-@pytest.fixture
-def models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A models dir of this test's own (the shared data dir keeps only the starter model)."""
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
-    return models_dir()
 
 
 @pytest.fixture
@@ -122,7 +111,7 @@ def test_a_repo_without_gguf_files_is_a_clear_error(fake_hub):
 # --- downloads -----------------------------------------------------------------------------------
 
 
-def test_pull_reports_progress_and_names_the_verified_file(hub, models, tiny_bytes):
+def test_pull_reports_progress_and_names_the_verified_file(hub, models, tiny_bytes, monkeypatch):
     chosen, path, seen = pull_quietly(f"{REPO}", models)
     assert chosen == ModelRef(REPO, FILE)
     assert path == models / "hub" / "tiny-org" / "tiny-GGUF" / FILE and path.read_bytes() == tiny_bytes
@@ -132,8 +121,10 @@ def test_pull_reports_progress_and_names_the_verified_file(hub, models, tiny_byt
     commit = hub.repos[REPO].commit
     assert [r.path for r in hub.requests("/resolve/")] == [f"/{REPO}/resolve/{commit}/{FILE}"]
     assert resolve_model(str(chosen), None, models) == path
-    _, _, again = pull_quietly(str(chosen), models)
-    assert len(hub.requests("/resolve/")) == 1, "a model already here is not downloaded again"
+    asked = len(hub.seen)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert pull_quietly(str(chosen), models)[1] == path
+    assert len(hub.seen) == asked, "a model already here is not asked for again, even offline"
 
 
 def test_a_cut_connection_resumes_with_range(hub, models, tiny_bytes):

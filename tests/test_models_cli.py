@@ -13,17 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from tui_chat.config import models_dir
-
-REPO = "tiny-org/tiny-GGUF"
-FILE = "tiny-Q4_K_M.gguf"
-REF = f"{REPO}:{FILE}"
-
-
-@pytest.fixture
-def models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
-    return models_dir()
+from fake_hub import FILE, REF, REPO
 
 
 @pytest.fixture

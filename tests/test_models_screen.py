@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import time
 
 import pytest
 
+from fake_hub import FILE, REF, REPO
 from test_ui import SIZE, loaded, make_app, reply_done, send, wait_for
-from tui_chat.config import load_config, models_dir
+from tui_chat.config import load_config
 from tui_chat.hub.remote import pull
 from tui_chat.ui.screens.chat import ChatScreen
 from tui_chat.ui.screens.models import ConfirmScreen, ModelsScreen
-
-REPO = "tiny-org/tiny-GGUF"
-FILE = "tiny-Q4_K_M.gguf"
-REF = f"{REPO}:{FILE}"
-
-
-@pytest.fixture
-def models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
-    return models_dir()
 
 
 @pytest.fixture
@@ -41,6 +32,15 @@ async def open_models(pilot) -> ModelsScreen:
     await pilot.press("f5")
     await wait_for(pilot, lambda: isinstance(pilot.app.screen, ModelsScreen))
     return pilot.app.screen
+
+
+async def download_the_tiny_model(pilot, screen: ModelsScreen) -> None:
+    """Search, open the repo, press Enter on its file: what a user does to start a download."""
+    await pilot.press("s", *"tiny", "enter")
+    await wait_for(pilot, lambda: screen.query_one("#repos").row_count == 1)
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: screen.query_one("#files").row_count == 1)
+    await pilot.press("enter")
 
 
 async def test_search_download_and_load_a_hub_model(hub, models, tiny_model):
@@ -68,11 +68,7 @@ async def test_a_download_goes_on_while_chatting_and_can_be_cancelled(hub, model
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         screen = await open_models(pilot)
-        await pilot.press("s", *"tiny", "enter")
-        await wait_for(pilot, lambda: screen.query_one("#repos").row_count == 1)
-        await pilot.press("enter")
-        await wait_for(pilot, lambda: screen.query_one("#files").row_count == 1)
-        await pilot.press("enter")
+        await download_the_tiny_model(pilot, screen)
         await wait_for(pilot, lambda: "% " in text(screen, "#download-status"))
         shown = text(screen, "#download-status")
         assert shown.startswith(f"{FILE} · ") and "KB / 398.9 KB" in shown
@@ -88,9 +84,26 @@ async def test_a_download_goes_on_while_chatting_and_can_be_cancelled(hub, model
         part = models / "hub" / "tiny-org" / "tiny-GGUF" / (FILE + ".part")
         assert part.stat().st_size == 150_000 and local_names(screen) == []
         del hub.faults.stall_after[FILE]
-        await pilot.press("enter")
+        await pilot.press("enter", "escape")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatScreen))
         await wait_for(pilot, lambda: local_names(screen) == [REF])
         assert hub.requests("/cdn/")[-1].headers["Range"] == "bytes=150000-"
+
+
+async def test_quitting_mid_download_keeps_the_part_for_next_time(hub, models, tiny_model):
+    hub.faults.stall_after[FILE] = 150_000
+    part = models / "hub" / "tiny-org" / "tiny-GGUF" / (FILE + ".part")
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_models(pilot)
+        await download_the_tiny_model(pilot, screen)
+        await wait_for(pilot, lambda: part.exists() and part.stat().st_size == 150_000)
+        started = time.monotonic()
+    assert time.monotonic() - started < 5, "quitting does not wait for the download"
+    hub.faults.release.set()
+    del hub.faults.stall_after[FILE]
+    pull(REF, models, lambda progress: None)
+    assert hub.requests("/cdn/")[-1].headers["Range"] == "bytes=150000-"
 
 
 async def test_offline_the_hub_tab_says_so_at_once(hub, models, tiny_model, monkeypatch):

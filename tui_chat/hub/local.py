@@ -67,15 +67,19 @@ def resolve_local(name: str, models_dir: Path) -> Path | None:
     """
     ref = parse_ref(name)
     if ref is not None:
-        path = hub_path(models_dir, ref)
-        files = _model_files(path) or [path]
-        if not all(file.is_file() for file in files):
+        if not is_downloaded(models_dir, ref):
             raise HubInputError(f"{ref} is not downloaded: get it with tui-chat models pull {ref}")
-        return path
+        return hub_path(models_dir, ref)
     if "/" in name or os.sep in name:
         return None
     path = models_dir / name
     return path if path.is_file() else None
+
+
+def is_downloaded(models_dir: Path, ref: ModelRef) -> bool:
+    """Every file of the model is here (all parts of a split set, named by its first part)."""
+    path = hub_path(models_dir, ref)
+    return all(file.is_file() for file in _model_files(path) or [path])
 
 
 def import_model(models_dir: Path, source: Path) -> LocalModel:

@@ -12,7 +12,7 @@ from typing import Any
 from . import HubError, HubInputError
 from .download import Checksum, Meter, Progress, fetch
 from .http import endpoint, get_json, get_pages
-from .local import hub_path, record_pull
+from .local import hub_path, is_downloaded, record_pull
 from .names import (
     ModelRef,
     check_file_name,
@@ -116,11 +116,15 @@ def pull(name: str, models_dir: Path, report: Callable[[Progress], None],
          cancel: threading.Event | None = None) -> tuple[ModelRef, Path]:
     """Download `REPO:FILE` or `REPO`'s obvious model (every part of a split set) unless it is here.
 
+    A `REPO:FILE` already here is answered without asking the hub, so scripts can pull offline.
+
     Returns the name to use it by and its path.
     """
     from huggingface_hub import hf_hub_url
 
     ref = parse_ref(name)
+    if ref is not None and is_downloaded(models_dir, ref):
+        return ref, hub_path(models_dir, ref)
     repo, file = (ref.repo, ref.file) if ref else (check_repo_id(name.strip()), None)
     listing = list_gguf(repo)
     model = listing.choose(file)
