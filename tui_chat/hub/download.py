@@ -29,6 +29,7 @@ PROGRESS_EVERY_S = 0.1
 SPEED_WINDOW_S = 3.0
 NETWORK_RETRIES = 3
 RETRY_WAIT_S = 1.0
+STALL_S = 5.0  # a connection silent this long is dropped and resumed; also how long a cancel can take
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
@@ -176,7 +177,7 @@ def _receive(url: str, part: Path, offset: int, size: int, digest, target: Path,
     _stop_if_cancelled(meter, target)
     with translated(target.name):
         try:
-            with session().stream("GET", url, headers=headers, timeout=timeout()) as response:
+            with session().stream("GET", url, headers=headers, timeout=timeout(STALL_S)) as response:
                 if response.status_code == 200 and offset:
                     part.unlink(missing_ok=True)
                     raise _Restart()

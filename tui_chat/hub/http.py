@@ -54,10 +54,10 @@ def auth_headers() -> dict[str, str]:
     return build_hf_headers()
 
 
-def timeout():
+def timeout(read_s: float = READ_TIMEOUT_S):
     import httpx2
 
-    return httpx2.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+    return httpx2.Timeout(read_s, connect=CONNECT_TIMEOUT_S)
 
 
 def status_error(status: int, what: str, headers: dict[str, str]) -> HubError:

@@ -112,7 +112,7 @@ class ModelsScreen(Screen[str | None]):
             yield Static(id="download-status")
             with Horizontal():
                 yield ProgressBar(id="download-bar", show_eta=False)
-                yield Button("Cancel", id="cancel-download", variant="error")
+                yield Button("Cancel (c)", id="cancel-download", variant="error", compact=True)
         yield Footer()
 
     def on_mount(self) -> None:
