@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from tiny_model import write_tiny_model
+# Never the real hub: huggingface_hub reads these once, at import, and tui-chat at each call; the
+# hub tests point HF_ENDPOINT at their own fake hub. No token of the user's is read or sent.
+os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
+os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="tui-chat-hf-home-")
+for _name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    os.environ.pop(_name, None)
+
+from fake_hub import FakeHub  # noqa: E402
+from tiny_model import write_tiny_model  # noqa: E402
 from tui_chat.engine import logs
 from tui_chat.engine.base import Done, Error, Loaded, Message, Request, Token
 from tui_chat.engine.llama import LlamaBackend, LlamaSettings
@@ -95,10 +105,28 @@ def collect(stream) -> tuple[list[Token], Done | Error]:
     return tokens, final
 
 
-def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+@pytest.fixture
+def fake_hub(monkeypatch: pytest.MonkeyPatch):
+    """A hub on 127.0.0.1 that tui-chat (and `run_cli` processes) talk to instead of huggingface.co."""
+    with FakeHub(token="hf_test_token") as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        yield hub
+
+
+@pytest.fixture
+def models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A models dir of this test's own (the shared data dir keeps only the starter model)."""
+    from tui_chat.config import models_dir
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    return models_dir()
+
+
+def run_cli(*args: str, timeout: float = 120, **options) -> subprocess.CompletedProcess:
     """`tui-chat ARGS` as a real process, as a script would call it."""
     return subprocess.run(
-        [sys.executable, "-m", "tui_chat", *args], capture_output=True, text=True, timeout=timeout, check=False
+        [sys.executable, "-m", "tui_chat", *args], capture_output=True, text=True, timeout=timeout, check=False,
+        **options,
     )
 
 

@@ -41,7 +41,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", "-m", help="a .gguf file, or the starter model's name (gemma-3-270m)")
+    parser.add_argument("--model", "-m", help="a .gguf file, a downloaded OWNER/NAME:FILE.gguf, or gemma-3-270m")
     parser.add_argument("--n-ctx", type=int, help="context size in tokens (rounded up to a multiple of 256)")
     parser.add_argument("--gpu-layers", type=int, help="layers to offload to the GPU: -1 all, 0 none")
     _add_remote_options(parser)
@@ -85,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("--model", "-m", help="whose tokenizer counts --text/--file (default: the default model)")
     estimate.add_argument("--json", action="store_true", help="print JSON (money as exact decimal strings)")
     _add_history_commands(commands)
+
+    from .models_cli import add_models_parser
+
+    add_models_parser(commands)
     return parser
 
 
@@ -109,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
             return _estimate(args, config)
         if args.command in ("history", "export", "import"):
             return _history_command(args)
+        if args.command == "models":
+            from .models_cli import run_models
+
+            return run_models(args, config)
         opener = _opener(config, n_ctx, gpu_layers, _remote_profile(args, config))
         if args.command == "run":
             return _run(args, config, opener)

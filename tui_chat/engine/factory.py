@@ -24,7 +24,10 @@ def open_local(
     """
     from .llama import LlamaBackend, LlamaSettings
 
+    from ..hub.local import mark_used
+
     path = _model_file(model, default_model, models_dir, log_dir)
+    mark_used(models_dir, path)
     name = model if model and not model.lower().endswith(".gguf") else path.stem
     return LlamaBackend(LlamaSettings(path, n_ctx, gpu_layers, chat_template), name=name)
 

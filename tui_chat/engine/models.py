@@ -42,10 +42,24 @@ def resolve_model(name: str | None, default_model: str | None, models_dir: Path)
     if is_starter(name):
         return starter_path(models_dir)
     path = Path(name).expanduser()
+    if not path.exists():
+        path = _downloaded_or_imported(name, models_dir) or path
     if path.suffix.lower() == ".gguf" or path.exists() or os.sep in name:
         check_gguf(path)
         return path
-    raise EngineError(f"unknown model {name!r}: give a path to a .gguf file, or {STARTER_NAME}")
+    raise EngineError(f"unknown model {name!r}: give a path to a .gguf file, or {STARTER_NAME}, "
+                      "or a downloaded hub model as OWNER/NAME:FILE.gguf")
+
+
+def _downloaded_or_imported(name: str, models_dir: Path) -> Path | None:
+    """A model in our models dir named `OWNER/NAME:FILE` or by its file name; never a network call."""
+    from ..hub import HubError
+    from ..hub.local import resolve_local
+
+    try:
+        return resolve_local(name, models_dir)
+    except HubError as error:
+        raise EngineError(str(error)) from None
 
 
 def check_gguf(path: Path) -> None:

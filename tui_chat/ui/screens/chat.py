@@ -109,6 +109,8 @@ class ChatScreen(Screen):
         Binding("f6", "system_prompt", "System", id="system_prompt", show=False, priority=True,
                 tooltip="Edit this chat's system prompt"),
         Binding("ctrl+o", "open_model", "Model", id="open_model", tooltip="Open another model"),
+        Binding("f5", "models", "Models", id="models", show=False,
+                tooltip="Models: local ones, and GGUF models to download from the hub"),
         Binding("f1", "help", "Help", id="help", tooltip="Show all keys"),
     ]
 
@@ -576,6 +578,14 @@ class ChatScreen(Screen):
         from .open_model import OpenModelScreen
 
         self.app.push_screen(OpenModelScreen(), self._model_chosen)
+
+    def action_models(self) -> None:
+        """One models screen for the whole session, so a download keeps going while the user chats."""
+        from .models import NAME, ModelsScreen
+
+        if not self.app.is_screen_installed(NAME):
+            self.app.install_screen(ModelsScreen(self.config), NAME)
+        self.app.push_screen(NAME, self._model_chosen)
 
     def _model_chosen(self, name: str | None) -> None:
         if name:

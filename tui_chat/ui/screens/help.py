@@ -16,9 +16,11 @@ from ..widgets.slider import Slider
 
 def key_lines(keymap: dict[str, str]) -> list[str]:
     from .chat import ChatScreen
+    from .models import ModelsScreen
 
     sections = [
         ("Chat", ChatScreen.BINDINGS),
+        ("Models screen", ModelsScreen.BINDINGS),
         ("Message box", PromptInput.BINDINGS),
         ("A focused message", ChatMessage.BINDINGS),
         ("A focused reply (or click one of its tokens)", ReplyMessage.BINDINGS),

@@ -1,0 +1,190 @@
+"""`tui-chat models search|files|pull|list|rm`: the models screen's twins for scripts.
+
+Results go to stdout, progress and errors to stderr. Exit status 2 for what the user can fix in the
+command (a bad name, a missing repo, no access), 1 for faults on the way (network, disk, checksum).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .config import Config, models_dir
+from .hub import HubError, HubInputError
+from .hub.download import Progress
+from .hub.names import format_size
+from .safetext import terminal_safe
+
+RUNTIME_ERROR = 1
+USAGE_ERROR = 2
+INTERRUPTED = 130
+BAR_WIDTH = 24
+LINE_EVERY_S = 1.0
+
+
+def add_models_parser(commands: argparse._SubParsersAction) -> None:
+    models = commands.add_parser("models", help="find, download and manage GGUF models (hub and local)")
+    actions = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
+    search = actions.add_parser("search", help="search the hub for GGUF repos")
+    search.add_argument("query")
+    search.add_argument("--sort", choices=("downloads", "likes"), default="downloads")
+    search.add_argument("--limit", type=int, default=20, metavar="N")
+    search.add_argument("--json", action="store_true")
+    files = actions.add_parser("files", help="a hub repo's GGUF models: size, quantisation, whether they fit")
+    files.add_argument("repo", metavar="REPO")
+    files.add_argument("--json", action="store_true")
+    pull = actions.add_parser("pull", help="download a model (resumes an interrupted download)")
+    pull.add_argument("ref", metavar="REPO[:FILE]")
+    listing = actions.add_parser("list", help="the models on this machine")
+    listing.add_argument("--json", action="store_true")
+    remove = actions.add_parser("rm", help="delete a local model")
+    remove.add_argument("name", metavar="NAME")
+
+
+def run_models(args: argparse.Namespace, config: Config) -> int:
+    command = {"search": _search, "files": _files, "pull": _pull, "list": _list, "rm": _remove}[args.models_command]
+    try:
+        return command(args, config)
+    except HubInputError as error:
+        return _fail(error, USAGE_ERROR)
+    except HubError as error:
+        return _fail(error, RUNTIME_ERROR)
+    except KeyboardInterrupt:
+        return _fail("interrupted; pull again to resume the download", INTERRUPTED)
+
+
+def _search(args: argparse.Namespace, config: Config) -> int:
+    from .hub.remote import search
+
+    if not 1 <= args.limit <= 1000:
+        raise HubInputError(f"--limit must be between 1 and 1000 (got {args.limit})")
+    found = search(args.query, args.sort, args.limit)
+    if args.json:
+        _print_json([{"repo": item.repo, "downloads": item.downloads, "likes": item.likes} for item in found])
+    elif not found:
+        print(f"no GGUF repos match {terminal_safe(args.query)!r}", file=sys.stderr)
+    else:
+        _print_table([("REPO", "DOWNLOADS", "LIKES")]
+                     + [(item.repo, f"{item.downloads:,}", f"{item.likes:,}") for item in found])
+    return 0
+
+
+def _files(args: argparse.Namespace, config: Config) -> int:
+    from .hub.machine import fit_text
+    from .hub.remote import list_gguf
+
+    listing = list_gguf(args.repo)
+    if args.json:
+        _print_json([{"file": model.name, "quant": model.quant, "size": model.size, "parts": len(model.parts),
+                      "complete": model.complete} for model in listing.models])
+        return 0
+    rows = [("FILE", "QUANT", "SIZE", "FITS")]
+    for model in listing.models:
+        name = model.name if len(model.parts) == 1 else f"{model.name} ({len(model.parts)} parts)"
+        rows.append((name, model.quant or "?", format_size(model.size), fit_text(model.size)))
+    _print_table(rows)
+    return 0
+
+
+def _pull(args: argparse.Namespace, config: Config) -> int:
+    from .hub.remote import pull
+
+    bar = _ProgressBar()
+    try:
+        chosen, path = pull(args.ref, models_dir(), bar.show)
+    finally:
+        bar.close()
+    print(f"{terminal_safe(str(chosen))}\t{path}")
+    print(f"use it: tui-chat --model {terminal_safe(str(chosen))}", file=sys.stderr)
+    return 0
+
+
+def _list(args: argparse.Namespace, config: Config) -> int:
+    from .hub.local import list_local
+
+    models = list_local(models_dir())
+    default = _default_path(config)
+    if args.json:
+        _print_json([{"name": model.name, "path": str(model.path), "size": model.size, "quant": model.quant,
+                      "last_used": model.last_used, "default": model.path == default} for model in models])
+        return 0
+    if not models:
+        print(f"no models in {models_dir()}: tui-chat models pull REPO:FILE downloads one", file=sys.stderr)
+        return 0
+    rows = [("NAME", "QUANT", "SIZE", "LAST USED")]
+    for model in models:
+        mark = " *" if model.path == default else ""
+        rows.append((model.name + mark, model.quant or "?", format_size(model.size), _when(model.last_used)))
+    _print_table(rows)
+    return 0
+
+
+def _remove(args: argparse.Namespace, config: Config) -> int:
+    from .hub.local import remove_model
+
+    model = remove_model(models_dir(), args.name)
+    print(f"removed {terminal_safe(model.name)} ({format_size(model.size)})")
+    if model.path == _default_path(config):
+        print("it was the default model: set another with default_model in the config", file=sys.stderr)
+    return 0
+
+
+def _default_path(config: Config) -> Path | None:
+    """The configured default model's file, when it can be found without any work (no unpacking, no network)."""
+    from .engine.base import EngineError
+    from .engine.models import is_starter, resolve_model
+
+    if not config.default_model or is_starter(config.default_model):
+        return None
+    try:
+        return resolve_model(config.default_model, None, models_dir())
+    except EngineError:
+        return None
+
+
+def _when(timestamp: float | None) -> str:
+    return "never" if timestamp is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(timestamp))
+
+
+class _ProgressBar:
+    """A one-line bar on a terminal; on a pipe or log, a line a second."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.shown = False
+        self.last_line = 0.0
+
+    def show(self, progress: Progress) -> None:
+        filled = round(progress.fraction * BAR_WIDTH)
+        text = f"{terminal_safe(progress.file)} [{'#' * filled}{'-' * (BAR_WIDTH - filled)}] {progress.line()}"
+        now = time.monotonic()
+        if self.tty:
+            sys.stderr.write(f"\r\x1b[K{text}")
+        elif now - self.last_line >= LINE_EVERY_S or progress.done >= progress.total:
+            self.last_line = now
+            sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.tty and self.shown:
+            sys.stderr.write("\n")
+
+
+def _print_table(rows: list[tuple[str, ...]]) -> None:
+    rows = [tuple(terminal_safe(cell) for cell in row) for row in rows]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+
+
+def _print_json(value: object) -> None:
+    print(json.dumps(value, indent=2))
+
+
+def _fail(error: Exception | str, status: int) -> int:
+    print(f"tui-chat: error: {error}", file=sys.stderr)
+    return status

@@ -1,0 +1,362 @@
+"""F5: the models on this machine, and GGUF models to find and download from the Hugging Face hub.
+
+The screen is installed once and kept, so a download goes on while the user is back in the chat
+and its progress is here when they return. Downloads run on a worker thread and report through
+messages; hub names are untrusted text and are drawn literally.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.content import Content
+from textual.message import Message
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Button, DataTable, Footer, Input, ProgressBar, Select, Static, TabbedContent, TabPane
+
+from ...config import Config, models_dir, save_setting
+from ...hub import HubError
+from ...hub.download import Cancelled, Progress
+from ...hub.http import OFFLINE_MESSAGE, offline
+from ...hub.local import LocalModel, import_model, list_local, remove_model
+from ...hub.names import format_size
+from ...safetext import terminal_safe
+
+NAME = "models"
+
+
+def _cell(text: str) -> Text:
+    return Text(terminal_safe(text))
+
+
+class _Found(Message):
+    """A hub answer for the screen: search results, a repo's files, or the error instead."""
+
+    def __init__(self, kind: str, value: object) -> None:
+        super().__init__()
+        self.kind, self.value = kind, value
+
+
+class _Downloading(Message):
+    def __init__(self, progress: Progress) -> None:
+        super().__init__()
+        self.progress = progress
+
+
+class _Downloaded(Message):
+    def __init__(self, name: str, error: str | None) -> None:
+        super().__init__()
+        self.name, self.error = name, error
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    BINDINGS = [Binding("y", "dismiss(True)", "Yes"), Binding("n,escape", "dismiss(False)", "No")]
+    DEFAULT_CSS = """
+    ConfirmScreen { align: center middle; }
+    ConfirmScreen > Vertical { width: 60; max-width: 100%; height: auto; border: round $error;
+                               background: $surface; padding: 0 1; }
+    """
+
+    def __init__(self, question: str) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(Content(self.question))
+            yield Static(Content("y deletes · n or Esc keeps it"))
+
+
+class ModelsScreen(Screen[str | None]):
+    CSS_PATH = "models.tcss"
+    BINDINGS = [
+        Binding("escape", "back", "Back to chat"),
+        Binding("l", "tab('local')", "Local", tooltip="Local models"),
+        Binding("s", "tab('hub')", "Search hub", tooltip="Search the hub"),
+        Binding("d", "set_default", "Set default", tooltip="Make the selected local model the default"),
+        Binding("delete", "remove", "Delete", tooltip="Delete the selected local model"),
+        Binding("i", "import_file", "Import", tooltip="Import a .gguf file from a path"),
+        Binding("c", "cancel_download", "Cancel download", tooltip="Stop the download (it resumes next time)"),
+    ]
+
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+        self.default_model = config.default_model
+        self.models_dir = models_dir()
+        self.local: dict[str, LocalModel] = {}
+        self.repo: str | None = None
+        self.cancel: threading.Event | None = None
+
+    def compose(self) -> ComposeResult:
+        with TabbedContent(initial="local"):
+            with TabPane("Local", id="local"):
+                yield DataTable(id="local-models", cursor_type="row", zebra_stripes=True)
+                yield Input(placeholder="/path/to/model.gguf — Enter imports it, Esc cancels", id="import-path")
+                yield Static(Content("Enter loads · d sets default · Delete removes · i imports a file · Esc back"),
+                             classes="hint")
+            with TabPane("Search hub", id="hub"):
+                with Horizontal(id="search-bar"):
+                    yield Input(placeholder="search GGUF models, e.g. gemma", id="query")
+                    yield Select([("most downloaded", "downloads"), ("most liked", "likes")], value="downloads",
+                                 allow_blank=False, id="sort")
+                yield Static(id="hub-status")
+                yield DataTable(id="repos", cursor_type="row", zebra_stripes=True)
+                yield DataTable(id="files", cursor_type="row", zebra_stripes=True)
+        with Vertical(id="download"):
+            yield Static(id="download-status")
+            with Horizontal():
+                yield ProgressBar(id="download-bar", show_eta=False)
+                yield Button("Cancel (c)", id="cancel-download", variant="error", compact=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#local-models", DataTable).add_columns("Name", "Quant", "Size", "Last used", "")
+        self.query_one("#repos", DataTable).add_columns("Repository", "Downloads", "Likes")
+        self.query_one("#files", DataTable).add_columns("File", "Quant", "Size", "Fits")
+        self.query_one("#import-path").display = False
+        self.query_one("#files").display = False
+        self.query_one("#download").display = False
+        if offline():
+            self._hub_status(OFFLINE_MESSAGE, error=True)
+            self.query_one("#query", Input).disabled = True
+        else:
+            self._hub_status("Type a search and press Enter.")
+        self.refresh_local()
+        self.query_one("#local-models").focus()
+
+    def action_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+        self.query_one("#local-models" if tab == "local" else "#query").focus()
+
+    def on_screen_resume(self) -> None:
+        self.refresh_local()
+
+    # --- local models ----------------------------------------------------------------------------
+
+    def refresh_local(self) -> None:
+        table = self.query_one("#local-models", DataTable)
+        selected = self._selected_local()
+        table.clear()
+        self.local = {model.name: model for model in list_local(self.models_dir)}
+        for model in self.local.values():
+            used = "never" if model.last_used is None else _ago(model.last_used)
+            mark = "default" if model.name == self.default_model else ""
+            table.add_row(_cell(model.name), model.quant or "?", format_size(model.size), used, mark, key=model.name)
+        if selected in self.local:
+            table.move_cursor(row=table.get_row_index(selected))
+        if not self.local:
+            table.add_row(_cell(f"No models yet in {self.models_dir}: search the hub or press i to import."),
+                          "", "", "", "", key="")
+
+    def _selected_local(self) -> str | None:
+        table = self.query_one("#local-models", DataTable)
+        if not table.row_count:
+            return None
+        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        return key or None
+
+    @on(DataTable.RowSelected, "#local-models")
+    def _load(self, event: DataTable.RowSelected) -> None:
+        if event.row_key.value:
+            self.dismiss(event.row_key.value)
+
+    def action_set_default(self) -> None:
+        name = self._local_action_target()
+        if name is None:
+            return
+        try:
+            save_setting("default_model", name)
+        except OSError as error:
+            self.notify(f"cannot save the default model: {error.strerror}", severity="error")
+            return
+        self.default_model = name
+        self.notify(f"{terminal_safe(name)} is now the default model", markup=False)
+        self.refresh_local()
+
+    def action_remove(self) -> None:
+        name = self._local_action_target()
+        if name is None:
+            return
+        model = self.local[name]
+        question = f"Delete {terminal_safe(name)} ({format_size(model.size)}) from this machine?"
+        self.app.push_screen(ConfirmScreen(question), lambda yes: self._remove(name) if yes else None)
+
+    def _remove(self, name: str) -> None:
+        try:
+            remove_model(self.models_dir, name)
+        except HubError as error:
+            self.notify(str(error), severity="error", markup=False)
+            return
+        self.notify(f"Deleted {terminal_safe(name)}", markup=False)
+        self.refresh_local()
+
+    def action_import_file(self) -> None:
+        if self._on_tab("local"):
+            path = self.query_one("#import-path", Input)
+            path.display = True
+            path.focus()
+
+    @on(Input.Submitted, "#import-path")
+    def _import(self, event: Input.Submitted) -> None:
+        if not event.value.strip():
+            return
+        try:
+            model = import_model(self.models_dir, Path(event.value.strip()))
+        except HubError as error:
+            self.notify(str(error), title="Not imported", severity="error", markup=False)
+            return
+        event.input.value = ""
+        event.input.display = False
+        self.notify(f"Imported {terminal_safe(model.name)}", markup=False)
+        self.refresh_local()
+        self.query_one("#local-models").focus()
+
+    def _local_action_target(self) -> str | None:
+        if not self._on_tab("local"):
+            return None
+        return self._selected_local()
+
+    def _on_tab(self, tab: str) -> bool:
+        return self.query_one(TabbedContent).active == tab and not isinstance(self.focused, Input)
+
+    def action_back(self) -> None:
+        path = self.query_one("#import-path", Input)
+        if path.display:
+            path.display = False
+            self.query_one("#local-models").focus()
+            return
+        self.dismiss(None)
+
+    # --- the hub ---------------------------------------------------------------------------------
+
+    def _hub_status(self, text: str, error: bool = False) -> None:
+        status = self.query_one("#hub-status", Static)
+        status.update(Content(terminal_safe(text)))
+        status.set_class(error, "-error")
+
+    @on(Input.Submitted, "#query")
+    @on(Select.Changed, "#sort")
+    def _search(self) -> None:
+        query = self.query_one("#query", Input).value.strip()
+        if not query or offline():
+            return
+        self._hub_status(f"Searching the hub for {query!r}…")
+        self._ask_hub("search", query, str(self.query_one("#sort", Select).value))
+
+    @on(DataTable.RowSelected, "#repos")
+    def _open_repo(self, event: DataTable.RowSelected) -> None:
+        self.repo = event.row_key.value
+        self._hub_status(f"Listing the GGUF files of {self.repo}…")
+        self._ask_hub("files", self.repo, "")
+
+    @work(thread=True, group="hub", exclusive=True)
+    def _ask_hub(self, kind: str, text: str, sort: str) -> None:
+        from ...hub.remote import list_gguf, search
+
+        try:
+            value = search(text, sort) if kind == "search" else list_gguf(text)
+        except HubError as error:
+            value = error
+        self.post_message(_Found(kind, value))
+
+    @on(_Found)
+    def _found(self, message: _Found) -> None:
+        if isinstance(message.value, HubError):
+            self._hub_status(str(message.value), error=True)
+            return
+        if message.kind == "search":
+            self._show_repos(message.value)
+        else:
+            self._show_files(message.value)
+
+    def _show_repos(self, repos) -> None:
+        table = self.query_one("#repos", DataTable)
+        table.clear()
+        for repo in repos:
+            table.add_row(_cell(repo.repo), f"{repo.downloads:,}", f"{repo.likes:,}", key=repo.repo)
+        self.query_one("#files").display = False
+        self._hub_status(f"{len(repos)} GGUF repositories · Enter lists a repository's files" if repos
+                         else "No GGUF repositories match.")
+        if repos:
+            table.focus()
+
+    def _show_files(self, listing) -> None:
+        from ...hub.machine import fit_text
+
+        table = self.query_one("#files", DataTable)
+        table.clear()
+        for model in listing.models:
+            name = model.name if len(model.parts) == 1 else f"{model.name} ({len(model.parts)} parts)"
+            table.add_row(_cell(name), model.quant or "?", format_size(model.size), fit_text(model.size),
+                          key=f"{listing.repo}:{model.name}")
+        table.display = True
+        table.focus()
+        self._hub_status(f"{listing.repo} · Enter downloads a file · Esc back")
+
+    @on(DataTable.RowSelected, "#files")
+    def _download(self, event: DataTable.RowSelected) -> None:
+        if self.cancel is not None:
+            self.notify("A download is running: wait for it or cancel it (c).", timeout=4)
+            return
+        self.cancel = threading.Event()
+        self.query_one("#download").display = True
+        self.query_one("#download-status", Static).update(Content(f"Starting {terminal_safe(event.row_key.value)}…"))
+        self._pull(event.row_key.value, self.cancel)
+
+    @work(thread=True, group="download")
+    def _pull(self, name: str, cancel: threading.Event) -> None:
+        from ...hub.remote import pull
+
+        try:
+            chosen, _ = pull(name, self.models_dir, lambda progress: self.post_message(_Downloading(progress)), cancel)
+        except HubError as error:
+            self.post_message(_Downloaded(name, f"{'Cancelled' if isinstance(error, Cancelled) else 'Failed'}: {error}"))
+            return
+        self.post_message(_Downloaded(str(chosen), None))
+
+    @on(_Downloading)
+    def _progress(self, message: _Downloading) -> None:
+        progress = message.progress
+        self.query_one("#download-bar", ProgressBar).update(total=progress.total, progress=progress.done)
+        self.query_one("#download-status", Static).update(Content(f"{terminal_safe(progress.file)} · {progress.line()}"))
+
+    @on(_Downloaded)
+    def _finished(self, message: _Downloaded) -> None:
+        self.cancel = None
+        status = self.query_one("#download-status", Static)
+        if message.error is None:
+            status.update(Content(f"Downloaded {terminal_safe(message.name)} · it is in the Local tab"))
+            self.query_one("#download").display = False
+            self.notify(f"Downloaded {terminal_safe(message.name)}: F5 → Local → Enter loads it", markup=False)
+            self.refresh_local()
+        else:
+            status.update(Content(terminal_safe(message.error)))
+            self.notify(message.error, title="Download stopped", severity="warning", markup=False, timeout=8)
+
+    @on(Button.Pressed, "#cancel-download")
+    def action_cancel_download(self) -> None:
+        if self.cancel is not None:
+            self.cancel.set()
+        else:
+            self.query_one("#download").display = False
+
+    def on_unmount(self) -> None:
+        """Quitting the app stops a download between two chunks; the next pull resumes it."""
+        if self.cancel is not None:
+            self.cancel.set()
+
+
+def _ago(timestamp: float) -> str:
+    import time
+
+    seconds = max(0, time.time() - timestamp)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds // size:.0f} {unit} ago"
+    return "just now"
