@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from .config import (
     Config,
     ConfigError,
+    REMOTE_MARK,
     RemoteProfile,
     check_context,
     check_gpu_layers,
@@ -21,6 +22,7 @@ from .config import (
     load_config,
     log_dir,
     models_dir,
+    remote_spec,
 )
 from .engine.base import Backend, EngineError, Error
 from .engine.params import MAX_TOP_LOGPROBS, PARAMS, InvalidParameter, check_top_logprobs
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
     from .recording import Saving
 
 USAGE_ERROR = 2
+CLI_REMOTE = "server"  # the name a server given by --base-url alone goes by
 
 
 class _Parser(argparse.ArgumentParser):
@@ -117,12 +120,14 @@ def main(argv: list[str] | None = None) -> int:
             from .models_cli import run_models
 
             return run_models(args, config)
-        opener = _opener(config, n_ctx, gpu_layers, _remote_profile(args, config))
+        remote = _remote_profile(args, config)
+        opener = _opener(config, n_ctx, gpu_layers, remote)
+        model = args.model if remote is None else remote_spec(remote.name or CLI_REMOTE, args.model)
         if args.command == "run":
-            return _run(args, config, opener)
+            return _run(args, config, opener, model)
     except (ConfigError, InvalidParameter, EngineError, PricingError, HistoryError) as error:
         return _fail(error)
-    return _chat(args.model, config, opener)
+    return _chat(model, config, opener)
 
 
 def _remote_profile(args: argparse.Namespace, config: Config) -> RemoteProfile | None:
@@ -152,12 +157,34 @@ def _remote_profile(args: argparse.Namespace, config: Config) -> RemoteProfile |
 
 def _opener(config: Config, n_ctx: int, gpu_layers: int | None,
             remote: RemoteProfile | None = None) -> Callable[[str | None], Backend]:
-    """Opens a backend for a model name with the settings of this run (used off the UI thread)."""
-    from .engine.factory import open_local, open_remote
+    """Opens a backend for a model name with the settings of this run (used off the UI thread):
+    `@PROFILE[:MODEL]` a server from `[remotes]` (or the one given by flags), anything else a local model."""
+    from .engine.factory import open_remote
 
-    if remote is not None:
-        return partial(open_remote, default_model=remote.model, base_url=remote.base_url,
-                       api_key=remote.resolved_api_key(), timeout_s=remote.timeout_s)
+    profiles = dict(config.remotes) | ({remote.name or CLI_REMOTE: remote} if remote else {})
+    local = _local_opener(config, n_ctx, gpu_layers)
+
+    def open_backend(name: str | None) -> Backend:
+        if not name or not name.startswith(REMOTE_MARK):
+            return local(name)
+        profile_name, _, model = name[len(REMOTE_MARK):].partition(":")
+        profile = profiles.get(profile_name)
+        if profile is None:
+            known = ", ".join(remote_spec(known) for known in sorted(profiles)) or "none in the config's [remotes]"
+            raise EngineError(f"unknown server {name!r} (known: {known})")
+        try:
+            api_key = profile.resolved_api_key()
+        except ConfigError as error:
+            raise EngineError(str(error)) from None
+        return open_remote(model or None, default_model=profile.model, base_url=profile.base_url, api_key=api_key,
+                           timeout_s=profile.timeout_s)
+
+    return open_backend
+
+
+def _local_opener(config: Config, n_ctx: int, gpu_layers: int | None) -> Callable[[str | None], Backend]:
+    from .engine.factory import open_local
+
     return partial(
         open_local,
         default_model=config.default_model,
@@ -176,7 +203,7 @@ def _chat(model: str | None, config: Config, opener: Callable[[str | None], Back
     return 0
 
 
-def _run(args: argparse.Namespace, config: Config, opener: Callable[[str | None], Backend]) -> int:
+def _run(args: argparse.Namespace, config: Config, opener: Callable[[str | None], Backend], model: str | None) -> int:
     from .headless import run_conversation
 
     given = {spec.name: getattr(args, spec.name) for spec in PARAMS if getattr(args, spec.name) is not None}
@@ -184,7 +211,7 @@ def _run(args: argparse.Namespace, config: Config, opener: Callable[[str | None]
         given["stop"] = args.stop
     params = config.sampling.with_changes(**given)
     check_top_logprobs(args.top_logprobs)
-    backend = opener(args.model)
+    backend = opener(model)
     try:
         loaded = backend.load().result()
         if isinstance(loaded, Error):

@@ -42,6 +42,8 @@ class SavedChat:
     def end_reply(self, reply: ReplyWriter, final: Done | Error) -> None:
         if isinstance(final, Error):
             reply.fail(final.message)
+            if final.text:
+                self.last_id = reply.id  # a reply cut short is still what the chat goes on from
             return
         m = final.metrics
         cost = turn_cost(self.price, m.prompt_tokens, m.cached_tokens, m.completion_tokens).total

@@ -9,7 +9,6 @@ import threading
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
-ALL_BACKENDS = frozenset({"llama", "openai"})
 
 
 class InvalidParameter(ValueError):
@@ -26,7 +25,6 @@ class ParamSpec:
     step: float
     default: Any
     hint: str
-    backends: frozenset[str] = ALL_BACKENDS
     control: Literal["slider", "seed"] = "slider"
     slider_maximum: float | None = None  # a narrower range for the slider than the engine accepts
 

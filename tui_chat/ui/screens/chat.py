@@ -205,6 +205,7 @@ class ChatScreen(Screen):
                 self.backend = job.backend
                 self.model_spec = job.spec
                 self.query_one(MetricsPanel).show_model(event.info)
+                self.query_one(SamplingPanel).show_backend(event.info)
                 self._set_status("")
                 self._count_draft()
             elif isinstance(event, Error):
@@ -309,7 +310,7 @@ class ChatScreen(Screen):
                 return
             elif isinstance(event, Error):
                 await self._flush(reply, pending)
-                await self._fail(reply, event.message)
+                await self._fail(reply, event)
                 return
         await self._flush(reply, pending)
         now = time.monotonic()
@@ -351,13 +352,20 @@ class ChatScreen(Screen):
         self.query_one(MetricsPanel).finish_reply(done.metrics)
         self._count_draft()
 
-    async def _fail(self, reply: _Reply, message: str) -> None:
+    async def _fail(self, reply: _Reply, error: Error) -> None:
+        """The engine gave up. What it wrote stays (a server's stream cut mid-reply), marked as such."""
         self._end_reply()
         await reply.widget.stop()
-        if reply.writer is not None and reply.writer.text:
-            self._save(lambda: self.saved.end_reply(reply.writer, Error(message)))
-        await self._take_back(reply)
-        self.notify(message, title="No reply", severity="error", timeout=8)
+        if not error.text.strip():
+            await self._take_back(reply)
+            self.notify(error.message, title="No reply", severity="error", timeout=8, markup=False)
+            return
+        if reply.writer is not None:
+            self._save(lambda: self.saved.end_reply(reply.writer, error))
+        await reply.widget.finish(error.text, f"cut short: {error.message}", None,
+                                  reply.writer.id if reply.writer else None)
+        self.conversation.append(Message("assistant", error.text))
+        self.notify(error.message, title="Reply cut short", severity="error", timeout=8, markup=False)
 
     def _end_reply(self) -> None:
         self.reply = None
@@ -616,10 +624,21 @@ class ChatScreen(Screen):
         if self.backend is None or not text:
             draft.update(Content("Enter sends · Ctrl+J new line"))
             return
+        self._count_in_background(self.backend, text)
+
+    @work(thread=True, group="draft", exclusive=True)
+    def _count_in_background(self, backend: Backend, text: str) -> None:
+        """Off the UI thread: a server counts over HTTP, and typing must never wait for it."""
         try:
-            count = self.backend.count_tokens(text)
+            count = backend.count_tokens(text)
         except EngineError:
             return
+        self.app.call_from_thread(self._show_draft_count, text, count)
+
+    def _show_draft_count(self, text: str, count: int) -> None:
+        if text != self.query_one(PromptInput).text:
+            return  # typed on meanwhile: a newer count is on its way
+        draft = self.query_one("#draft", Static)
         panel = self.query_one(MetricsPanel)
         price = panel.price
         max_tokens = self.live.snapshot()[1].max_tokens

@@ -20,7 +20,7 @@ from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Footer, Input, ProgressBar, Select, Static, TabbedContent, TabPane
 
-from ...config import Config, models_dir, save_setting
+from ...config import Config, models_dir, remote_spec, save_setting
 from ...hub import HubError
 from ...hub.download import Cancelled, Progress
 from ...hub.http import OFFLINE_MESSAGE, offline
@@ -79,6 +79,7 @@ class ModelsScreen(Screen[str | None]):
         Binding("escape", "back", "Back to chat"),
         Binding("l", "tab('local')", "Local", tooltip="Local models"),
         Binding("s", "tab('hub')", "Search hub", tooltip="Search the hub"),
+        Binding("r", "tab('servers')", "Servers", tooltip="Model servers from the config"),
         Binding("d", "set_default", "Set default", tooltip="Make the selected local model the default"),
         Binding("delete", "remove", "Delete", tooltip="Delete the selected local model"),
         Binding("i", "import_file", "Import", tooltip="Import a .gguf file from a path"),
@@ -87,6 +88,7 @@ class ModelsScreen(Screen[str | None]):
 
     def __init__(self, config: Config) -> None:
         super().__init__()
+        self.config = config
         self.default_model = config.default_model
         self.models_dir = models_dir()
         self.local: dict[str, LocalModel] = {}
@@ -100,6 +102,10 @@ class ModelsScreen(Screen[str | None]):
                 yield Input(placeholder="/path/to/model.gguf — Enter imports it, Esc cancels", id="import-path")
                 yield Static(Content("Enter loads · d sets default · Delete removes · i imports a file · Esc back"),
                              classes="hint")
+            with TabPane("Servers", id="servers"):
+                yield DataTable(id="servers-table", cursor_type="row", zebra_stripes=True)
+                yield Static(Content("Enter switches to the server (OpenAI-compatible; add one as [remotes.NAME] "
+                                     "in the config) · Esc back"), classes="hint")
             with TabPane("Search hub", id="hub"):
                 with Horizontal(id="search-bar"):
                     yield Input(placeholder="search GGUF models, e.g. gemma", id="query")
@@ -119,6 +125,11 @@ class ModelsScreen(Screen[str | None]):
         self.query_one("#local-models", DataTable).add_columns("Name", "Quant", "Size", "Last used", "")
         self.query_one("#repos", DataTable).add_columns("Repository", "Downloads", "Likes")
         self.query_one("#files", DataTable).add_columns("File", "Quant", "Size", "Fits")
+        servers = self.query_one("#servers-table", DataTable)
+        servers.add_columns("Name", "URL", "Model")
+        for name, profile in sorted(self.config.remotes.items()):
+            servers.add_row(_cell(remote_spec(name)), _cell(profile.base_url), _cell(profile.model or "the first listed"),
+                            key=remote_spec(name))
         self.query_one("#import-path").display = False
         self.query_one("#files").display = False
         self.query_one("#download").display = False
@@ -132,7 +143,7 @@ class ModelsScreen(Screen[str | None]):
 
     def action_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
-        self.query_one("#local-models" if tab == "local" else "#query").focus()
+        self.query_one({"local": "#local-models", "servers": "#servers-table", "hub": "#query"}[tab]).focus()
 
     def on_screen_resume(self) -> None:
         self.refresh_local()
@@ -162,6 +173,7 @@ class ModelsScreen(Screen[str | None]):
         return key or None
 
     @on(DataTable.RowSelected, "#local-models")
+    @on(DataTable.RowSelected, "#servers-table")
     def _load(self, event: DataTable.RowSelected) -> None:
         if event.row_key.value:
             self.dismiss(event.row_key.value)

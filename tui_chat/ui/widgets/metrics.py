@@ -123,7 +123,7 @@ class MetricsPanel(Vertical):
             Content(
                 f"Tokens   in {m.prompt_tokens:,} · out {m.completion_tokens:,}\n"
                 f"KV       {kv_bar(m.context_tokens, n_ctx)}\n"
-                f"         {m.context_tokens:,} / {n_ctx:,}\n"
+                f"         {m.context_tokens:,} / {f'{n_ctx:,}' if n_ctx else 'unknown'}\n"
                 f"Reused   {m.cached_tokens:,} tokens this turn"
             )
         )

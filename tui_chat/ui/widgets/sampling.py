@@ -11,6 +11,7 @@ from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.widgets import Button, Input, Static
 
+from ...engine.base import ModelInfo
 from ...engine.params import PARAMS, PRESETS, SPECS, InvalidParameter, LiveParams, ParamSpec
 from .slider import Slider
 
@@ -32,11 +33,11 @@ def parse_stops(text: str) -> list[str]:
 
 
 class SamplingPanel(Vertical):
-    def __init__(self, live: LiveParams, backend: str = "llama", **kwargs) -> None:
+    def __init__(self, live: LiveParams, **kwargs) -> None:
         super().__init__(**kwargs)
         self.live = live
-        self.backend = backend
         self.pending_version: int | None = None
+        self.per_token = True  # False for a server: a change waits for the next reply
 
     def compose(self) -> ComposeResult:
         _, params = self.live.snapshot()
@@ -45,22 +46,29 @@ class SamplingPanel(Vertical):
                 yield Button(name, id=f"preset-{name.lower()}", compact=True)
         for spec in PARAMS:
             value = getattr(params, spec.name)
-            supported = self.backend in spec.backends
             yield Static(Content(self._label(spec, value)), id=f"label-{spec.name}", classes="param-label")
             if spec.control == "seed":
                 yield Input("" if value < 0 else str(value), placeholder="random", id=spec.name,
-                            type="integer", compact=True, disabled=not supported)
+                            type="integer", compact=True)
             else:
                 low, high, step = spec.slider_range
-                yield Slider(value, low, high, step, integer=spec.kind is int, id=spec.name, disabled=not supported)
-            hint = spec.hint if supported else f"Not supported by the {self.backend} backend."
-            yield Static(Content(hint), classes="hint")
+                yield Slider(value, low, high, step, integer=spec.kind is int, id=spec.name)
+            yield Static(Content(spec.hint), id=f"hint-{spec.name}", classes="hint")
         yield Static(Content("Stop sequences (a | b, \\n = newline)"), classes="param-label")
         yield Input(shown_stops(params.stop), placeholder="none", id="stop", compact=True)
         yield Static(id="applied", classes="hint")
 
     def on_mount(self) -> None:
         self.border_title = "Sampling"
+
+    def show_backend(self, info: ModelInfo) -> None:
+        """A server may pass on only some settings, and only when a reply starts: say so on each control."""
+        self.per_token = info.params_per_token
+        for spec in PARAMS:
+            ignored = spec.name in info.ignored_params
+            self.query_one(f"#{spec.name}").disabled = ignored
+            hint = "This server ignores it: not sent." if ignored else spec.hint
+            self.query_one(f"#hint-{spec.name}", Static).update(Content(hint))
 
     @staticmethod
     def _label(spec: ParamSpec, value: float) -> str:
@@ -77,7 +85,8 @@ class SamplingPanel(Vertical):
                 spec = SPECS[name]
                 self.query_one(f"#label-{name}", Static).update(Content(self._label(spec, getattr(params, name))))
         self.pending_version = self.live.version
-        self.query_one("#applied", Static).update(Content("Change waiting for the next token"))
+        waiting = "the next token" if self.per_token else "the next reply (a server takes settings per reply)"
+        self.query_one("#applied", Static).update(Content(f"Change waiting for {waiting}"))
 
     def show_applied(self, token_number: int) -> None:
         """The engine drew a token with the new settings: say where the change took effect."""
