@@ -47,7 +47,7 @@ class HelpScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
     HelpScreen > VerticalScroll {
-        width: 64; max-width: 100%; height: auto; max-height: 90%;
+        width: 86; max-width: 100%; height: auto; max-height: 90%;
         border: round $accent; background: $surface; padding: 0 1;
     }
     """
