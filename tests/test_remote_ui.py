@@ -60,3 +60,17 @@ async def test_an_unknown_server_name_is_a_clear_error_and_the_app_stays_up(tiny
         await loaded(pilot)
         await send(pilot, "hello")
         await reply_done(pilot)
+
+
+async def test_a_server_as_the_default_model_and_switching_back_to_a_local_one(tiny_model):
+    with fake_server() as server:
+        app = make_app(None, remotes={"lab": RemoteProfile("lab", server.base_url, model="words")},
+                       default_model="@lab")
+        async with app.run_test(size=SIZE) as pilot:
+            screen = await loaded(pilot)
+            assert screen.backend.info.backend == "openai" and screen.model_spec == "@lab"
+            screen.load_model(str(tiny_model))
+            await wait_for(pilot, lambda: screen.backend.info.backend != "openai")
+            await send(pilot, "hello")
+            await reply_done(pilot)
+            assert screen.model_spec == str(tiny_model)

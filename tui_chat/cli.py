@@ -165,6 +165,7 @@ def _opener(config: Config, n_ctx: int, gpu_layers: int | None,
     local = _local_opener(config, n_ctx, gpu_layers)
 
     def open_backend(name: str | None) -> Backend:
+        name = name or config.default_model
         if not name or not name.startswith(REMOTE_MARK):
             return local(name)
         profile_name, _, model = name[len(REMOTE_MARK):].partition(":")

@@ -79,11 +79,6 @@ class _Load:
     name: str | None
     backend: Backend | None = None
 
-    @property
-    def spec(self) -> str:
-        """What opens this model again (saved with a chat): the name asked for, or the file loaded."""
-        return self.name or (self.backend.info.path if self.backend and self.backend.info else "")
-
 
 def _progress_line(event: PromptProgress) -> str:
     line = f"Reading prompt {event.done:,} / {event.total:,} tokens"
@@ -203,7 +198,8 @@ class ChatScreen(Screen):
                     self.action_stop()
                     self._close_in_background(self.backend)
                 self.backend = job.backend
-                self.model_spec = job.spec
+                # what opens this model again when a saved chat is reopened
+                self.model_spec = job.name or self.config.default_model or event.info.path
                 self.query_one(MetricsPanel).show_model(event.info)
                 self.query_one(SamplingPanel).show_backend(event.info)
                 self._set_status("")
