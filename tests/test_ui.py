@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 
 import pytest
+from textual import events
 
 from conftest import GREEDY, ask
 from tui_chat.cli import _opener
@@ -17,6 +18,7 @@ from tui_chat.engine.params import SamplingParams
 from tui_chat.ui.app import ChatApp
 from tui_chat.ui.screens.chat import ChatScreen
 from tui_chat.ui.screens.help import HelpScreen
+from tui_chat.ui.screens.inspector import InspectorScreen
 from tui_chat.pricing import PRESETS, format_usd, turn_cost
 from tui_chat.ui.widgets.chat_log import MAX_MOUNTED, ChatLog, Entry
 from tui_chat.ui.widgets.messages import ReplyMessage, UserMessage
@@ -357,6 +359,23 @@ async def test_typing_anywhere_goes_to_the_message_box(tiny_model):
         assert slider.value == pytest.approx(0.05), "keys bound on the focused slider stay with it"
         assert screen.query_one(PromptInput).text == "hi"
         assert screen.focused is screen.query_one(PromptInput)
+
+
+async def test_a_burst_of_keys_typed_on_a_focused_reply_is_sent_whole(tiny_model):
+    """A terminal delivers fast typing (or a paste) in one read: every key is queued before the first
+    is handled. The message box must get all of them, Enter included, not the reply that had focus."""
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        await send(pilot, "Hello there")
+        reply = await reply_done(pilot)
+        reply.focus()
+        await pilot.pause()
+        for key, character in (("n", "n"), ("e", "e"), ("x", "x"), ("t", "t"), ("enter", "\r")):
+            app.post_message(events.Key(key, character))
+        await wait_for(pilot, lambda: len(screen.query(UserMessage)) == 2)
+        assert screen.query(UserMessage).last().text == "next"
+        assert not isinstance(app.screen, InspectorScreen)
 
 
 async def test_command_palette_offers_every_action_and_the_presets(tiny_model):

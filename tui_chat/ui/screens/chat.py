@@ -433,16 +433,25 @@ class ChatScreen(Screen):
         self.set_class(shown, "-panel-hidden")
         self.set_class(not shown, "-panel-shown")
 
-    def on_key(self, event: events.Key) -> None:
-        """Typing anywhere goes to the message box, as in any chat app (keys bound where focus is excepted)."""
+    async def on_key(self, event: events.Key) -> None:
+        """Typing anywhere goes to the message box, as in any chat app (keys bound where focus is excepted).
+
+        Fast typing arrives as a burst already queued for the widget that had focus; a key that reaches
+        the screen although the box has focus is one of those, so it goes to the box too (Enter sends).
+        """
+        prompt = self.query_one(PromptInput)
+        active = self.app.active_bindings.get(event.key)
+        if self.focused is prompt and active is not None and active.node is prompt:
+            event.stop()
+            await self.app.run_action(active.binding.action, prompt)
+            return
         if (
             event.is_printable
             and event.character
-            and not isinstance(self.focused, (Input, PromptInput))
+            and not isinstance(self.focused, Input)
             and event.key not in self.app.active_bindings
         ):
-            prompt = self.query_one(PromptInput)
-            prompt.focus()
+            self.set_focus(prompt)  # at once: the keys typed next are already queued behind this one
             prompt.insert(event.character)
             event.stop()
 

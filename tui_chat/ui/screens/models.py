@@ -130,6 +130,9 @@ class ModelsScreen(Screen[str | None]):
         for name, profile in sorted(self.config.remotes.items()):
             servers.add_row(_cell(remote_spec(name)), _cell(profile.base_url), _cell(profile.model or "the first listed"),
                             key=remote_spec(name))
+        if not self.config.remotes:
+            servers.add_row(_cell("No servers yet: add a [remotes.NAME] table with base_url to config.toml."), "", "",
+                            key="")
         self.query_one("#import-path").display = False
         self.query_one("#files").display = False
         self.query_one("#download").display = False
