@@ -7,14 +7,14 @@ import json
 
 from textual.widgets import Input, OptionList, TextArea
 
-from test_inspector_ui import inspector_open
-from test_ui import SIZE, loaded, make_app, reply_done, send, wait_for
+from test_ui import SIZE, loaded, make_app, reply_done, screen_open, send, wait_for
 from tui_chat.config import data_dir, history_path
 from tui_chat.engine.base import Message
 from tui_chat.engine.params import SamplingParams
 from tui_chat.history import History
 from tui_chat.ui.screens.ask import AskText
 from tui_chat.ui.screens.conversations import ConversationsScreen
+from tui_chat.ui.screens.inspector import InspectorScreen
 from tui_chat.ui.widgets.messages import ReplyMessage, UserMessage
 from tui_chat.ui.widgets.sampling import SamplingPanel
 
@@ -26,9 +26,7 @@ def stored() -> list:
 
 async def chats_open(pilot) -> ConversationsScreen:
     await pilot.press("ctrl+l")
-    await wait_for(pilot, lambda: isinstance(pilot.app.screen, ConversationsScreen))
-    await pilot.pause()
-    return pilot.app.screen
+    return await screen_open(pilot, ConversationsScreen)
 
 
 async def test_each_message_and_reply_is_saved_with_its_metrics(tiny_model):
@@ -59,7 +57,7 @@ async def test_a_chat_reopens_with_its_settings_system_prompt_and_branches(tiny_
         await pilot.press("ctrl+t")
         reply.focus()
         await pilot.press("right", "enter")
-        await inspector_open(pilot)
+        await screen_open(pilot, InspectorScreen)
         await pilot.press("down", "enter")
         await wait_for(pilot, lambda: screen.reply is None and len(reply.branches) == 2)
         branched = reply.text

@@ -6,7 +6,7 @@ import pytest
 from textual.color import Color
 from textual.widgets import OptionList, Static
 
-from test_ui import SIZE, loaded, make_app, reply_done, send, wait_for
+from test_ui import SIZE, loaded, make_app, reply_done, screen_open, send, wait_for
 from tui_chat.engine.base import Message
 from tui_chat.engine.params import SamplingParams
 from tui_chat.ui.screens.inspector import InspectorScreen, candidate_lines
@@ -26,12 +26,6 @@ def contrast(a: Color, b: Color) -> float:
 
     light, dark = sorted((luminance(a), luminance(b)), reverse=True)
     return (light + 0.05) / (dark + 0.05)
-
-
-async def inspector_open(pilot) -> InspectorScreen:
-    await wait_for(pilot, lambda: isinstance(pilot.app.screen, InspectorScreen))
-    await pilot.pause()
-    return pilot.app.screen
 
 
 async def test_heatmap_bands_are_legible_in_every_shipped_and_built_in_theme(tiny_model):
@@ -90,7 +84,7 @@ async def test_keys_pick_a_token_the_inspector_shows_it_and_a_branch_rewinds_to_
         await pilot.press("ctrl+t")
         reply.focus()
         await pilot.press("right", "right", "right", "enter")
-        inspector = await inspector_open(pilot)
+        inspector = await screen_open(pilot, InspectorScreen)
         assert inspector.index == 3
         options = inspector.query_one(OptionList)
         assert options.option_count == 10
@@ -142,7 +136,7 @@ async def test_clicking_a_token_opens_the_inspector_at_it(tiny_model):
                 break
             x += segment.cell_length
         await pilot.click(body, offset=(x - body.region.x + body.content_region.x, 0))
-        inspector = await inspector_open(pilot)
+        inspector = await screen_open(pilot, InspectorScreen)
         assert inspector.index == target
 
 
@@ -172,7 +166,7 @@ async def test_only_the_latest_reply_can_be_branched(tiny_model):
         await reply_done(pilot)
         first.focus()
         await pilot.press("enter")
-        inspector = await inspector_open(pilot)
+        inspector = await screen_open(pilot, InspectorScreen)
         await pilot.press("down", "enter")
         await pilot.pause()
         assert pilot.app.screen is inspector and len(first.branches) == 1
@@ -197,10 +191,11 @@ async def test_regenerate_keeps_the_earlier_reply_as_a_branch(tiny_model):
         assert reply.text == first and screen.conversation[-1].content == first
 
 
-def test_snapshot_heatmap_and_inspector_on_the_starter(snap_compare, starter_model, monkeypatch):
+@pytest.mark.parametrize("keys", [("right", "right"), ("right", "right", "enter")], ids=["heatmap", "inspector"])
+def test_snapshot_heatmap_and_inspector_on_the_starter(snap_compare, starter_model, monkeypatch, keys):
     monkeypatch.setattr("tui_chat.ui.screens.chat.reply_footer", lambda reason, metrics: f"{reason} · timings")
 
-    async def inspect(pilot):
+    async def pick_a_token(pilot):
         screen = await loaded(pilot)
         await send(pilot, "Name three colours of the rainbow.")
         reply = await reply_done(pilot)
@@ -208,27 +203,10 @@ def test_snapshot_heatmap_and_inspector_on_the_starter(snap_compare, starter_mod
             timing.display = False
         await pilot.press("ctrl+t")
         reply.focus()
-        await pilot.press("right", "right", "enter")
-        await inspector_open(pilot)
+        await pilot.press(*keys)
+        if "enter" in keys:
+            await screen_open(pilot, InspectorScreen)
         await pilot.pause(0.2)
 
     app = make_app(str(starter_model), sampling=SamplingParams(temperature=0.0, max_tokens=40))
-    assert snap_compare(app, terminal_size=(100, 32), run_before=inspect)
-
-
-def test_snapshot_heatmap_on_the_starter(snap_compare, starter_model, monkeypatch):
-    monkeypatch.setattr("tui_chat.ui.screens.chat.reply_footer", lambda reason, metrics: f"{reason} · timings")
-
-    async def heatmap(pilot):
-        screen = await loaded(pilot)
-        await send(pilot, "Name three colours of the rainbow.")
-        reply = await reply_done(pilot)
-        for timing in (screen.query_one("#speed"), screen.query_one("#decode-sparkline")):
-            timing.display = False
-        await pilot.press("ctrl+t")
-        reply.focus()
-        await pilot.press("right", "right")
-        await pilot.pause(0.2)
-
-    app = make_app(str(starter_model), sampling=SamplingParams(temperature=0.0, max_tokens=40))
-    assert snap_compare(app, terminal_size=(100, 32), run_before=heatmap)
+    assert snap_compare(app, terminal_size=(100, 32), run_before=pick_a_token)

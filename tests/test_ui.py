@@ -44,6 +44,13 @@ async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 30.0) 
         await pilot.pause(0.02)
 
 
+async def screen_open(pilot, kind: type):
+    """Wait until a screen of `kind` is on top, and hand it back."""
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, kind))
+    await pilot.pause()
+    return pilot.app.screen
+
+
 async def loaded(pilot) -> ChatScreen:
     screen = pilot.app.screen
     assert isinstance(screen, ChatScreen)

@@ -47,6 +47,8 @@ def bar(prob: float, width: int = BAR_WIDTH) -> str:
 def pool_line(pool: PoolCut | None) -> str:
     if pool is None:
         return "Pool at this token: not recorded (the token was chosen, not drawn)"
+    if pool == PoolCut(1, 1, 1):
+        return "When it was drawn only the likeliest candidate was left (temperature 0 or top-k 1): no draw"
     counts = [f"{name} {'more' if count is None else f'{count:,}'}" for name, count in
               (("top-k", pool.top_k), ("top-p", pool.top_p), ("min-p", pool.min_p))]
     return "Candidates the settings kept when it was drawn: " + " → ".join(counts)
