@@ -13,6 +13,7 @@ import pty
 import shutil
 import subprocess
 import sys
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -70,28 +71,35 @@ async def click_on(pilot, text: str, nth: int = 0) -> None:
     await pilot.pause()
 
 
-def remote_app(server, model: str = "", **config):
-    return make_app(f"@lab:{model}" if model else "@lab", remotes={"lab": RemoteProfile("lab", server.base_url)},
-                    **config)
+def remote_app(server, model: str = ""):
+    return make_app(f"@lab:{model}" if model else "@lab", remotes={"lab": RemoteProfile("lab", server.base_url)})
+
+
+@asynccontextmanager
+async def hostile_reply(model: str = "hostile"):
+    """The app on the fake server's `model` (by default HOSTILE, word by word with probabilities),
+    asked once; the reply finished."""
+    with fake_server() as server:
+        app = remote_app(server, model)
+        async with app.run_test(size=WIDE, notifications=True) as pilot:
+            await loaded(pilot)
+            await send(pilot, "hi")
+            yield pilot, await reply_done(pilot)
 
 
 async def test_a_streamed_and_a_finished_reply_show_it_as_written():
-    with fake_server() as server:
-        app = remote_app(server, "hostile")
-        async with app.run_test(size=WIDE, notifications=True) as pilot:
-            screen = await loaded(pilot)
-            await send(pilot, "hi")
-            reply = await reply_done(pilot)
-            assert reply.text == HOSTILE
-            assert_literal_on_screen(app)
-            streaming = ReplyMessage()
-            await screen.query_one("#log").mount(streaming)
-            for start in range(0, len(HOSTILE), 3):  # pieces that cut escape sequences in two
-                await streaming.append(HOSTILE[start : start + 3])
-            await pilot.pause(0.2)
-            assert_literal_on_screen(app, times=2)
-            await click_on(pilot, "[@click=app.quit]quit[/]")
-            assert app.is_running, "markup in a reply is not an action"
+    async with hostile_reply() as (pilot, reply):
+        app = pilot.app
+        assert reply.text == HOSTILE
+        assert_literal_on_screen(app)
+        streaming = ReplyMessage()
+        await app.screen.query_one("#log").mount(streaming)
+        for start in range(0, len(HOSTILE), 3):  # pieces that cut escape sequences in two
+            await streaming.append(HOSTILE[start : start + 3])
+        await pilot.pause(0.2)
+        assert_literal_on_screen(app, times=2)
+        await click_on(pilot, "[@click=app.quit]quit[/]")
+        assert app.is_running, "markup in a reply is not an action"
 
 
 async def test_markdown_links_in_a_reply_show_their_target_and_open_nothing():
@@ -117,27 +125,23 @@ async def test_markdown_links_in_a_reply_show_their_target_and_open_nothing():
 
 
 async def test_the_heatmap_and_the_inspector_show_tokens_and_candidates_as_written():
-    with fake_server() as server:
-        app = remote_app(server, "hostile")
-        async with app.run_test(size=WIDE, notifications=True) as pilot:
-            screen = await loaded(pilot)
-            await send(pilot, "hi")
-            reply = await reply_done(pilot)
-            assert len(reply.tokens) == len(HOSTILE.split(" "))
-            await pilot.press("ctrl+t")
+    async with hostile_reply() as (pilot, reply):
+        app = pilot.app
+        assert len(reply.tokens) == len(HOSTILE.split(" "))
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        assert_literal_on_screen(app)
+        reply.focus()
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, InspectorScreen))
+        inspector = app.screen
+        for index in range(len(reply.tokens)):
             await pilot.pause()
-            assert_literal_on_screen(app)
-            reply.focus()
-            await pilot.press("enter")
-            await wait_for(pilot, lambda: isinstance(app.screen, InspectorScreen))
-            inspector = app.screen
-            for index in range(len(reply.tokens)):
-                await pilot.pause()
-                assert_literal_on_screen(app, SHOWN_CANDIDATES)
-                assert inspector.index == index
-                await pilot.press("right")
-            facts = plain(inspector.query_one("#facts"))
-            assert facts.startswith(r'" a\x00b"'), facts
+            assert_literal_on_screen(app, SHOWN_CANDIDATES)
+            assert inspector.index == index
+            await pilot.press("right")
+        facts = plain(inspector.query_one("#facts"))
+        assert facts.startswith(r'" a\x00b"'), facts
 
 
 async def test_the_metrics_panel_shows_a_servers_model_name_as_written():
@@ -179,16 +183,12 @@ async def test_a_notification_quoting_a_file_name_shows_it_as_written(tmp_path, 
 
 
 async def test_a_server_error_mid_reply_is_shown_as_written():
-    with fake_server() as server:
-        app = remote_app(server, "hostile-error")
-        async with app.run_test(size=WIDE, notifications=True) as pilot:
-            await loaded(pilot)
-            await send(pilot, "hi")
-            reply = await reply_done(pilot)
-            assert reply.text == "Paris"
-            await wait_for(pilot, lambda: "Reply cut short" in toasts(app))
-            assert all(piece in toasts(app) for piece in MARKUP)
-            assert_literal_on_screen(app, [piece for piece in SHOWN if " " not in piece][:3])
+    async with hostile_reply("hostile-error") as (pilot, reply):
+        app = pilot.app
+        assert reply.text == "Paris"
+        await wait_for(pilot, lambda: "Reply cut short" in toasts(app))
+        assert all(piece in toasts(app) for piece in MARKUP)
+        assert_literal_on_screen(app)  # the footer quotes it too
 
 
 async def test_the_models_screen_shows_local_and_hub_names_as_written(models, fake_hub, tiny_model):
