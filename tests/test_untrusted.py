@@ -96,7 +96,7 @@ async def test_a_streamed_and_a_finished_reply_show_it_as_written():
         await app.screen.query_one("#log").mount(streaming)
         for start in range(0, len(HOSTILE), 3):  # pieces that cut escape sequences in two
             await streaming.append(HOSTILE[start : start + 3])
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: "\n".join(screen_lines(app)).count("a\\x00b") == 2)
         assert_literal_on_screen(app, times=2)
         await click_on(pilot, "[@click=app.quit]quit[/]")
         assert app.is_running, "markup in a reply is not an action"
@@ -115,7 +115,7 @@ async def test_markdown_links_in_a_reply_show_their_target_and_open_nothing():
             streaming, finished = ReplyMessage(), ReplyMessage(link, "end of text")
             await screen.query_one("#log").mount(streaming, finished)
             await streaming.append(link)
-            await pilot.pause(0.2)
+            await wait_for(pilot, lambda: "\n".join(screen_lines(app)).count("the docs") == 2)
             assert "the docs (https://evil.example/x)" in "\n".join(screen_lines(app))
             assert unsafe_in(terminal_output(app)) == [], "no OSC 8 hyperlink"
             for nth in range(2):  # the streamed reply, then the finished one
