@@ -18,19 +18,23 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from hostile import CANDIDATES, HOSTILE
+
 REPLY = "Paris is the capital of France and its largest city ."
 SLOW_TOKEN_S = 0.2
 MAX_WAIT_S = 10.0
-BEHAVIOURS = ("words", "slow", "cut", "cut-chunked", "malformed", "server-error", "error-event", "hang", "silent-end")
+BEHAVIOURS = ("words", "slow", "cut", "cut-chunked", "malformed", "server-error", "error-event", "hang", "silent-end",
+              "hostile", "hostile-error")
 
 
 class FakeServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, api_key: str | None = None, llama_server: bool = True) -> None:
+    def __init__(self, api_key: str | None = None, llama_server: bool = True, served: tuple[str, ...] = BEHAVIOURS) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.api_key = api_key
         self.llama_server = llama_server  # False: a plain OpenAI-compatible server, without /props or /tokenize
+        self.served = served  # the ids /v1/models lists: a hostile server may name its models anything
         self.requests: list[dict] = []
         self.previous_prompt: list[str] = []
         self.stopping = threading.Event()
@@ -46,8 +50,9 @@ class FakeServer(ThreadingHTTPServer):
 
 
 @contextmanager
-def fake_server(api_key: str | None = None, llama_server: bool = True) -> Iterator[FakeServer]:
-    server = FakeServer(api_key, llama_server)
+def fake_server(api_key: str | None = None, llama_server: bool = True,
+                served: tuple[str, ...] = BEHAVIOURS) -> Iterator[FakeServer]:
+    server = FakeServer(api_key, llama_server, served)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -79,7 +84,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._authorized():
             return
         if self.path == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": name, "object": "model"} for name in BEHAVIOURS]})
+            self._json(200, {"object": "list", "data": [{"id": name, "object": "model"} for name in self.server.served]})
         elif self.path == "/props" and self.server.llama_server:
             self._json(200, {"default_generation_settings": {"n_ctx": 4096}})
         else:
@@ -187,6 +192,22 @@ class _Handler(BaseHTTPRequestHandler):
     def _stream_error_event(self, body: dict) -> None:
         self._send(_chunk("Paris"))
         self._send({"error": {"message": "the slot was cancelled by the server"}})
+
+    def _stream_hostile(self, body: dict) -> None:
+        """The untrusted text as word tokens, each with its probability and some hostile alternatives."""
+        words = HOSTILE.split(" ")
+        for index, word in enumerate(words):
+            piece = ("" if index == 0 else " ") + word
+            top = [{"token": piece, "logprob": -0.5}, *({"token": c, "logprob": -2.0} for c in CANDIDATES)]
+            chunk = _chunk(piece)
+            chunk["choices"][0]["logprobs"] = {"content": [{"token": piece, "logprob": -0.5, "top_logprobs": top}]}
+            self._send(chunk)
+        self._send(_chunk(None, "stop"))
+        self._send("[DONE]")
+
+    def _stream_hostile_error(self, body: dict) -> None:
+        self._send(_chunk("Paris"))
+        self._send({"error": {"message": HOSTILE}})
 
     def _stream_silent_end(self, body: dict) -> None:
         self._send(_chunk("Paris"))

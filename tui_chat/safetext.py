@@ -1,14 +1,24 @@
 """Model output is untrusted: before it reaches a terminal, control characters become visible escapes.
 
-An ESC would let a reply move the cursor, retitle the window or write the clipboard (OSC 52);
-bidi overrides would reorder what the user reads. Newlines and tabs stay as they are.
+An ESC would let a reply move the cursor, retitle the window (OSC 0), write the clipboard (OSC 52)
+or hide a link target behind its text (OSC 8); C1 controls (U+0080-U+009F) are the same commands
+in one byte, and NUL or DEL can confuse what reads the terminal. Bidi overrides and isolates would
+reorder what the user reads ("\u202egnp.exe" shows as "exe.png"); the invisible bidi marks go too,
+since text a user must trust should not carry invisible direction changes, and a legitimate mark
+costs only a visible `\\u200f`. Newlines and tabs stay as they are.
+
+Everything becomes `\\xNN` or `\\uNNNN`, so a user can see and report exactly what was sent. This
+runs on every streamed token: one regex pass, about 0.2 µs for a clean token.
+
+Rich/Textual markup is a separate matter: widgets take untrusted text as `Content(...)`/`Text(...)`,
+never as markup, and notifications are made literal by the app (see `ChatApp.notify`).
 """
 
 from __future__ import annotations
 
 import re
 
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def _escape(match: re.Match[str]) -> str:

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from textual.app import App, SystemCommand
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
 from ..config import Config, config_dir, save_setting
 from ..engine.params import PRESETS, LiveParams
+from ..safetext import terminal_safe
 from .screens.chat import BackendOpener, ChatScreen
 from .themes import load_themes
 
@@ -32,12 +34,12 @@ class ChatApp(App[None]):
         for theme in themes:
             self.register_theme(theme)
         for problem in problems:
-            self.notify(problem, severity="warning", timeout=6)
+            self.notify(problem, severity="warning", timeout=6, markup=False)
         wanted = self.config.theme or DEFAULT_THEME
         if wanted in self.available_themes:
             self.theme = wanted
         else:
-            self.notify(f"theme {wanted!r} not found; using {self.theme}", severity="warning")
+            self.notify(f"theme {wanted!r} not found; using {self.theme}", severity="warning", markup=False)
         self._saved_theme = self.theme
         self.set_keymap(self.keymap_overrides)
         self.push_screen(ChatScreen(self.open_backend, self.model, LiveParams(self.config.sampling), self.config))
@@ -50,7 +52,15 @@ class ChatApp(App[None]):
             save_setting("theme", theme)
             self._saved_theme = theme
         except OSError as error:
-            self.notify(f"cannot save the theme: {error.strerror}", severity="warning")
+            self.notify(f"cannot save the theme: {error.strerror}", severity="warning", markup=False)
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = True) -> None:
+        """Notifications quote error messages, file and model names, server answers and chat titles:
+        whatever the caller, none of their control characters reaches the terminal. (Markup is the
+        caller's to refuse: every call that quotes such text passes markup=False.)"""
+        super().notify(terminal_safe(message), title=terminal_safe(title), severity=severity, timeout=timeout,
+                       markup=markup)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)

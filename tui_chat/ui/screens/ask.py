@@ -10,9 +10,16 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Input, Static, TextArea
 
+from ...safetext import terminal_safe
+
 
 class AskText(ModalScreen[str | None]):
-    """One line (Enter saves) or, with `multiline`, a text area (Ctrl+S saves, Enter is a new line)."""
+    """One line (Enter saves) or, with `multiline`, a text area (Ctrl+S saves, Enter is a new line).
+
+    The value may be untrusted (a title made from a chat, an imported system prompt) and the
+    text widgets draw control characters raw, so it is edited with them as visible escapes;
+    saved unchanged, the value comes back as it was.
+    """
 
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel"), Binding("ctrl+s", "save", "Save")]
     DEFAULT_CSS = """
@@ -29,6 +36,7 @@ class AskText(ModalScreen[str | None]):
         super().__init__()
         self.title_text = title
         self.value = value
+        self.shown_value = terminal_safe(value)
         self.hint = hint
         self.multiline = multiline
 
@@ -37,15 +45,16 @@ class AskText(ModalScreen[str | None]):
             box.border_title = self.title_text
             yield Static(Content(self.hint), classes="hint")
             if self.multiline:
-                yield TextArea(self.value, id="answer", soft_wrap=True, show_line_numbers=False)
+                yield TextArea(self.shown_value, id="answer", soft_wrap=True, show_line_numbers=False)
             else:
-                yield Input(self.value, id="answer")
+                yield Input(self.shown_value, id="answer")
             keys = "Ctrl+S saves · Esc cancels" if self.multiline else "Enter saves · Esc cancels"
             yield Static(Content(keys), classes="hint")
 
     def action_save(self) -> None:
         answer = self.query_one("#answer")
-        self.dismiss(answer.text if isinstance(answer, TextArea) else answer.value)
+        text = answer.text if isinstance(answer, TextArea) else answer.value
+        self.dismiss(self.value if text == self.shown_value else text)
 
     @on(Input.Submitted)
     def _submitted(self) -> None:

@@ -146,7 +146,7 @@ class ChatScreen(Screen):
         try:
             self.history = History(history_path())
         except HistoryError as error:
-            self.notify(f"{error}: this session is not saved", severity="warning", timeout=8)
+            self.notify(f"{error}: this session is not saved", severity="warning", timeout=8, markup=False)
         self._start_saving()
 
     def _start_saving(self, conversation_id: int | None = None, last_id: int | None = None) -> None:
@@ -166,7 +166,7 @@ class ChatScreen(Screen):
             return write()
         except HistoryError as error:
             self.saved = None
-            self.notify(f"{error}: the rest of this chat is not saved", severity="error", timeout=10)
+            self.notify(f"{error}: the rest of this chat is not saved", severity="error", timeout=10, markup=False)
             return None
 
     def _request_messages(self) -> list[Message]:
@@ -208,7 +208,7 @@ class ChatScreen(Screen):
                 if job.backend is not None:
                     self._close_in_background(job.backend)
                 self._set_status(f"Model not loaded: {event.message}  (Ctrl+O opens another)", error=True)
-                self.notify(event.message, title="Model not loaded", severity="error", timeout=8)
+                self.notify(event.message, title="Model not loaded", severity="error", timeout=8, markup=False)
                 if self.backend is None:
                     self.query_one(MetricsPanel).show_model(None, "No model loaded")
 
@@ -337,7 +337,8 @@ class ChatScreen(Screen):
         if done.metrics.dropped_turns:
             footer += f" · {left_out(done.metrics.dropped_turns)}"
             self.notify(f"{left_out(done.metrics.dropped_turns)} of the prompt to fit the "
-                        f"{done.metrics.n_ctx:,}-token context (they stay in the chat).", severity="warning", timeout=6)
+                        f"{done.metrics.n_ctx:,}-token context (they stay in the chat).", severity="warning", timeout=6,
+                        markup=False)
         if reply.writer is not None:
             self.saved.price = self.query_one(MetricsPanel).price
             self._save(lambda: self.saved.end_reply(reply.writer, done))
@@ -495,7 +496,7 @@ class ChatScreen(Screen):
         The engine rewinds its cache to the cut, so only the new token is read."""
         reason = self._why_not_branch(widget)
         if reason:
-            self.notify(reason, severity="warning", timeout=4)
+            self.notify(reason, severity="warning", timeout=4, markup=False)
             return
         original = widget.tokens[index]
         given = replace(original, token_id=candidate.token_id, text=candidate.text, piece=candidate.text,
@@ -507,7 +508,7 @@ class ChatScreen(Screen):
     async def _switch_branch(self, event: ReplyMessage.SwitchBranch) -> None:
         reason = self._why_not_branch(event.reply)
         if reason:
-            self.notify(reason.replace("branched", "switched"), severity="warning", timeout=4)
+            self.notify(reason.replace("branched", "switched"), severity="warning", timeout=4, markup=False)
             return
         await event.reply.show_branch(event.index)
         self.conversation[-1] = Message("assistant", event.reply.text)
@@ -566,7 +567,7 @@ class ChatScreen(Screen):
             reply.heatmap = self.heatmap
         if conversation.model and conversation.model != self.model_spec:
             self.load_model(conversation.model)
-        self.notify(f"Opened “{terminal_safe(conversation.title)}”", timeout=3, markup=False)
+        self.notify(f"Opened “{conversation.title}”", timeout=3, markup=False)
 
     def action_system_prompt(self) -> None:
         from .ask import AskText
@@ -659,5 +660,5 @@ class ChatScreen(Screen):
             try:
                 save_setting("price", str(event.value))
             except OSError as error:
-                self.notify(f"cannot save the price preset: {error.strerror}", severity="warning")
+                self.notify(f"cannot save the price preset: {error.strerror}", severity="warning", markup=False)
         self._count_draft()

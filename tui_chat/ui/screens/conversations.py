@@ -109,7 +109,7 @@ class ConversationsScreen(ModalScreen[int | None]):
         try:
             self.shown = self.history.conversations(self.query_one("#search", Input).value.strip() or None)
         except HistoryError as error:
-            self.notify(str(error), severity="error")
+            self.notify(str(error), severity="error", markup=False)
             return
         chats = self.query_one(OptionList)
         chats.clear_options()
@@ -149,7 +149,7 @@ class ConversationsScreen(ModalScreen[int | None]):
         try:
             self.history.update(conversation_id, title=title)
         except HistoryError as error:
-            self.notify(str(error), severity="error")
+            self.notify(str(error), severity="error", markup=False)
         self._refresh()
 
     def action_delete(self) -> None:
@@ -160,14 +160,14 @@ class ConversationsScreen(ModalScreen[int | None]):
         asked = self._delete_asked
         if asked is None or asked[0] != chosen.id or time.monotonic() - asked[1] > CONFIRM_WITHIN_S:
             self._delete_asked = (chosen.id, time.monotonic())
-            self.notify(f"Delete “{terminal_safe(chosen.title)}” and all its messages? Ctrl+D again to confirm.",
+            self.notify(f"Delete “{chosen.title}” and all its messages? Ctrl+D again to confirm.",
                         severity="warning", timeout=CONFIRM_WITHIN_S, markup=False)
             return
         self._delete_asked = None
         try:
             self.history.delete(chosen.id)
         except HistoryError as error:
-            self.notify(str(error), severity="error")
+            self.notify(str(error), severity="error", markup=False)
         self._refresh()
 
     def action_export(self, kind: str) -> None:
@@ -183,9 +183,9 @@ class ConversationsScreen(ModalScreen[int | None]):
             partial.write_text(text, encoding="utf-8")
             partial.replace(target)
         except HistoryError as error:
-            self.notify(str(error), severity="error")
+            self.notify(str(error), severity="error", markup=False)
             return
         except OSError as error:
-            self.notify(f"cannot write {target}: {error.strerror}", severity="error")
+            self.notify(f"cannot write {target}: {error.strerror}", severity="error", markup=False)
             return
         self.notify(f"Exported to {target}", timeout=6, markup=False)

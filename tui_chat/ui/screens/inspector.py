@@ -151,7 +151,7 @@ class InspectorScreen(ModalScreen[BranchChoice | None]):
         token = self.tokens[self.index]
         candidate = token.top[event.option_index]
         if self.cannot_branch:
-            self.notify(self.cannot_branch, severity="warning", timeout=4)
+            self.notify(self.cannot_branch, severity="warning", timeout=4, markup=False)
         elif candidate.token_id == token.token_id:
             self.notify("That is the token already there: pick another to branch.", timeout=3)
         else:

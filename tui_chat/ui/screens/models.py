@@ -188,10 +188,10 @@ class ModelsScreen(Screen[str | None]):
         try:
             save_setting("default_model", name)
         except OSError as error:
-            self.notify(f"cannot save the default model: {error.strerror}", severity="error")
+            self.notify(f"cannot save the default model: {error.strerror}", severity="error", markup=False)
             return
         self.default_model = name
-        self.notify(f"{terminal_safe(name)} is now the default model", markup=False)
+        self.notify(f"{name} is now the default model", markup=False)
         self.refresh_local()
 
     def action_remove(self) -> None:
@@ -208,7 +208,7 @@ class ModelsScreen(Screen[str | None]):
         except HubError as error:
             self.notify(str(error), severity="error", markup=False)
             return
-        self.notify(f"Deleted {terminal_safe(name)}", markup=False)
+        self.notify(f"Deleted {name}", markup=False)
         self.refresh_local()
 
     def action_import_file(self) -> None:
@@ -228,7 +228,7 @@ class ModelsScreen(Screen[str | None]):
             return
         event.input.value = ""
         event.input.display = False
-        self.notify(f"Imported {terminal_safe(model.name)}", markup=False)
+        self.notify(f"Imported {model.name}", markup=False)
         self.refresh_local()
         self.query_one("#local-models").focus()
 
@@ -348,7 +348,7 @@ class ModelsScreen(Screen[str | None]):
         if message.error is None:
             status.update(Content(f"Downloaded {terminal_safe(message.name)} · it is in the Local tab"))
             self.query_one("#download").display = False
-            self.notify(f"Downloaded {terminal_safe(message.name)}: F5 → Local → Enter loads it", markup=False)
+            self.notify(f"Downloaded {message.name}: F5 → Local → Enter loads it", markup=False)
             self.refresh_local()
         else:
             status.update(Content(terminal_safe(message.error)))

@@ -5,7 +5,9 @@ blocks are frozen into one Static, so the live Markdown (one widget per block) s
 long the reply grows. A finished message is a single Static: hundreds of them keep layout cheap.
 
 Model text is untrusted: it is shown literally, never parsed as Rich markup, and control
-characters become visible escapes before anything reaches the terminal.
+characters become visible escapes before anything reaches the terminal. Its Markdown is honest
+formatting, but a link's text may lie about where it goes: a finished reply shows each link's
+target after its text, and no link is a terminal hyperlink (OSC 8) or opens anything when clicked.
 """
 
 from __future__ import annotations
@@ -41,7 +43,12 @@ _FENCE = "```"
 
 
 def rendered_markdown(text: str) -> RichMarkdown:
-    return RichMarkdown(terminal_safe(text), code_theme="monokai")
+    return RichMarkdown(terminal_safe(text), code_theme="monokai", hyperlinks=False)
+
+
+def markdown_tail() -> Markdown:
+    """Where a reply streams in: its links are not opened on a click (see the module's docstring)."""
+    return Markdown(classes="tail", open_links=False)
 
 
 def freeze_point(text: str) -> int | None:
@@ -147,7 +154,7 @@ class ReplyMessage(ChatMessage, Vertical):
         if self.footer is not None:
             yield self._finished_body()
         else:
-            yield Markdown(classes="tail")
+            yield markdown_tail()
             yield Static(classes="status")
 
     def on_mount(self) -> None:
@@ -203,7 +210,7 @@ class ReplyMessage(ChatMessage, Vertical):
         await self.remove_children()
         self.text, self.footer, self._tail, self._frozen_chars = "", None, "", 0
         self.tokens = []
-        await self.mount_all([Markdown(classes="tail"), Static(classes="status")])
+        await self.mount_all([markdown_tail(), Static(classes="status")])
         self._stream = Markdown.get_stream(self.query_one(Markdown))
 
     @property

@@ -78,7 +78,7 @@ class SamplingPanel(Vertical):
         try:
             params = self.live.update(**changes)
         except InvalidParameter as error:
-            self.notify(str(error), severity="error")
+            self.notify(str(error), severity="error", markup=False)
             return
         for name in changes:
             if name in SPECS:
@@ -113,7 +113,7 @@ class SamplingPanel(Vertical):
 
     def apply_preset(self, name: str) -> None:
         self.set_values(PRESETS[name])
-        self.notify(f"Preset: {name}", timeout=2)
+        self.notify(f"Preset: {name}", timeout=2, markup=False)
 
     def set_values(self, values: dict) -> None:
         """Settings from elsewhere (a preset, a reopened conversation): the controls follow them."""
