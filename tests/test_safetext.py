@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hostile import HOSTILE, SHOWN, unsafe_in
-from tui_chat.safetext import terminal_safe
+from tui_chat.safetext import terminal_safe, without_controls
 
 
 @pytest.mark.parametrize(("raw", "shown"), [
@@ -48,3 +48,8 @@ def test_escaping_token_by_token_equals_escaping_the_whole():
     """Replies are escaped per token as they stream: a sequence split over tokens is still caught."""
     for cut in range(len(HOSTILE) + 1):
         assert terminal_safe(HOSTILE[:cut]) + terminal_safe(HOSTILE[cut:]) == terminal_safe(HOSTILE)
+
+
+def test_text_to_send_loses_controls_but_keeps_lines_and_markup():
+    assert without_controls("a\x1b[2Jb\r\nc\rd\te \u202ex [b]y[/b]\x00") == "ab\nc\nd\te x [b]y[/b]"
+    assert without_controls("\x1b]52;c;ZXZpbA==\x07x\x1b]8;;https://e\x1b\\y\x1b]8;;\x1b\\") == "xy"

@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from textual import events
 from textual.widgets import Input, OptionList
 from textual.widgets._toast import Toast
 
@@ -25,7 +26,7 @@ from fake_openai import BEHAVIOURS, fake_server
 from hostile import FILE_SAFE, HOSTILE, MARKUP, SHOWN, SHOWN_CANDIDATES, unsafe_in
 from test_history_ui import chats_open
 from test_models_screen import open_models
-from test_ui import loaded, make_app, reply_done, send, wait_for
+from test_ui import SIZE, loaded, make_app, reply_done, send, wait_for
 from tui_chat.config import RemoteProfile, history_path
 from tui_chat.history import History
 from tui_chat.safetext import terminal_safe
@@ -33,6 +34,7 @@ from tui_chat.ui.screens.ask import AskText
 from tui_chat.ui.screens.inspector import InspectorScreen
 from tui_chat.ui.widgets.messages import ReplyMessage
 from tui_chat.ui.widgets.metrics import MetricsPanel
+from tui_chat.ui.widgets.prompt import PromptInput
 
 WIDE = (230, 50)  # wide enough that no piece of HOSTILE wraps in the chat pane
 SHOWN_FILE_SAFE = tuple(piece.replace("/", "∕") for piece in SHOWN if piece != r"a\x00b")
@@ -289,3 +291,15 @@ def test_every_notification_that_quotes_text_refuses_markup():
             if not fixed and not refused:
                 unguarded.append(f"{path.name}:{node.lineno}")
     assert unguarded == []
+
+
+async def test_a_paste_into_the_message_box_drops_terminal_controls(tiny_model):
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        prompt = screen.query_one(PromptInput)
+        prompt.focus()
+        await pilot.pause()
+        prompt.post_message(events.Paste("look \x1b]0;pwned\x07at\r\nthis \u202egnp.exe [b]x[/b]"))
+        await pilot.pause()
+        assert prompt.text == "look at\nthis gnp.exe [b]x[/b]"

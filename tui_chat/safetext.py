@@ -27,3 +27,14 @@ def _escape(match: re.Match[str]) -> str:
 
 def terminal_safe(text: str) -> str:
     return _UNSAFE.sub(_escape, text)
+
+
+# Whole terminal commands, so a paste loses "ESC ] 0 ; title BEL", not just its ESC and BEL.
+_SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]")
+
+
+def without_controls(text: str) -> str:
+    """Text typed or pasted to be sent: terminal commands and unsafe characters are dropped, not
+    escaped, since the message box draws what it holds and a model gains nothing from them."""
+    text = _SEQUENCE.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
+    return _UNSAFE.sub("", text)

@@ -382,10 +382,7 @@ class ChatScreen(Screen):
         await reply.widget.remove()
         await reply.question.remove()
         self.conversation.pop()
-        prompt = self.query_one(PromptInput)
-        prompt.text = reply.question.text
-        prompt.move_cursor(prompt.document.end)
-        prompt.focus()
+        self.query_one(PromptInput).set_draft(reply.question.text)
 
     # --- actions -------------------------------------------------------------------------------
 
@@ -419,10 +416,7 @@ class ChatScreen(Screen):
             await self.query(ReplyMessage).last().remove()
         self.conversation.pop()
         await question.remove()
-        prompt = self.query_one(PromptInput)
-        prompt.text = question.text
-        prompt.move_cursor(prompt.document.end)
-        prompt.focus()
+        self.query_one(PromptInput).set_draft(question.text)
 
     def action_copy_last(self) -> None:
         replies = self.query(ReplyMessage)
@@ -642,6 +636,8 @@ class ChatScreen(Screen):
         self.app.call_from_thread(self._show_draft_count, text, count)
 
     def _show_draft_count(self, text: str, count: int) -> None:
+        if not self.is_attached:
+            return  # the app closed while the count was made
         if text != self.query_one(PromptInput).text:
             return  # typed on meanwhile: a newer count is on its way
         draft = self.query_one("#draft", Static)

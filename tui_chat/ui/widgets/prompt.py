@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from textual import events
 from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import TextArea
+
+from ...safetext import without_controls
 
 
 class PromptInput(TextArea):
@@ -20,6 +23,19 @@ class PromptInput(TextArea):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(soft_wrap=True, show_line_numbers=False, compact=True, **kwargs)
+
+    async def _on_paste(self, event: events.Paste) -> None:
+        """Copied model text can carry terminal escapes; the box would draw them raw."""
+        event.prevent_default()
+        event.stop()
+        if result := self._replace_via_keyboard(without_controls(event.text), *self.selection):
+            self.move_cursor(result.end_location)
+
+    def set_draft(self, text: str) -> None:
+        """Put text back to edit (a taken-back or edited message), as the box can show it."""
+        self.text = without_controls(text)
+        self.move_cursor(self.document.end)
+        self.focus()
 
     def action_submit(self) -> None:
         if self.text.strip():
