@@ -174,7 +174,7 @@ def test_metrics_agree_with_llama_cpp_counters(tiny):
     m = done.metrics
     assert perf.n_p_eval == m.prompt_tokens - m.cached_tokens > 300
     assert perf.n_eval == m.completion_tokens - 1
-    assert m.prefill_s * 1000 == pytest.approx(perf.p_eval_ms, rel=0.5, abs=5)
+    assert m.prefill_s * 1000 == pytest.approx(perf.p_eval_ms, rel=0.5, abs=20)  # ours adds Python's share
     assert m.decode_tok_s <= perf.n_eval / (perf.eval_ms / 1000) * 1.05
     assert m.ttft_s >= m.prefill_s
     assert m.context_tokens == m.prompt_tokens + m.completion_tokens - 1
