@@ -16,8 +16,8 @@ from tui_chat.engine.models import resolve_model
 from tui_chat.hub import HubError, HubInputError
 from tui_chat.hub.download import Cancelled, part_path
 from tui_chat.hub.http import OFFLINE_MESSAGE
-from tui_chat.hub.local import find_local, import_model, list_local, mark_used, remove_model
-from tui_chat.hub.names import ModelRef, check_file_name, parse_ref, quant_of, split_part
+from tui_chat.hub.local import find_local, hub_path, import_model, list_local, mark_used, remove_model
+from tui_chat.hub.names import ModelRef, check_file_name, check_repo_id, parse_ref, quant_of, split_part
 from tui_chat.hub.remote import list_gguf, pull, search
 
 
@@ -66,6 +66,20 @@ def test_names_that_could_leave_the_models_dir_are_refused():
     assert split_part("m-00002-of-00003.gguf").index == 2
     assert split_part("m-00004-of-00003.gguf") is None
 
+
+
+def test_nul_backslashes_and_encoded_dots_cannot_leave_the_models_dir(tmp_path):
+    for name in ("a\x00b.gguf", "sub\\..\\..\\x.gguf", "C:\\x.gguf", "/abs.gguf", "a/./b.gguf", "..", "x/.."):
+        with pytest.raises(HubInputError, match="not a usable file name"):
+            check_file_name(name)
+    for repo in ("../x", "./x", "a/..", "own\\er/x", "/etc/x", "a\x00/b", "%2e%2e/x", "a/b/c"):
+        with pytest.raises(HubInputError, match="not a hub repository name"):
+            check_repo_id(repo)
+    ref = parse_ref("owner/repo:%2e%2e/%2e%2e/model.gguf")  # a literal folder name here, never decoded
+    assert hub_path(tmp_path, ref) == tmp_path / "hub" / "owner" / "repo" / "%2e%2e" / "%2e%2e" / "model.gguf"
+    from huggingface_hub import hf_hub_url
+
+    assert "/%252e%252e/%252e%252e/model.gguf" in hf_hub_url(ref.repo, ref.file, endpoint="http://127.0.0.1:9")
 
 # --- search and listing --------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from .engine.base import Backend, EngineError, Error
 from .engine.params import MAX_TOP_LOGPROBS, PARAMS, InvalidParameter, check_top_logprobs
 from .history import HistoryError
 from .pricing import PricingError, count, find_preset, words_to_tokens
+from .safetext import terminal_safe
 
 if TYPE_CHECKING:
     from .recording import Saving
@@ -40,7 +41,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a bad argument is one line on stderr, not a usage dump."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -223,7 +224,7 @@ def _run(args: argparse.Namespace, config: Config, opener: Callable[[str | None]
             return run_conversation(backend, args.prompt, params, system=system, as_json=args.json,
                                     top_logprobs=args.top_logprobs, saving=saving)
         except (EngineError, HistoryError) as error:
-            print(f"tui-chat: error: {error}", file=sys.stderr)
+            print(f"tui-chat: error: {one_line(str(error))}", file=sys.stderr)
             return 1
         finally:
             if saving is not None:
@@ -284,8 +285,14 @@ def _count_text_tokens(args: argparse.Namespace, config: Config) -> int:
 
 
 def _fail(error: Exception) -> int:
-    print(f"tui-chat: error: {error}", file=sys.stderr)
+    print(f"tui-chat: error: {one_line(str(error))}", file=sys.stderr)
     return USAGE_ERROR
+
+
+def one_line(message: str) -> str:
+    """Error messages quote what was typed (a file name, an unknown argument): they stay one line on stderr,
+    with no control character reaching the terminal."""
+    return terminal_safe(message).replace("\n", "\\n")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import numpy as np
 
 from . import logs
 from .base import Candidate, EngineError, PoolCut
+from .models import check_gguf
 from .params import SamplingParams
 from .pool import pool_cut
 
@@ -75,6 +76,7 @@ class LlamaSession:
         if on_progress is not None:
             self._progress = llama_cpp.llama_progress_callback(lambda fraction, _data: bool(on_progress(fraction)))
             model_params.progress_callback = self._progress
+        check_gguf(path)
         self.model = llama_cpp.llama_model_load_from_file(os.fsencode(path), model_params)
         if not self.model:
             raise EngineError(_load_failure(path))
@@ -306,6 +308,7 @@ def count_tokens(path: Path, text: str) -> int:
     logs.take_errors()
     model_params = llama_cpp.llama_model_default_params()
     model_params.vocab_only = True
+    check_gguf(path)
     model = llama_cpp.llama_model_load_from_file(os.fsencode(path), model_params)
     if not model:
         raise EngineError(_load_failure(path))

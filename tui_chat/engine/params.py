@@ -5,6 +5,7 @@ A new parameter is one `ParamSpec` row plus the field in `SamplingParams`.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
@@ -36,22 +37,21 @@ class ParamSpec:
         """Return `value` coerced to this parameter's type, or raise a one-line error."""
         if isinstance(value, bool):
             raise InvalidParameter(f"{self.name} must be a number (got {value!r})")
-        if not isinstance(value, (int, float)):
-            try:
-                value = float(value)
-            except (TypeError, ValueError):
-                raise InvalidParameter(f"{self.name} must be a number (got {value!r})") from None
-        if self.kind is int:
-            if float(value) != int(value):
-                raise InvalidParameter(f"{self.name} must be a whole number (got {value})")
-            value = int(value)
-        else:
-            value = float(value)
-        if value != value or not self.minimum <= value <= self.maximum:
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.copysign(math.inf, value)
+        except (TypeError, ValueError):
+            raise InvalidParameter(f"{self.name} must be a number (got {value!r})") from None
+        if not self.minimum <= number <= self.maximum:  # NaN fails this too
             raise InvalidParameter(
-                f"{self.name} must be between {_fmt(self.minimum)} and {_fmt(self.maximum)} (got {_fmt(value)})"
+                f"{self.name} must be between {_fmt(self.minimum)} and {_fmt(self.maximum)} (got {_fmt(number)})"
             )
-        return value
+        if self.kind is int:
+            if not number.is_integer():
+                raise InvalidParameter(f"{self.name} must be a whole number (got {_fmt(number)})")
+            return int(number)
+        return number
 
 
 def _fmt(number: float) -> str:
@@ -123,6 +123,8 @@ def check_top_logprobs(value: Any, name: str = "top-logprobs") -> int:
 
 
 def _check_stops(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, (str, list, tuple)):
+        raise InvalidParameter("stop sequences must be non-empty text")
     stops = (value,) if isinstance(value, str) else tuple(value)
     for stop in stops:
         if not isinstance(stop, str) or not stop:

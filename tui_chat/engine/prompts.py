@@ -7,16 +7,29 @@ makes it babble; a plain `User:` / `Assistant:` transcript gets sensible answers
 from __future__ import annotations
 
 import functools
+import threading
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from jinja2 import Template, TemplateError
+from jinja2 import Template, TemplateError, nodes
+from jinja2.compiler import CodeGenerator, Frame
+from jinja2.exceptions import SecurityError
+from jinja2.runtime import Context, LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .base import Message
 
 PLAIN = "plain"
 AUTO = "auto"
+MODEL = "model"  # the format name of a model's own template
+MAX_RENDER_STEPS = 200_000  # loop turns and calls in one render; a long chat takes a few thousand
+MAX_RENDER_SECONDS = 5.0
+MAX_PROMPT_CHARS = 16_000_000  # about 4M tokens, past the largest context
+MAX_REPEAT_ITEMS = 1_000_000  # what `'x' * n` and `[..] * n` may build
+MAX_POWER_BITS = 100_000  # what `n ** m` may build
 
 _PLAIN_TEMPLATE = (
     "{%- for m in messages -%}"
@@ -74,22 +87,43 @@ class PromptFormat:
     implicit_stops: tuple[str, ...] = ()
 
     def render(self, messages: list[Message], bos_token: str = "", eos_token: str = "") -> str:
+        """The prompt text. A model's template is untrusted code: whatever it raises, or a run past the
+        render budget, is a PromptError naming the template."""
         try:
-            return _compile(self.source).render(
-                messages=[{"role": m.role, "content": m.content} for m in messages],
-                add_generation_prompt=True,
-                bos_token=bos_token,
-                eos_token=eos_token,
-            )
-        except TemplateError as error:
-            raise PromptError(f"chat template {self.name!r} failed: {error}") from None
+            template = _compile(self.source)
+            with _Budget():
+                parts = []
+                size = 0
+                for part in template.generate(
+                    messages=[{"role": m.role, "content": m.content} for m in messages],
+                    add_generation_prompt=True,
+                    bos_token=bos_token,
+                    eos_token=eos_token,
+                ):
+                    size += len(part)
+                    if size > MAX_PROMPT_CHARS:
+                        raise SecurityError(f"the prompt grew past {MAX_PROMPT_CHARS:,} characters")
+                    parts.append(part)
+                return "".join(parts)
+        except Exception as error:  # noqa: BLE001 - see the docstring
+            raise PromptError(f"{self.description} failed: {_reason(error)}") from None
+
+    @property
+    def description(self) -> str:
+        return "the model's chat template" if self.name == MODEL else f"chat template {self.name!r}"
 
 
 def choose_format(choice: str, model_template: str | None) -> PromptFormat:
-    """`choice` is "auto" (the model's own template, else the plain transcript) or a named template."""
+    """`choice` is "auto" (the model's own template, else the plain transcript) or a named template.
+    A model's template is compiled here, so one that does not compile fails the load, not the first turn."""
     if choice == AUTO:
         if model_template:
-            return PromptFormat("model", model_template)
+            prompt_format = PromptFormat(MODEL, model_template)
+            try:
+                _compile(model_template)
+            except Exception as error:  # noqa: BLE001 - untrusted source: Jinja's parser can raise more than TemplateError
+                raise PromptError(f"{prompt_format.description} cannot be used: {_reason(error)}") from None
+            return prompt_format
         choice = PLAIN
     if choice not in NAMED_TEMPLATES:
         known = ", ".join([AUTO, *NAMED_TEMPLATES])
@@ -103,6 +137,82 @@ def _compile(source: str) -> Template:
     return _ENV.from_string(source)
 
 
+def _reason(error: Exception) -> str:
+    text = " ".join(str(error).split())
+    return text if isinstance(error, TemplateError) and text else f"{type(error).__name__}: {text}".rstrip(": ")
+
+
+class _Budget:
+    """The steps and time one render may take; the sandbox keeps templates from Python's internals,
+    this keeps them from running forever (`{% for a in range(99999) %}{% for b in range(99999) %}`)."""
+
+    _active = threading.local()
+
+    def __enter__(self) -> None:
+        self.steps = MAX_RENDER_STEPS
+        self.deadline = time.monotonic() + MAX_RENDER_SECONDS
+        _Budget._active.budget = self
+
+    def __exit__(self, *_exc: object) -> None:
+        _Budget._active.budget = None
+
+    @classmethod
+    def spend(cls) -> None:
+        budget = getattr(cls._active, "budget", None)
+        if budget is None:
+            return
+        budget.steps -= 1
+        if budget.steps < 0 or time.monotonic() > budget.deadline:
+            raise SecurityError(f"it ran too long (over {MAX_RENDER_STEPS:,} steps or {MAX_RENDER_SECONDS:g} s)")
+
+
+def _counted(iterable: Iterable[Any]) -> Iterator[Any]:
+    """What every template loop iterates over (see _BoundedCodeGenerator)."""
+    for item in iterable:
+        _Budget.spend()
+        yield item
+
+
+class _BoundedCodeGenerator(CodeGenerator):
+    def visit_Template(self, node: nodes.Template, frame: Frame | None = None) -> None:
+        for loop in list(node.find_all(nodes.For)):
+            loop.iter = nodes.Call(nodes.ImportedName(f"{__name__}._counted"), [loop.iter], [], None, None,
+                                   lineno=loop.lineno)
+        super().visit_Template(node, frame)
+
+
+class _BoundedSandbox(ImmutableSandboxedEnvironment):
+    """Every loop turn and call spends from the render's budget; `*` and `**` cannot build huge values;
+    reaching for an unsafe attribute (`__globals__`, `_TemplateReference__context`) fails at once
+    instead of quietly rendering as nothing."""
+
+    code_generator_class = _BoundedCodeGenerator
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - Jinja's spelling
+        _Budget.spend()
+        if isinstance(__obj, LoopContext) and args:  # a recursive loop's next level
+            args = (_counted(args[0]), *args[1:])
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            _check_repeat(left, right)
+            _check_repeat(right, left)
+        elif isinstance(left, int) and isinstance(right, int) and right > 0:
+            if abs(left).bit_length() * right > MAX_POWER_BITS:
+                raise SecurityError(f"{left} ** {right} is too large")
+        return super().call_binop(context, operator, left, right)
+
+    def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
+        raise SecurityError(f"access to {attribute!r} of a {type(obj).__name__} is not allowed")
+
+
+def _check_repeat(sequence: Any, times: Any) -> None:
+    if isinstance(sequence, (str, list, tuple)) and isinstance(times, int) and len(sequence) * times > MAX_REPEAT_ITEMS:
+        raise SecurityError(f"repeating {len(sequence):,} items {times:,} times is too large")
+
+
 def _raise_exception(message: str) -> None:
     raise TemplateError(message)
 
@@ -111,5 +221,5 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-_ENV = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+_ENV = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True)
 _ENV.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)

@@ -106,7 +106,7 @@ def parse_chunk(data: str) -> Chunk:
     """One event's data as a Chunk; raises MalformedEvent when it is not a chunk."""
     try:
         payload = json.loads(data)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # ValueError: bad JSON, or a number past Python's 4300 digits
         raise MalformedEvent(f"the server sent a malformed event: {_excerpt(data)}") from None
     if not isinstance(payload, dict):
         raise MalformedEvent(f"the server sent a malformed event: {_excerpt(data)}")
@@ -151,9 +151,10 @@ def _candidates(tops: Any) -> tuple[Candidate, ...]:
 
 
 def _prob(logprob: Any) -> float:
-    if isinstance(logprob, bool) or not isinstance(logprob, (int, float)) or math.isnan(logprob):
+    if isinstance(logprob, bool) or not isinstance(logprob, (int, float)):
         return 0.0
-    return math.exp(min(logprob, 0.0))
+    logprob = max(min(logprob, 0), -1e9)  # a JSON integer of any size becomes a float math.exp takes
+    return 0.0 if math.isnan(logprob) else math.exp(logprob)
 
 
 def _table(value: Any) -> dict[str, Any] | None:
@@ -172,7 +173,7 @@ def _count(table: dict[str, Any] | None, *path: str) -> int | None:
 
 def _rate(table: dict[str, Any] | None, key: str) -> float | None:
     value = table.get(key) if table else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 2**53:
         return None
     return float(value)
 
@@ -447,7 +448,7 @@ class OpenAIBackend:
     def _status_message(self, status: int, body: str, path: str) -> str:
         try:
             detail = _error_text(json.loads(body))
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):
             detail = _excerpt(body)
         said = f": {detail}" if detail else ""
         if status in (401, 403):

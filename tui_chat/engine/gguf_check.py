@@ -1,0 +1,137 @@
+"""A GGUF file's metadata, read with every count and length checked against the file's size.
+
+llama.cpp refuses most damaged models with an error, but a few values make it abort the whole process
+(a GGML_ASSERT) at load or at the first reply. `check_metadata` refuses those before llama.cpp sees them;
+they were found by fuzzing (tests/test_gguf_fuzz.py).
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import struct
+from pathlib import Path
+from typing import Any
+
+MAGIC = b"GGUF"
+VERSIONS = (2, 3)  # version 1 counted in 32 bits; llama.cpp no longer reads it
+MAX_LAYERS = 512  # LLAMA_MAX_LAYERS
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+_LENGTH = struct.Struct("<Q")
+_VOCABULARY = "tokenizer.ggml.tokens"
+_HEADER_BYTES = 24  # magic, version, tensor count, key/value count
+_MIN_ENTRY_BYTES = 13  # a key/value entry: key length, value type, a one-byte value
+_MIN_TENSOR_BYTES = 24  # a tensor's entry: name length, dimension count, type, offset
+
+
+class GgufProblem(ValueError):
+    """Why a file cannot be loaded; the message reads after the file's name."""
+
+
+def read_metadata(path: Path) -> dict[str, Any]:
+    """The key/value metadata. Arrays are checked and skipped, except the vocabulary (a list of bytes).
+
+    Raises GgufProblem for a file that is not GGUF or whose header does not fit inside it, and the
+    usual OSErrors for a file that cannot be read.
+    """
+    with path.open("rb") as handle:
+        head = handle.read(_HEADER_BYTES)
+        if len(head) < 8 or head[:4] != MAGIC:
+            raise GgufProblem("is not a GGUF model file")
+        (version,) = struct.unpack_from("<I", head, 4)
+        if version not in VERSIONS:
+            raise GgufProblem(f"is GGUF version {version}, which this llama.cpp cannot read")
+        if len(head) < _HEADER_BYTES:
+            raise GgufProblem("is damaged: it ends inside its header (an incomplete download?)")
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return _Reader(data).metadata()
+
+
+def check_metadata(metadata: dict[str, Any]) -> None:
+    """Refuse the values known to make llama.cpp abort instead of failing cleanly."""
+    arch = metadata.get("general.architecture")
+    prefix = arch.decode("utf-8", "replace") if isinstance(arch, bytes) else ""
+    layers = metadata.get(f"{prefix}.block_count")
+    if isinstance(layers, int) and not 1 <= layers <= MAX_LAYERS:
+        raise GgufProblem(f"is damaged: {prefix}.block_count is {layers} (a model has 1 to {MAX_LAYERS} layers)")
+    for key in (f"{prefix}.attention.layer_norm_rms_epsilon", f"{prefix}.attention.layer_norm_epsilon"):
+        epsilon = metadata.get(key)
+        if isinstance(epsilon, float) and not (math.isfinite(epsilon) and epsilon >= 0):
+            raise GgufProblem(f"is damaged: {key} is {epsilon} (it must be a small positive number)")
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list) and len(set(tokens)) != len(tokens):
+        raise GgufProblem("is damaged: its vocabulary (tokenizer.ggml.tokens) lists a token twice")
+
+
+class _Reader:
+    def __init__(self, data: mmap.mmap) -> None:
+        self.data = data
+        self.pos = 8
+
+    def metadata(self) -> dict[str, Any]:
+        tensor_count, entry_count = self.unpack("<Q"), self.unpack("<Q")
+        room = len(self.data) - _HEADER_BYTES
+        if entry_count * _MIN_ENTRY_BYTES + tensor_count * _MIN_TENSOR_BYTES > room:
+            raise GgufProblem(f"is damaged: its header counts {entry_count} settings and {tensor_count} tensors, "
+                              "more than the file can hold")
+        metadata = {}
+        for _ in range(entry_count):
+            key = self.string().decode("utf-8", "replace")
+            value = self.value(self.unpack("<I"), key)
+            if value is not None:
+                metadata[key] = value
+        return metadata
+
+    def value(self, kind: int, key: str) -> Any:
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            return self.array(key)
+        if kind not in _SCALARS:
+            raise GgufProblem(f"is damaged: {key} has an unknown value type ({kind})")
+        return self.unpack(_SCALARS[kind])
+
+    def array(self, key: str) -> list[bytes] | None:
+        kind, count = self.unpack("<I"), self.unpack("<Q")
+        if kind == _STRING:
+            return self.strings(count, key, keep=key == _VOCABULARY)
+        if kind not in _SCALARS:
+            raise GgufProblem(f"is damaged: {key} is an array of an unknown type ({kind})")
+        size = struct.calcsize(_SCALARS[kind]) * count
+        self.need(size, key)
+        self.pos += size
+        return None
+
+    def strings(self, count: int, key: str, keep: bool) -> list[bytes] | None:
+        """A string array (vocabularies and merge lists have 100,000s): the checks of `string`, lookups hoisted."""
+        self.need(count * 8, key)
+        data, pos, end, length_at = self.data, self.pos, len(self.data), _LENGTH.unpack_from
+        items = []
+        for _ in range(count):
+            if end - pos < 8 or (length := length_at(data, pos)[0]) > end - pos - 8:
+                raise GgufProblem(f"is damaged: {key} runs past the end of the file (an incomplete download?)")
+            pos += 8
+            if keep:
+                items.append(data[pos : pos + length])
+            pos += length
+        self.pos = pos
+        return items if keep else None
+
+    def string(self) -> bytes:
+        length = self.unpack("<Q")
+        self.need(length, "a name or text")
+        text = self.data[self.pos : self.pos + length]
+        self.pos += length
+        return text
+
+    def unpack(self, fmt: str) -> Any:
+        size = struct.calcsize(fmt)
+        self.need(size, "the metadata")
+        (value,) = struct.unpack_from(fmt, self.data, self.pos)
+        self.pos += size
+        return value
+
+    def need(self, size: int, what: str) -> None:
+        if size > len(self.data) - self.pos:
+            raise GgufProblem(f"is damaged: {what} runs past the end of the file (an incomplete download?)")
