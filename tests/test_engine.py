@@ -218,3 +218,17 @@ def test_broken_model_file_is_an_error_event_and_the_worker_lives(tmp_path, tiny
 def test_count_tokens_uses_the_model_tokenizer(tiny):
     assert tiny.count_tokens("Hello world") == 2
     assert tiny.count_tokens("") == 0
+
+
+def test_a_bug_inside_a_turn_ends_the_stream_with_one_line_and_the_worker_lives_on(tiny, monkeypatch):
+    from tui_chat.engine import llama
+
+    def broken(self):
+        raise ZeroDivisionError("division by zero")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(llama._Turn, "run", broken)
+        result = tiny.generate(Request([Message("user", "hi")], LiveParams(GREEDY))).result()
+    assert isinstance(result, Error)
+    assert result.message == "internal error (ZeroDivisionError: division by zero); details in the log"
+    assert isinstance(ask(tiny, "hi"), Done)

@@ -87,12 +87,12 @@ class LlamaBackend:
 
     def load(self) -> Stream:
         stream = Stream()
-        self._jobs.put(lambda: self._load(stream))
+        self._jobs.put(lambda: self._guarded(stream, lambda: self._load(stream)))
         return stream
 
     def generate(self, request: Request) -> Stream:
         stream = Stream()
-        self._jobs.put(lambda: self._generate(request, stream))
+        self._jobs.put(lambda: self._guarded(stream, lambda: self._generate(request, stream)))
         return stream
 
     def count_tokens(self, text: str) -> int:
@@ -107,6 +107,16 @@ class LlamaBackend:
         self._worker.join()
 
     # --- worker -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _guarded(stream: Stream, job: Callable[[], None]) -> None:
+        """A bug in a job must end its stream with an error, not the worker thread (the UI would wait
+        forever); the traceback goes to the log file, the user gets one line."""
+        try:
+            job()
+        except Exception as error:  # noqa: BLE001 - the thread boundary: nothing may escape
+            logs.record_exception(error)
+            stream.put(Error(f"internal error ({type(error).__name__}: {error}); details in the log"))
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import traceback
 from pathlib import Path
 from typing import TextIO
 
@@ -64,3 +65,11 @@ def take_errors() -> list[str]:
         errors = list(_recent_errors)
         _recent_errors.clear()
     return errors
+
+
+def record_exception(error: BaseException) -> None:
+    """A bug caught at the worker's edge: its traceback goes to the same log file as llama.cpp's."""
+    text = "".join(traceback.format_exception(error))
+    with _lock:
+        if _sink is not None:
+            _sink.write(f"tui-chat internal error:\n{text}")
