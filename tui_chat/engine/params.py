@@ -123,6 +123,8 @@ def check_top_logprobs(value: Any, name: str = "top-logprobs") -> int:
 
 
 def _check_stops(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, (str, list, tuple)):
+        raise InvalidParameter("stop sequences must be non-empty text")
     stops = (value,) if isinstance(value, str) else tuple(value)
     for stop in stops:
         if not isinstance(stop, str) or not stop:
