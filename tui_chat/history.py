@@ -234,11 +234,16 @@ class History:
                 yield self._db
                 self._db.execute("COMMIT")
             except sqlite3.Error as error:
-                self._db.execute("ROLLBACK")
+                self._rollback()
                 raise HistoryError(f"the history {self.path} failed: {error}") from None
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._rollback()
                 raise
+
+    def _rollback(self) -> None:
+        """Undo the failed transaction, unless SQLite already has (it does after a full disk or an I/O error)."""
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
 
     def _read(self) -> Any:
         """A consistent snapshot across several SELECTs."""

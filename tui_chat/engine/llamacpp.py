@@ -94,8 +94,7 @@ class LlamaSession:
         if not self.ctx:
             llama_cpp.llama_model_free(self.model)
             self.model = None
-            reason = "; ".join(logs.take_errors()) or "not enough memory?"
-            raise EngineError(f"cannot create a {n_ctx}-token context for {path.name}: {reason}")
+            raise EngineError(f"cannot create a {n_ctx}-token context for {path.name}: {_context_failure()}")
 
         self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)
         self.memory = llama_cpp.llama_get_memory(self.ctx)
@@ -329,7 +328,19 @@ def _load_failure(path: Path) -> str:
     errors = logs.take_errors()
     reason = next((e for e in reversed(errors) if "failed to load model" not in e), errors[-1] if errors else "")
     reason = reason.removeprefix("llama_model_load: error loading model: ").strip()
+    if "Cannot allocate memory" in reason:
+        reason = f"not enough memory ({reason})"
     return f"cannot load {path.name}: {reason or 'llama.cpp rejected the file'}"
+
+
+def _context_failure() -> str:
+    """Why llama.cpp could not make a context: nearly always memory, said plainly with the size it wanted."""
+    errors = logs.take_errors()
+    sizes = [m[1] for error in errors if (m := re.search(r"attempted to allocate\s+([\d.]+ [KMG]?B)", error))]
+    if sizes:
+        return (f"not enough memory (llama.cpp could not allocate {sizes[0]}); "
+                "a smaller context (--n-ctx, n_ctx) needs less")
+    return "; ".join(errors) or "not enough memory?"
 
 
 def _decode_failure(status: int) -> str:

@@ -7,6 +7,7 @@ callback crashes the process the next time it logs (e.g. while rejecting a trunc
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import traceback
 from pathlib import Path
@@ -24,6 +25,8 @@ _installed = False
 
 
 def _on_log(level: int, text: bytes | None, _user_data: object) -> None:
+    """Called by llama.cpp: an exception here would be printed over the UI, so a log file that cannot be
+    written (a full disk) is simply given up."""
     if not text:
         return
     line = text.decode("utf-8", errors="replace")
@@ -31,7 +34,18 @@ def _on_log(level: int, text: bytes | None, _user_data: object) -> None:
         if level == _LEVEL_ERROR and line.strip():
             _recent_errors.append(line.strip())
         if _sink is not None:
-            _sink.write(line)
+            try:
+                _sink.write(line)
+            except OSError:
+                _close_sink()
+
+
+def _close_sink() -> None:
+    """Close the log file even if its last lines cannot be written (held under `_lock`)."""
+    global _sink
+    with contextlib.suppress(OSError):
+        _sink.close()
+    _sink = None
 
 
 _CALLBACK = llama_cpp.llama_log_callback(_on_log)
@@ -43,8 +57,7 @@ def install(log_dir: Path | None) -> Path | None:
     path = None
     with _lock:
         if _sink is not None:
-            _sink.close()
-            _sink = None
+            _close_sink()
         if log_dir is not None:
             try:
                 log_dir.mkdir(parents=True, exist_ok=True)

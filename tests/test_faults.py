@@ -1,0 +1,249 @@
+"""Faults a user meets, each on real parts: a model too big for memory, a disk that fills up under the
+history, a data dir that cannot be created, a config edited by hand, a terminal shrunk mid-reply.
+docs/faults.md lists every fault with what the user sees, what is kept and the test that proves it."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import open_backend, ask, run_cli
+from test_ui import loaded, make_app, reply_done, send, wait_for
+from tui_chat.config import history_path, log_dir
+from tui_chat.engine.params import SamplingParams
+from tui_chat.ui.widgets.prompt import PromptInput
+
+TESTS = Path(__file__).parent
+MB = 2**20
+
+
+# --- a model too big for memory ----------------------------------------------------------------------
+
+
+def peak_address_space(*args: str) -> int:
+    """Bytes of address space `tui-chat ARGS` reached, read from its own /proc status as it ends."""
+    script = "import sys; from tui_chat.cli import main; main(sys.argv[1:]); print(open('/proc/self/status').read())"
+    result = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120,
+                            check=True)
+    line = next(line for line in result.stdout.splitlines() if line.startswith("VmPeak:"))
+    return int(line.split()[1]) * 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the peak address space from /proc")
+def test_a_model_too_big_for_memory_is_one_line_and_exit_2(tiny_model):
+    """The process gets 150 MB more address space than a small context needs: that context still fits, a
+    1M-token one (about 800 MB of KV cache and buffers) does not, and the user is told so in one line."""
+    small = ("run", "-m", str(tiny_model), "-p", "Hello", "--max-tokens", "4", "--n-ctx", "512")
+    limit = peak_address_space(*small) + 150 * MB
+
+    def cap_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    fits = run_cli(*small, preexec_fn=cap_memory)
+    too_big = run_cli("run", "-m", str(tiny_model), "-p", "Hello", "--n-ctx", "1048576", preexec_fn=cap_memory)
+    assert fits.returncode == 0 and fits.stdout.strip(), fits.stderr
+    assert too_big.returncode == 2 and too_big.stdout == ""
+    assert too_big.stderr.startswith(
+        "tui-chat: error: cannot create a 1048576-token context for tiny.gguf: not enough memory (llama.cpp could "
+        "not allocate ")
+    assert too_big.stderr.endswith("); a smaller context (--n-ctx, n_ctx) needs less\n")
+    assert too_big.stderr.count("\n") == 1
+
+
+@pytest.mark.starter
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the peak address space from /proc")
+def test_weights_that_do_not_fit_in_memory_are_one_line(tiny_model, starter_model):
+    """Room for the tiny model but not for the starter's 253 MB of weights: llama.cpp cannot map them."""
+    small = ("run", "-m", str(tiny_model), "-p", "Hello", "--max-tokens", "4", "--n-ctx", "512")
+    limit = peak_address_space(*small) + 32 * MB
+
+    def cap_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    result = run_cli("run", "-m", str(starter_model), "-p", "Hello", "--n-ctx", "512", preexec_fn=cap_memory)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (f"tui-chat: error: cannot load {starter_model.name}: not enough memory "
+                             "(mmap failed: Cannot allocate memory)\n")
+
+
+# --- the disk fills up under the history -------------------------------------------------------------
+
+CHAT_ON_A_FILLING_DISK = textwrap.dedent("""
+    import asyncio
+    import json
+    import resource
+    import signal
+    import sys
+    from pathlib import Path
+
+    from test_ui import loaded, make_app, reply_done, send
+    from tui_chat.config import history_path
+
+
+    def fill_the_disk():
+        \"\"\"From now on no file of this process may grow: writes past a file's end fail (EFBIG) as on a full disk.\"\"\"
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        size = Path(f"{history_path()}-wal").stat().st_size
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
+
+    async def chat(model, turns, full_after):
+        app = make_app(model)
+        show = app.notify
+
+        def notify(message, **options):  # each notification as it is raised, before it can time out
+            print(json.dumps(["note", options.get("severity", "information"), str(message)]), flush=True)
+            show(message, **options)
+
+        app.notify = notify
+        async with app.run_test(size=(100, 32)) as pilot:
+            screen = await loaded(pilot)
+            for turn in range(turns):
+                if turn == full_after:
+                    fill_the_disk()
+                await send(pilot, f"Question {turn}: tell me about the world")
+                reply = await reply_done(pilot)
+                print(json.dumps(["turn", turn, "saving" if screen.saved else "not saving", reply.text]), flush=True)
+
+    asyncio.run(chat(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
+""")
+
+
+def test_a_full_disk_turns_saving_off_once_and_the_chat_goes_on(tiny_model):
+    """The disk fills up after two turns: the history's next write fails, and so does llama.cpp's log."""
+    log = log_dir() / "llama.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("earlier lines\n" * 100_000)  # longer than the history's write-ahead log will be
+    turns, saved_turns = 5, 2
+    process = subprocess.run(
+        [sys.executable, "-c", CHAT_ON_A_FILLING_DISK, str(tiny_model), str(turns), str(saved_turns)],
+        capture_output=True, text=True, timeout=300, cwd=TESTS,
+    )
+    assert process.returncode == 0, process.stderr
+    assert "Traceback" not in process.stderr and "Exception ignored" not in process.stderr
+    rows = [json.loads(line) for line in process.stdout.splitlines()]
+    replies = [row for row in rows if row[0] == "turn"]
+    assert [row[2] for row in replies] == ["saving"] * saved_turns + ["not saving"] * (turns - saved_turns)
+    assert all(row[3] for row in replies), "every turn got its reply"
+    [(_, severity, message)] = [row for row in rows if row[0] == "note" and "not saved" in row[2]]
+    assert severity == "error"
+    assert message == f"the history {history_path()} failed: disk I/O error: the rest of this chat is not saved"
+    with sqlite3.connect(history_path()) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        stored = db.execute("SELECT role, content, state FROM messages ORDER BY id").fetchall()
+    assert stored == [(role, text, "complete") for row in replies[:saved_turns] for role, text in
+                      (("user", f"Question {row[1]}: tell me about the world"), ("assistant", row[3]))]
+
+
+# --- the data dir cannot be created -------------------------------------------------------------------
+
+
+@pytest.fixture(params=["a file in the way", "read-only"])
+def unusable_data_dir(request, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """XDG_DATA_HOME where tui-chat cannot make its folder: a plain file, or a read-only directory."""
+    if request.param == "a file in the way":
+        place = tmp_path / "data"
+        place.write_text("a file where the data dir should be")
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root writes into a read-only directory; 'a file in the way' fails the same mkdir")
+        place = tmp_path / "read-only"
+        place.mkdir(mode=0o500)
+    monkeypatch.setenv("XDG_DATA_HOME", str(place))
+    return place
+
+
+async def test_without_a_data_dir_the_app_chats_unsaved_and_says_so(tiny_model, unusable_data_dir):
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=(100, 32)) as pilot:
+        screen = await loaded(pilot)
+        await send(pilot, "Hello there")
+        reply = await reply_done(pilot)
+        assert reply.text and screen.saved is None
+        await pilot.press("ctrl+l")
+        await pilot.pause()
+        notes = [(note.severity, str(note.message)) for note in app._notifications]
+    [(severity, message)] = [note for note in notes if note[1].startswith("cannot open the history")]
+    assert severity == "warning" and message.endswith(": this session is not saved")
+    assert str(history_path()) in message and "\n" not in message
+    assert ("warning", "The history could not be opened: chats are not saved this session.") in notes
+
+
+def test_without_a_data_dir_run_answers_and_history_commands_fail_in_one_line(tiny_model, unusable_data_dir):
+    answered = run_cli("run", "-m", str(tiny_model), "-p", "Hello", "--max-tokens", "8")
+    assert answered.returncode == 0 and answered.stdout.strip() and answered.stderr == ""
+    for args in (("run", "--save", "-m", str(tiny_model), "-p", "Hello"), ("history",), ("export", "1")):
+        failed = run_cli(*args)
+        assert failed.returncode == 2 and failed.stdout == ""
+        assert failed.stderr.startswith(f"tui-chat: error: cannot open the history {history_path()}: ")
+        assert failed.stderr.count("\n") == 1
+    no_starter = run_cli("run", "-p", "Hello")
+    assert no_starter.returncode == 2 and no_starter.stderr.count("\n") == 1
+    assert no_starter.stderr.startswith(f"tui-chat: error: cannot unpack the starter model into {unusable_data_dir}")
+
+
+# --- a config edited by hand --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("colour = 'red'", "unknown setting 'colour'"),
+        ("n_ctx = '4k'", "n_ctx must be a whole number"),
+        ("[sampling]\nstop = 3", "stop sequences must be non-empty text"),
+        ("[sampling\ntemperature = 0.2", "Expected ']' at the end of a table declaration (at line 1, column 10)"),
+        ("[remotes.lab]\nbase_url = 'gpu-box:8080'", "[remotes.lab]: base_url must be an http:// or https:// URL"),
+    ],
+)
+def test_a_hand_edited_config_stops_the_chat_before_it_draws(isolated_dirs, text, message):
+    """`tui-chat` (the chat UI) reads the config before touching the terminal: one line naming file and key."""
+    config = isolated_dirs / "config" / "tui-chat" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text(text, encoding="utf-8")
+    result = run_cli(timeout=30)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("tui-chat: error: ") and result.stderr.count("\n") == 1
+    assert str(config) in result.stderr and message in result.stderr
+
+
+# --- the terminal shrinks mid-reply -------------------------------------------------------------------
+
+LONG = SamplingParams(temperature=0.0, repeat_penalty=1.0, max_tokens=2000)
+
+
+async def reply_at_100x30(tiny_model, shrink_mid_reply: bool) -> tuple[str, str, dict]:
+    """One long greedy reply; with `shrink_mid_reply` the terminal goes to 20x10 while it streams, then back."""
+    app = make_app(str(tiny_model), LONG, n_ctx=4096)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await loaded(pilot)
+        await send(pilot, "Hello there")
+        if shrink_mid_reply:
+            await wait_for(pilot, lambda: screen.reply is not None and screen.reply.visible)
+            await pilot.resize_terminal(20, 10)
+            await pilot.pause(0.1)
+            assert screen.reply is not None, "the reply was still streaming when the terminal shrank"
+            assert not screen.query_one("#side").display, "a narrow screen hides the side panel"
+            await pilot.resize_terminal(100, 30)
+        reply = await reply_done(pilot, timeout=180)
+        await pilot.pause()
+        assert screen.conversation[-1].content == reply.text and screen.query_one(PromptInput).has_focus
+        return reply.text, reply.footer, {part: screen.query_one(part).region for part in ("#log", "#prompt", "#side")}
+
+
+async def test_a_20x10_terminal_mid_reply_loses_nothing_and_the_layout_comes_back(tiny_model):
+    engine = open_backend(tiny_model, n_ctx=4096)
+    try:
+        expected = ask(engine, "Hello there", LONG).text
+    finally:
+        engine.close()
+    text, footer, layout = await reply_at_100x30(tiny_model, shrink_mid_reply=True)
+    assert text == expected and footer.startswith("max tokens · 2000 tokens")
+    assert layout == (await reply_at_100x30(tiny_model, shrink_mid_reply=False))[2]
