@@ -375,6 +375,19 @@ async def test_typing_anywhere_goes_to_the_message_box(tiny_model):
         assert screen.focused is screen.query_one(PromptInput)
 
 
+async def test_a_burst_of_keys_in_the_message_box_is_sent_whole(tiny_model):
+    """Fast typing arrives in one read: Enter is queued behind the characters and must not overtake them."""
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        for character in "What is it?":
+            app.post_message(events.Key("space" if character == " " else character, character))
+        app.post_message(events.Key("enter", "\r"))
+        await wait_for(pilot, lambda: screen.query(UserMessage))
+        assert screen.query_one(UserMessage).text == "What is it?"
+        assert screen.query_one(PromptInput).text == ""
+
+
 async def test_a_burst_of_keys_typed_on_a_focused_reply_is_sent_whole(tiny_model):
     """A terminal delivers fast typing (or a paste) in one read: every key is queued before the first
     is handled. The message box must get all of them, Enter included, not the reply that had focus."""

@@ -12,8 +12,8 @@ from ...safetext import without_controls
 
 class PromptInput(TextArea):
     BINDINGS = [
-        Binding("enter", "submit", "Send", id="send", priority=True),
-        Binding("ctrl+j,shift+enter", "newline", "Newline", id="newline", priority=True),
+        Binding("enter", "submit", "Send", id="send"),
+        Binding("ctrl+j,shift+enter", "newline", "Newline", id="newline"),
     ]
 
     class Submitted(Message):
@@ -23,6 +23,19 @@ class PromptInput(TextArea):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(soft_wrap=True, show_line_numbers=False, compact=True, **kwargs)
+
+    async def _on_key(self, event: events.Key) -> None:
+        """The box's own keys run here, in turn with the characters typed before them.
+
+        As priority bindings they would run when the app first sees the key, ahead of characters
+        still queued for the box: Enter in a fast burst sent half a message, or nothing.
+        As plain bindings the text area would take Enter as a new line before they are looked up.
+        """
+        bound = self.app.active_bindings.get(event.key)
+        if bound is not None and bound.node is self:
+            event.stop()
+            event.prevent_default()
+            await self.run_action(bound.binding.action)
 
     async def _on_paste(self, event: events.Paste) -> None:
         """Copied model text can carry terminal escapes; the box would draw them raw."""
