@@ -149,6 +149,11 @@ def active_path(messages: tuple[StoredMessage, ...], rank: dict[int, int]) -> tu
     return tuple(path)
 
 
+def model_label(model: str) -> str:
+    """A chat's model as a list shows it: a file path as its file's stem, a name or `@server` as it is."""
+    return Path(model).stem if model.lower().endswith(".gguf") else model
+
+
 def title_from(text: str) -> str:
     """The first line of the first message, cut to fit a list row."""
     line = next((line.strip() for line in text.splitlines() if line.strip()), "")

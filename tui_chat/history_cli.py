@@ -8,7 +8,7 @@ from datetime import datetime
 from pathlib import Path
 
 from .export import from_json, to_json, to_markdown
-from .history import History, HistoryError
+from .history import History, HistoryError, model_label
 from .safetext import terminal_safe
 
 
@@ -21,7 +21,8 @@ def list_conversations(history: History, search: str | None) -> int:
     print(f"{'ID':>5}  {'UPDATED':<16}  {'MSGS':>4}  {'MODEL':<24}  TITLE")
     for row in rows:
         updated = datetime.fromtimestamp(row.updated_at).strftime("%Y-%m-%d %H:%M")
-        model = row.model if len(row.model) <= 24 else row.model[:23] + "…"
+        model = model_label(row.model)
+        model = model if len(model) <= 24 else model[:23] + "…"
         print(clean(f"{row.id:>5}  {updated:<16}  {row.messages:>4}  {model:<24}  {row.title or '(untitled)'}"))
     return 0
 

@@ -19,18 +19,13 @@ from textual.widgets.option_list import Option
 
 from ...engine.base import Message
 from ...export import to_json, to_markdown
-from ...history import Conversation, ConversationSummary, History, HistoryError, StoredMessage
+from ...history import Conversation, ConversationSummary, History, HistoryError, StoredMessage, model_label
 from ...safetext import terminal_safe
 from ..widgets.chat_log import Entry
 from ..widgets.messages import Branch, reply_footer
 from .ask import AskText
 
 CONFIRM_WITHIN_S = 3.0
-
-
-def model_label(model: str) -> str:
-    """A model path shows as its file's stem; a name as it is."""
-    return Path(model).stem if model.endswith(".gguf") else model
 
 
 def summary_line(summary: ConversationSummary) -> Text:
