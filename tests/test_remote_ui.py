@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fake_openai import fake_server
+from test_models_screen import open_models
 from test_ui import SIZE, loaded, make_app, reply_done, send, wait_for
 from tui_chat.config import RemoteProfile, history_path
 from tui_chat.history import History
@@ -74,3 +75,20 @@ async def test_a_server_as_the_default_model_and_switching_back_to_a_local_one(t
             await send(pilot, "hello")
             await reply_done(pilot)
             assert screen.model_spec == str(tiny_model)
+
+
+async def test_the_models_screen_switches_to_a_server_and_back(tiny_model):
+    with fake_server() as server:
+        app = make_app(str(tiny_model), remotes={"lab": RemoteProfile("lab", server.base_url, model="words")})
+        async with app.run_test(size=SIZE) as pilot:
+            screen = await loaded(pilot)
+            await open_models(pilot)
+            await pilot.press("r")
+            await pilot.pause()
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: screen.is_current and screen.backend.info.backend == "openai")
+            assert screen.model_spec == "@lab"
+            assert f"server {server.base_url.split('/')[2]}" in str(screen.query_one("#model-facts").render())
+            await send(pilot, "hello")
+            await reply_done(pilot)
+            assert server.requests[-1]["model"] == "words"
