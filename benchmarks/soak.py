@@ -174,7 +174,7 @@ def check_history(path: Path, turns: int) -> list[str]:
 
 
 def print_report(run: Run, turns: int, max_growth: float) -> bool:
-    print(f"\n| turn | RSS MB | Python objects | messages mounted | messages in chat | s/turn |")
+    print("\n| turn | RSS MB | Python objects | messages mounted | messages in chat | s/turn |")
     print("|---:|---:|---:|---:|---:|---:|")
     for s in run.samples:
         print(f"| {s.turn} | {s.rss_mb:.1f} | {s.objects:,} | {s.mounted} | {s.in_chat} | {s.seconds_per_turn:.2f} |")

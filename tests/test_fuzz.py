@@ -9,7 +9,6 @@ import os
 import struct
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -11,7 +11,6 @@ from tui_chat.engine.base import Message
 from tui_chat.engine.params import SamplingParams
 from tui_chat.ui.screens.inspector import InspectorScreen, candidate_lines
 from tui_chat.ui.widgets.heatmap import BANDS, band_colors, band_of
-from tui_chat.ui.widgets.messages import ReplyMessage
 
 BUILT_IN_THEMES = ("textual-dark", "textual-light", "nord", "gruvbox", "solarized-light")
 

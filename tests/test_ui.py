@@ -167,7 +167,7 @@ async def test_slider_by_keyboard_and_mouse_changes_live_params(tiny_model):
     app = make_app(str(tiny_model))
     async with app.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
-        slider = await focused_slider(pilot, "temperature")
+        await focused_slider(pilot, "temperature")
         await pilot.press("right", "right")
         assert screen.live.snapshot()[1].temperature == pytest.approx(0.1)
         assert "0.10" in str(screen.query_one("#label-temperature").render())

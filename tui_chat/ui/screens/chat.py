@@ -72,8 +72,12 @@ class _Reply:
     question: UserMessage
     forced: list[Token] = field(default_factory=list)  # a branch's given tokens, with what was known of them
     writer: ReplyWriter | None = None  # saves it as it streams
-    tokens: int = 0
     visible: bool = False
+
+    @property
+    def tokens(self) -> int:
+        """Tokens received so far (forced ones included): the reply widget keeps each one."""
+        return len(self.widget.tokens)
 
 
 @dataclass(eq=False)
@@ -295,7 +299,6 @@ class ChatScreen(Screen):
         for event in events:
             if isinstance(event, Token):
                 reply.widget.tokens.append(reply.forced[reply.tokens] if event.forced else event)
-                reply.tokens += 1
                 if event.text:
                     pending.append(event.text)
                 if sampling.pending_version is not None and event.params_version >= sampling.pending_version:

@@ -143,7 +143,7 @@ class ReplyMessage(ChatMessage, Vertical):
         self.footer = footer
         self.branches: list[Branch] = branches or ([] if footer is None else [Branch(text, footer)])
         self.active = active
-        self.tokens: list[Token] = []
+        self.tokens: list[Token] = self.branches[active].tokens if self.branches else []
         self.heatmap = False
         self.selected = 0
         self._tail = text
