@@ -7,14 +7,21 @@ settings and seed. Runs alternate ours / raw so background load hits both sides 
 It prints numbers and asserts nothing.
 
     python benchmarks/engine_vs_raw.py [--rounds 5] [--max-tokens 256] [--model PATH] [--top-logprobs 5]
+                                       [--busy N] [--cpu-paths]
+
+--busy N keeps N cores busy with other processes for the decode rounds: raw runs at every thread
+count and its best is the mark; ours picks its own. --cpu-paths also times our decode with llama.cpp's
+extra buffer types (CPU_REPACK, AMX) on and off: what the safe fallback on an AMX machine costs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +34,7 @@ import llama_cpp
 from tui_chat.config import models_dir
 from tui_chat.engine import logs
 from tui_chat.engine.base import Done, Error, Message, Request, Token
+from tui_chat.engine.cpu import cpu_model, read_topology
 from tui_chat.engine.llama import LlamaBackend, LlamaSettings
 from tui_chat.engine.models import resolve_model
 from tui_chat.engine.params import LiveParams, SamplingParams
@@ -34,7 +42,13 @@ from tui_chat.engine.params import LiveParams, SamplingParams
 N_CTX = 4096
 N_BATCH = 256
 STOP = "\nUser:"
-STORY = "Write a long story about a dragon who learns to fly."
+# Decode rounds need replies that run to max tokens on any CPU: greedy replies differ with the CPU's
+# arithmetic, so the first of these that does, here, is used (and said).
+LONG_PROMPTS = (
+    "Write a long story about a dragon who learns to fly.",
+    "Count from 1 to 1000, separated by commas.",
+    "List the numbers from 1 to 500, one per line.",
+)
 REPLY_TOKENS = 32
 QUESTIONS = (
     "Hi! What is your name?",
@@ -161,16 +175,6 @@ def median(values: list[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def bench_decode(sides: dict[str, Callable[[], Run]], rounds: int) -> dict[str, list[Run]]:
     """Each round runs every side once, in the same order, so drifting load lands on all of them."""
     runs: dict[str, list[Run]] = {name: [] for name in sides}
@@ -199,12 +203,12 @@ def bench_chat(backend: LlamaBackend, llm: llama_cpp.Llama, questions: tuple[str
 
 
 def report_decode(
-    decode: dict[str, list[Run]], warm: tuple[Run, Run], args: argparse.Namespace
+    decode: dict[str, list[Run]], warm: tuple[Run, Run], args: argparse.Namespace, prompt: str
 ) -> dict[str, float | None]:
     """Prints the decode table; returns the median tok/s of each side."""
     warm_ours, warm_raw = warm
     names = list(decode)
-    print(f"\n== Decode: {STORY!r}, max_tokens {args.max_tokens}, temperature 0, seed 1, "
+    print(f"\n== Decode: {prompt!r}, max_tokens {args.max_tokens}, temperature 0, seed 1, "
           f"{args.rounds} rounds alternating {' / '.join(names)}")
     same_prompt = "yes" if warm_ours.prompt_ids == warm_raw.prompt_ids else "NO"
     same_reply = "yes" if warm_ours.text == warm_raw.text else "NO"
@@ -273,6 +277,68 @@ def report_markdown(
               f"{fmt(ratio(on, med['ours']), '.3f')} vs off | |")
 
 
+def long_prompt(backend: LlamaBackend, max_tokens: int) -> str:
+    """The first of LONG_PROMPTS whose greedy reply runs to `max_tokens` on this machine."""
+    for prompt in LONG_PROMPTS:
+        if run_ours(backend, [Message("user", prompt)], greedy(max_tokens)).completion_tokens >= max_tokens:
+            return prompt
+    print(f"warning   no prompt runs to {max_tokens} tokens here: rounds are shorter (see the tokens column)")
+    return LONG_PROMPTS[0]
+
+
+@contextlib.contextmanager
+def busy_cores(count: int):
+    """Other processes that each keep one core busy, as a build or a browser tab would."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        time.sleep(0.5 if count else 0)
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
+def bench_busy(backend: LlamaBackend, path: Path, prompt: str, args: argparse.Namespace) -> None:
+    """Decode with `args.busy` cores taken: raw at every thread count (its best is the mark), ours as it chooses."""
+    counts = range(1, (os.cpu_count() or 1) + 1)
+    raws = {n: llama_cpp.Llama(str(path), n_ctx=N_CTX, n_batch=N_BATCH, n_threads=n, n_threads_batch=n,
+                               flash_attn=True, verbose=False) for n in counts}
+    messages = [Message("user", prompt)]
+    sides: dict[str, Callable[[], Run]] = {"ours": lambda: run_ours(backend, messages, greedy(args.max_tokens))}
+    for n, llm in raws.items():
+        sides[f"raw {n} thr"] = lambda llm=llm: run_raw(llm, transcript(messages), greedy(args.max_tokens))
+    with busy_cores(args.busy):
+        runs = bench_decode(sides, args.rounds)
+    med = {name: median([r.decode_tok_s for r in side]) for name, side in runs.items()}
+    best = max((name for name in med if name.startswith("raw")), key=lambda name: med[name] or 0)
+    threads = backend._session.threads.decode if backend._session else "?"
+    print(f"\n== Decode with {args.busy} of {os.cpu_count()} cores kept busy by other processes, "
+          f"{args.rounds} rounds, median tok/s")
+    for name, value in med.items():
+        print(f"{name:>12}  {fmt(value):>8}" + (f"   (chose {threads} threads by the end)" if name == "ours" else ""))
+    print(f"ours / best raw ({best}): {fmt(ratio(med['ours'], med[best]), '.3f')}   target >= 0.9")
+    for llm in raws.values():
+        llm.close()
+
+
+def bench_cpu_paths(path: Path, prompt: str, args: argparse.Namespace) -> None:
+    """Our decode with llama.cpp's extra buffer types on, then off (what the AMX-crash fallback costs)."""
+    messages = [Message("user", prompt)]
+    backends = {}
+    for setting in ("all", "none"):
+        backends[setting] = LlamaBackend(LlamaSettings(path, n_ctx=N_CTX, extra_buffers=setting))
+        if isinstance(loaded := backends[setting].load().result(), Error):
+            sys.exit(f"cannot load {path} with extra buffers {setting}: {loaded.message}")
+    sides = {name: (lambda b=b: run_ours(b, messages, greedy(args.max_tokens))) for name, b in backends.items()}
+    runs = bench_decode(sides, args.rounds)
+    med = {name: median([r.decode_tok_s for r in side]) for name, side in runs.items()}
+    print(f"\n== Extra buffer types (CPU_REPACK, AMX where built): decode tok/s, median of {args.rounds}")
+    print(f"on (all): {fmt(med['all'])}   off (none): {fmt(med['none'])}   off/on: {fmt(ratio(med['none'], med['all']), '.3f')}")
+    for backend in backends.values():
+        backend.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (decode runs and chats), default 5")
@@ -280,33 +346,41 @@ def main() -> None:
     parser.add_argument("--model", type=Path, help="a .gguf file (default: the starter model)")
     parser.add_argument("--top-logprobs", type=int, default=0, metavar="N",
                         help="also time our engine with top_logprobs=N, against it off")
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="also decode with N cores kept busy by other processes")
+    parser.add_argument("--cpu-paths", action="store_true", help="also time extra buffer types on against off")
     args = parser.parse_args()
-    if args.rounds < 1 or args.max_tokens < 2 or args.top_logprobs < 0:
-        parser.error("--rounds must be >= 1, --max-tokens >= 2, --top-logprobs >= 0")
+    if args.rounds < 1 or args.max_tokens < 128 or args.top_logprobs < 0 or args.busy < 0:
+        parser.error("--rounds must be >= 1, --max-tokens >= 128, --top-logprobs >= 0, --busy >= 0")
 
     log_dir = Path(tempfile.mkdtemp(prefix="tui-chat-bench-"))
     logs.install(log_dir)
     path = resolve_model(str(args.model) if args.model else None, None, models_dir())
-    threads = os.cpu_count() or 1
-    print(f"machine   {threads} CPUs ({cpu_name()}), {platform.system()} {platform.machine()}, "
-          f"Python {platform.python_version()}, llama_cpp {llama_cpp.__version__}, load avg {os.getloadavg()[0]:.2f}")
+    topology = read_topology()
+    print(f"machine   {topology.logical} CPUs, {topology.physical} cores ({cpu_model() or platform.processor()}), "
+          f"{platform.system()} {platform.machine()}, Python {platform.python_version()}, "
+          f"llama_cpp {llama_cpp.__version__}, load avg {os.getloadavg()[0]:.2f}")
     started = time.perf_counter()
 
     backend = LlamaBackend(LlamaSettings(path, n_ctx=N_CTX))
     loaded = backend.load().result()
     if isinstance(loaded, Error):
         sys.exit(f"our engine cannot load {path}: {loaded.message}")
+    threads = loaded.info.threads
     # Our context leaves flash attention on llama.cpp's "auto", which turns it on here; raw defaults to off.
     # Matching it keeps the logits equal, so greedy replies, and the chats built from them, stay identical.
-    llm = llama_cpp.Llama(str(path), n_ctx=N_CTX, n_batch=N_BATCH, n_threads=threads, flash_attn=True, verbose=False)
+    llm = llama_cpp.Llama(str(path), n_ctx=N_CTX, n_batch=N_BATCH, n_threads=threads, n_threads_batch=threads,
+                          flash_attn=True, verbose=False)
     info = loaded.info
     print(f"model     {path.name} ({info.description}), chat format {info.chat_format}, n_ctx {N_CTX}, "
-          f"n_batch {N_BATCH}, {threads} threads, flash attention on, {info.offload}")
+          f"n_batch {N_BATCH}, {threads} threads on both sides (ours: its own choice), flash attention on, "
+          f"{info.offload}")
     print(f"logs      {log_dir / 'llama.log'}")
     if info.chat_format != "plain":
         print("note      this model has its own chat template: raw gets the plain transcript, so prompts differ")
 
-    story = [Message("user", STORY)]
+    prompt = long_prompt(backend, args.max_tokens)
+    story = [Message("user", prompt)]
     warm = run_ours(backend, story, greedy(16)), run_raw(llm, transcript(story), greedy(16))
     sides: dict[str, Callable[[], Run]] = {
         "ours": lambda: run_ours(backend, story, greedy(args.max_tokens)),
@@ -315,17 +389,21 @@ def main() -> None:
     if args.top_logprobs:
         n = args.top_logprobs
         sides[f"ours+top{n}"] = lambda: run_ours(backend, story, greedy(args.max_tokens), n)
-    med = report_decode(bench_decode(sides, args.rounds), warm, args)
+    med = report_decode(bench_decode(sides, args.rounds), warm, args, prompt)
 
     # A new chat each round, opening with another question, so only "User:" is left to reuse from the last one.
     chats = [bench_chat(backend, llm, QUESTIONS[r % len(QUESTIONS):] + QUESTIONS[: r % len(QUESTIONS)])
              for r in range(args.rounds)]
     ttft_ours, ttft_raw = report_chat(chats)
-
-    backend.close()
     llm.close()
+    if args.busy:
+        bench_busy(backend, path, prompt, args)
+    backend.close()
+    if args.cpu_paths:
+        bench_cpu_paths(path, prompt, args)
     print(f"\nfinished in {time.perf_counter() - started:.0f} s, load avg {os.getloadavg()[0]:.2f}")
-    report_markdown(f"{path.name}, {threads} CPUs, llama_cpp {llama_cpp.__version__}", med, ttft_ours, ttft_raw, args)
+    report_markdown(f"{path.name}, {cpu_model()}, {topology.logical} CPUs, llama_cpp {llama_cpp.__version__}",
+                    med, ttft_ours, ttft_raw, args)
 
 
 if __name__ == "__main__":

@@ -38,10 +38,12 @@ def shared_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def isolated_dirs(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, shared_data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Path:
-    """Config, data (the history too) and logs under tmp: tests never read or write the user's own files.
-    Only the models folder is shared (a link), so the starter model is unpacked once."""
+    """Config, data (the history too), logs and caches under tmp: tests never read or write the user's own
+    files. Only the models folder (a link) and the cache are shared, so the starter model is unpacked once."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    # one cache for the session: on an AMX machine the CPU path's self-test then runs once, not per test
+    monkeypatch.setenv("XDG_CACHE_HOME", str(shared_data_dir / "cache"))
     data = tmp_path_factory.mktemp("data")
     monkeypatch.setenv("XDG_DATA_HOME", str(data))
     shared_models = shared_data_dir / "tui-chat" / "models"

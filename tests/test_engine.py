@@ -18,7 +18,7 @@ def test_loaded_model_is_described(tiny):
     assert info.n_ctx == 1024 and info.n_layers == 2
     assert info.chat_format == "plain"
     assert info.quantization == "F16"
-    assert info.gpu_layers == 0 and info.offload == "CPU"
+    assert info.gpu_layers == 0 and info.offload == " · ".join(filter(None, ["CPU", info.cpu])) and info.threads >= 1
 
 
 def test_greedy_is_deterministic_across_backends(tiny, tiny_model):

@@ -12,12 +12,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .config import (
+    CPU_PATHS,
     Config,
     ConfigError,
     REMOTE_MARK,
     RemoteProfile,
+    cache_dir,
     check_context,
+    check_extra_buffers,
     check_gpu_layers,
+    check_threads,
     history_path,
     load_config,
     log_dir,
@@ -26,6 +30,7 @@ from .config import (
 )
 from .engine.base import Backend, EngineError, Error
 from .engine.params import MAX_TOP_LOGPROBS, PARAMS, InvalidParameter, check_top_logprobs
+from .guard import watch
 from .history import HistoryError
 from .pricing import PricingError, count, find_preset, words_to_tokens
 from .safetext import terminal_safe
@@ -44,10 +49,29 @@ class _Parser(argparse.ArgumentParser):
         self.exit(USAGE_ERROR, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
+class _Version(argparse.Action):
+    """Like argparse's own, but the line is made only when asked for (it loads llama.cpp)."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:  # noqa: A002
+        super().__init__(option_strings, dest, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: object) -> None:
+        from .info import version_line
+
+        print(version_line())
+        parser.exit(0)
+
+
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", "-m", help="a .gguf file, a downloaded OWNER/NAME:FILE.gguf, or gemma-3-270m")
     parser.add_argument("--n-ctx", type=int, help="context size in tokens (rounded up to a multiple of 256)")
     parser.add_argument("--gpu-layers", type=int, help="layers to offload to the GPU: -1 all, 0 none")
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="decode threads (default: the physical cores, fewer while other programs keep them busy)")
+    parser.add_argument("--threads-batch", type=int, metavar="N", help="prompt-reading threads (default: likewise)")
+    parser.add_argument("--extra-buffers", choices=CPU_PATHS,
+                        help="llama.cpp's CPU weight layouts: auto (tested once where AMX could crash), all, "
+                             "no-amx (repacked, without AMX), none")
     _add_remote_options(parser)
 
 
@@ -61,6 +85,7 @@ def _add_remote_options(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tui-chat", description="Chat with local LLMs in the terminal, and see how they generate.")
+    parser.add_argument("--version", action=_Version, help="print the versions of tui-chat, llama-cpp-python and ggml")
     _add_model_options(parser)
     commands = parser.add_subparsers(dest="command", parser_class=_Parser)
 
@@ -89,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("--model", "-m", help="whose tokenizer counts --text/--file (default: the default model)")
     estimate.add_argument("--json", action="store_true", help="print JSON (money as exact decimal strings)")
     _add_history_commands(commands)
+    info = commands.add_parser("info", help="versions, what llama.cpp can use here, and the paths in use")
+    info.add_argument("--json", action="store_true", help="print JSON")
 
     from .models_cli import add_models_parser
 
@@ -107,14 +134,24 @@ def _add_history_commands(commands: argparse._SubParsersAction) -> None:
     imports.add_argument("file", type=Path, help="a file written by tui-chat export --format json")
 
 
-def main(argv: list[str] | None = None) -> int:
+def entry() -> int:
+    """The `tui-chat` command: `main` with a watcher process that outlives a crash in llama.cpp."""
+    return main(watched=True)
+
+
+def main(argv: list[str] | None = None, *, watched: bool = False) -> int:
     args = build_parser().parse_args(argv)
     try:
         config = load_config()
         n_ctx = check_context(args.n_ctx if args.n_ctx is not None else config.n_ctx)
         gpu_layers = check_gpu_layers(args.gpu_layers) if args.gpu_layers is not None else config.gpu_layers
+        config = _with_cpu_flags(config, args)
         if args.command == "estimate":
             return _estimate(args, config)
+        if args.command == "info":
+            from .info import show
+
+            return show(config, args.json)
         if args.command in ("history", "export", "import"):
             return _history_command(args)
         if args.command == "models":
@@ -124,11 +161,24 @@ def main(argv: list[str] | None = None) -> int:
         remote = _remote_profile(args, config)
         opener = _opener(config, n_ctx, gpu_layers, remote)
         model = args.model if remote is None else remote_spec(remote.name or CLI_REMOTE, args.model)
+        if watched:
+            watch(log_dir())
         if args.command == "run":
             return _run(args, config, opener, model)
     except (ConfigError, InvalidParameter, EngineError, PricingError, HistoryError) as error:
         return _fail(error)
     return _chat(model, config, opener)
+
+
+def _with_cpu_flags(config: Config, args: argparse.Namespace) -> Config:
+    """The config with --threads, --threads-batch and --extra-buffers laid over it."""
+    changes = {}
+    for name in ("threads", "threads_batch"):
+        if getattr(args, name, None) is not None:
+            changes[name] = check_threads(getattr(args, name), f"--{name.replace('_', '-')}")
+    if getattr(args, "extra_buffers", None) is not None:
+        changes["extra_buffers"] = check_extra_buffers(args.extra_buffers)
+    return replace(config, **changes)
 
 
 def _remote_profile(args: argparse.Namespace, config: Config) -> RemoteProfile | None:
@@ -195,6 +245,10 @@ def _local_opener(config: Config, n_ctx: int, gpu_layers: int | None) -> Callabl
         n_ctx=n_ctx,
         gpu_layers=gpu_layers,
         chat_template=config.chat_template,
+        threads=config.threads,
+        threads_batch=config.threads_batch,
+        extra_buffers=config.extra_buffers,
+        cache_dir=cache_dir(),
     )
 
 

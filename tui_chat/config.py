@@ -12,6 +12,7 @@ from typing import Any
 
 import platformdirs
 
+from .engine.cpu_path import AUTO as AUTO_CPU_PATH, CHOICES as CPU_PATHS
 from .engine.params import InvalidParameter, SamplingParams, check_top_logprobs
 from .engine.prompts import AUTO, NAMED_TEMPLATES
 from .pricing import DEFAULT_PRESET, PRESETS, Price, PricingError, find_preset, presets_with
@@ -37,6 +38,10 @@ def data_dir() -> Path:
 
 def log_dir() -> Path:
     return Path(platformdirs.user_log_dir(APP_NAME))
+
+
+def cache_dir() -> Path:
+    return Path(platformdirs.user_cache_dir(APP_NAME))
 
 
 def config_path() -> Path:
@@ -95,6 +100,9 @@ class Config:
     inspector_top: int = DEFAULT_INSPECTOR_TOP
     system_prompt: str = ""  # for new conversations; each conversation keeps its own
     remotes: dict[str, RemoteProfile] = field(default_factory=dict)
+    threads: int | None = None  # decode threads; None: the physical cores, fewer while others keep them busy
+    threads_batch: int | None = None  # prompt-reading threads; likewise
+    extra_buffers: str = AUTO_CPU_PATH  # llama.cpp's CPU weight layouts: auto, all, no-amx, none
 
 
 def round_context(n_ctx: int) -> int:
@@ -112,6 +120,18 @@ def check_gpu_layers(gpu_layers: Any) -> int:
     if isinstance(gpu_layers, bool) or not isinstance(gpu_layers, int) or gpu_layers < -1:
         raise InvalidParameter(f"gpu-layers must be -1 (all), 0 (CPU) or a layer count (got {gpu_layers!r})")
     return gpu_layers
+
+
+def check_threads(threads: Any, name: str = "threads") -> int:
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 1024:
+        raise InvalidParameter(f"{name} must be a whole number between 1 and 1024 (got {threads!r})")
+    return threads
+
+
+def check_extra_buffers(choice: Any) -> str:
+    if choice not in CPU_PATHS:
+        raise InvalidParameter(f"extra_buffers must be one of {', '.join(CPU_PATHS)} (got {choice!r})")
+    return choice
 
 
 def check_template(name: Any) -> str:
@@ -138,7 +158,7 @@ def load_config(path: Path | None = None) -> Config:
 
 _TOP_LEVEL = {
     "default_model", "chat_template", "n_ctx", "gpu_layers", "sampling", "theme", "keys", "price", "prices",
-    "inspector_top", "system_prompt", "remotes",
+    "inspector_top", "system_prompt", "remotes", "threads", "threads_batch", "extra_buffers",
 }
 
 
@@ -180,7 +200,14 @@ def _parse(raw: dict[str, Any]) -> Config:
         inspector_top=check_top_logprobs(raw.get("inspector_top", DEFAULT_INSPECTOR_TOP), "inspector_top"),
         system_prompt=system_prompt,
         remotes=_remotes(raw.get("remotes", {})),
+        threads=_optional(raw, "threads", check_threads),
+        threads_batch=_optional(raw, "threads_batch", check_threads),
+        extra_buffers=check_extra_buffers(raw.get("extra_buffers", AUTO_CPU_PATH)),
     )
+
+
+def _optional(raw: dict[str, Any], key: str, check: Any) -> Any:
+    return None if raw.get(key) is None else check(raw[key], key)
 
 
 _REMOTE_KEYS = {"base_url", "model", "api_key_env", "api_key", "timeout_s"}

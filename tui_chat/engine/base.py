@@ -56,13 +56,15 @@ class ModelInfo:
     remote_host: str = ""  # host:port of the server a remote backend talks to
     params_per_token: bool = True  # False: sampling changes apply from the next reply on
     ignored_params: tuple[str, ...] = ()  # sampling settings this backend cannot pass on
+    cpu: str = ""  # the CPU path llama.cpp runs on, e.g. "AVX-512 · AMX off (crashed its self-test)"
+    threads: int = 0  # decode threads when it loaded (they follow the load: TurnMetrics.threads)
 
     @property
     def offload(self) -> str:
         if self.remote_host:
             return f"server {self.remote_host}"
         if self.gpu_layers <= 0:
-            return "CPU"
+            return " · ".join(filter(None, ["CPU", self.cpu]))
         return f"GPU {self.gpu_layers}/{self.n_layers} layers"
 
 
@@ -78,6 +80,7 @@ class TurnMetrics:
     n_ctx: int = 0
     dropped_turns: int = 0  # oldest turns left out of the prompt to fit the context
     server_decode_tok_s: float | None = None  # a server's own decode rate, where it reports one
+    threads: int = 0  # CPU threads decoding at the end of the turn (0: not a local CPU model)
 
     @property
     def prefill_tok_s(self) -> float | None:
@@ -102,6 +105,7 @@ class TurnMetrics:
             "n_ctx": self.n_ctx,
             "dropped_turns": self.dropped_turns,
             "server_decode_tok_s": self.server_decode_tok_s,
+            "threads": self.threads,
         }
 
 
@@ -125,6 +129,7 @@ class PoolCut:
 @dataclass(frozen=True, slots=True)
 class LoadProgress:
     fraction: float
+    stage: str = ""  # what the load is doing besides reading weights
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,10 @@ def open_local(
     n_ctx: int,
     gpu_layers: int | None,
     chat_template: str,
+    threads: int | None = None,
+    threads_batch: int | None = None,
+    extra_buffers: str = "auto",
+    cache_dir: Path | None = None,
 ) -> Backend:
     """An in-process llama.cpp backend for `model`, not yet loaded (call `load()`).
 
@@ -29,7 +33,8 @@ def open_local(
     path = _model_file(model, default_model, models_dir, log_dir)
     mark_used(models_dir, path)
     name = model if model and not model.lower().endswith(".gguf") else path.stem
-    return LlamaBackend(LlamaSettings(path, n_ctx, gpu_layers, chat_template), name=name)
+    settings = LlamaSettings(path, n_ctx, gpu_layers, chat_template, extra_buffers, threads, threads_batch, cache_dir)
+    return LlamaBackend(settings, name=name)
 
 
 def count_text_tokens(model: str | None, text: str, *, default_model: str | None, models_dir: Path, log_dir: Path) -> int:

@@ -48,6 +48,17 @@ def read_metadata(path: Path) -> dict[str, Any]:
             return _Reader(data).metadata()
 
 
+def read_tensor_types(path: Path) -> set[int]:
+    """The ggml types of the file's tensors (e.g. 12 for Q4_K): which CPU kernels its weights will meet."""
+    with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        if data[:4] != MAGIC or struct.unpack_from("<I", data, 4)[0] not in VERSIONS:
+            raise GgufProblem("is not a GGUF model file")
+        reader = _Reader(data)
+        tensor_count = struct.unpack_from("<Q", data, 8)[0]
+        reader.metadata()
+        return {reader.tensor_type() for _ in range(tensor_count)}
+
+
 def check_metadata(metadata: dict[str, Any]) -> None:
     """Refuse the values known to make llama.cpp abort instead of failing cleanly."""
     arch = metadata.get("general.architecture")
@@ -82,6 +93,16 @@ class _Reader:
             if value is not None:
                 metadata[key] = value
         return metadata
+
+    def tensor_type(self) -> int:
+        """One tensor's entry (name, dimensions, type, offset); returns its type."""
+        self.string()
+        dimensions = self.unpack("<I")
+        self.need(8 * dimensions, "a tensor's shape")
+        self.pos += 8 * dimensions
+        kind = self.unpack("<I")
+        self.unpack("<Q")
+        return kind
 
     def value(self, kind: int, key: str) -> Any:
         if kind == _STRING:

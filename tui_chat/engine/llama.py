@@ -28,6 +28,9 @@ from .base import (
     TurnMetrics,
 )
 from .context import fit_context
+from .cpu import ThreadGovernor
+from .cpu_path import AUTO, ProbeResult, choose as choose_cpu_path, run_probe
+from .ggml import build_features
 from .llamacpp import LlamaSession, PrefillAborted, quantization_of, supports_gpu_offload
 from .prompts import PromptError, PromptFormat, choose_format
 from .stops import StopScanner, Utf8Stream
@@ -42,6 +45,10 @@ class LlamaSettings:
     n_ctx: int = 4096
     gpu_layers: int | None = None
     chat_template: str = "auto"
+    extra_buffers: str = AUTO  # the CPU path (cpu_path.py): auto, all, no-amx or none
+    threads: int | None = None  # decode threads; None follows the machine and its load
+    threads_batch: int | None = None  # prompt-reading threads; likewise
+    cache_dir: Path | None = None  # where the CPU path's self-test answer is kept
 
     @property
     def resolved_gpu_layers(self) -> int:
@@ -80,6 +87,7 @@ class LlamaBackend:
         self._history_tokens: list[int] = []
         self._last_prompt: tuple[str, list[int]] = ("", [])
         self._session_lock = threading.Lock()
+        self.threads = ThreadGovernor(settings.threads, settings.threads_batch)
         self._worker = threading.Thread(target=self._run, name="llama-worker", daemon=True)
         self._worker.start()
 
@@ -133,11 +141,15 @@ class LlamaBackend:
                 if self._session is not None:
                     self._session.close()
                     self._session = None
+            cpu_path = choose_cpu_path(settings.extra_buffers, settings.path, settings.cache_dir, build_features(),
+                                       probe=_announced_probe(stream))
             session = LlamaSession(
                 settings.path,
                 n_ctx=settings.n_ctx,
                 gpu_layers=settings.resolved_gpu_layers,
                 n_batch=PREFILL_CHUNK,
+                threads=self.threads.threads,
+                cpu_path=cpu_path,
                 on_progress=lambda fraction: _report_load(stream, fraction),
             )
             try:
@@ -163,6 +175,8 @@ class LlamaBackend:
             n_ctx=session.n_ctx,
             n_ctx_train=session.n_ctx_train(),
             chat_format=prompt_format.name,
+            cpu=session.cpu_path.describe() if session.cpu_path else "",
+            threads=session.threads.decode,
         )
         with self._session_lock:
             self._session = session
@@ -192,6 +206,16 @@ class LlamaBackend:
                 return known_tokens + session.tokenize(text[len(known_text) :], add_bos=False)
         add_bos = session.add_bos and not (session.bos_text and text.startswith(session.bos_text))
         return session.tokenize(text, add_bos=add_bos)
+
+
+def _announced_probe(stream: Stream) -> Callable[[Path, str], ProbeResult]:
+    """The CPU path self-test, said on the load line while it runs (it loads the model once more)."""
+
+    def probe(model: Path, path_name: str) -> ProbeResult:
+        stream.put(LoadProgress(0.0, f"testing this CPU's {path_name!r} path, once"))
+        return run_probe(model, path_name)
+
+    return probe
 
 
 def _report_load(stream: Stream, fraction: float) -> bool:
@@ -235,8 +259,15 @@ class _Turn:
         text, tokens = rendered[len(fitted.messages)]
         return text, tokens, fitted.dropped_turns
 
+    def retune_threads(self) -> None:
+        """Follow the machine's load: fewer threads while other processes keep cores busy."""
+        governor = self.backend.threads
+        if governor.retune():
+            self.session.set_threads(governor.threads)
+
     def run(self) -> None:
         session = self.session
+        self.retune_threads()
         self.cached = session.keep_prefix(self.context)
         session.reset_perf()
         try:
@@ -255,6 +286,7 @@ class _Turn:
 
         def progress(done: int) -> None:
             self.stream.put(PromptProgress(done, len(todo), time.perf_counter() - started))
+            self.retune_threads()
 
         progress(0)
         self.session.prefill(todo, progress, self.stream.cancelled.is_set)
@@ -280,6 +312,7 @@ class _Turn:
     def _decode(self, scanner: StopScanner, utf8: Utf8Stream) -> StopReason:
         session, stream, live = self.session, self.stream, self.request.params
         top_n = self.request.top_logprobs
+        governor = self.backend.threads
         sampler = None
         version = -1
         next_metrics = 0.0
@@ -321,6 +354,8 @@ class _Turn:
                 if now >= next_metrics:
                     stream.put(Metrics(self.metrics()))
                     next_metrics = now + METRICS_INTERVAL_S
+                if time.monotonic() >= governor.next_check:
+                    self.retune_threads()
         finally:
             if sampler is not None:
                 session.free_sampler(sampler)
@@ -348,4 +383,5 @@ class _Turn:
             context_tokens=len(self.session.tokens),
             n_ctx=self.session.n_ctx,
             dropped_turns=self.dropped_turns,
+            threads=self.session.threads.decode,
         )

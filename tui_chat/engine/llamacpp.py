@@ -11,7 +11,7 @@ import ctypes
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import llama_cpp
@@ -19,6 +19,8 @@ import numpy as np
 
 from . import logs
 from .base import Candidate, EngineError, PoolCut
+from .cpu import Threads
+from .cpu_path import CpuPath, deny_amx
 from .models import check_gguf
 from .params import SamplingParams
 from .pool import pool_cut
@@ -29,6 +31,8 @@ _ALL_LAYERS = 0x7FFF_FFFF
 _QUANT_IN_NAME = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32)(?![A-Za-z0-9])", re.IGNORECASE)
 
 _backend_ready = False
+_extra_buffers_listed = False  # llama.cpp lists its extra buffer types once per process, at the first load
+_amx_denied = False
 
 
 class PrefillAborted(Exception):
@@ -64,15 +68,20 @@ class LlamaSession:
         n_ctx: int,
         gpu_layers: int,
         n_batch: int,
+        threads: Threads,
+        cpu_path: CpuPath | None = None,
         on_progress: Callable[[float], bool] | None = None,
     ) -> None:
         _init_backend()
         self.n_batch = n_batch
         self.tokens: list[int] = []
+        self.threads = threads
+        self.cpu_path = _take_cpu_path(cpu_path) if cpu_path else None
         logs.take_errors()
 
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = _ALL_LAYERS if gpu_layers < 0 else gpu_layers
+        model_params.use_extra_bufts = self.cpu_path is None or self.cpu_path.extra_buffers
         if on_progress is not None:
             self._progress = llama_cpp.llama_progress_callback(lambda fraction, _data: bool(on_progress(fraction)))
             model_params.progress_callback = self._progress
@@ -87,7 +96,8 @@ class LlamaSession:
         context_params.n_ctx = n_ctx
         context_params.n_batch = n_batch
         context_params.n_ubatch = n_batch
-        context_params.n_threads = context_params.n_threads_batch = os.cpu_count() or 1
+        context_params.n_threads = threads.decode
+        context_params.n_threads_batch = threads.batch
         context_params.swa_full = True  # sliding-window models keep every position, so earlier turns stay reusable
         context_params.no_perf = False
         self.ctx = llama_cpp.llama_init_from_model(self.model, context_params)
@@ -112,6 +122,11 @@ class LlamaSession:
         self._probs = np.empty(self.n_vocab, dtype=np.float32)
         self._abort = llama_cpp.ggml_abort_callback(lambda _data: self._abort_requested())
         self._abort_requested: Callable[[], bool] = lambda: False
+
+    def set_threads(self, threads: Threads) -> None:
+        """Takes effect from the next decode: the count can follow the machine's load mid-reply."""
+        llama_cpp.llama_set_n_threads(self.ctx, threads.decode, threads.batch)
+        self.threads = threads
 
     # --- model facts -------------------------------------------------------------------------
 
@@ -315,6 +330,19 @@ def count_tokens(path: Path, text: str) -> int:
         return len(_tokenize(llama_cpp.llama_model_get_vocab(model), text, add_bos=False))
     finally:
         llama_cpp.llama_model_free(model)
+
+
+def _take_cpu_path(path: CpuPath) -> CpuPath:
+    """Put `path` into effect for this process. AMX can only be denied before llama.cpp lists its extra
+    buffer types (at the first load with them): later, doing without them all is the safe way."""
+    global _extra_buffers_listed, _amx_denied
+    if path.name == "no-amx" and not _amx_denied:
+        if _extra_buffers_listed or not deny_amx():
+            path = replace(path, name="none")
+        else:
+            _amx_denied = True
+    _extra_buffers_listed = _extra_buffers_listed or path.extra_buffers
+    return path
 
 
 def _init_backend() -> None:

@@ -199,7 +199,8 @@ class ChatScreen(Screen):
     def _on_load_events(self, job: _Load, events: list[Event]) -> None:
         for event in events:
             if isinstance(event, LoadProgress):
-                self._set_status(f"Loading {job.name or 'the default model'}… {event.fraction:.0%}")
+                doing = event.stage or f"{event.fraction:.0%}"
+                self._set_status(f"Loading {job.name or 'the default model'}… {doing}")
             elif isinstance(event, Loaded):
                 if self.backend is not None:
                     self.action_stop()
@@ -287,7 +288,7 @@ class ChatScreen(Screen):
         try:
             if isinstance(message.job, _Load):
                 self._on_load_events(message.job, message.events)
-            elif message.job is self.reply:
+            elif message.job is self.reply and message.job.widget.is_attached:
                 await self._on_reply_events(message.job, message.events)
         finally:
             message.done()
@@ -332,7 +333,13 @@ class ChatScreen(Screen):
             await reply.widget.append(text)
 
     async def _finish(self, reply: _Reply, done: Done) -> None:
-        self._end_reply()
+        """The reply counts as being written until its widget has settled: actions wait for that."""
+        try:
+            await self._settle(reply, done)
+        finally:
+            self._end_reply()
+
+    async def _settle(self, reply: _Reply, done: Done) -> None:
         await reply.widget.stop()
         if done.stop_reason == "cancelled" and not done.text.strip():
             await self._take_back(reply)
@@ -358,7 +365,12 @@ class ChatScreen(Screen):
 
     async def _fail(self, reply: _Reply, error: Error) -> None:
         """The engine gave up. What it wrote stays (a server's stream cut mid-reply), marked as such."""
-        self._end_reply()
+        try:
+            await self._settle_failed(reply, error)
+        finally:
+            self._end_reply()
+
+    async def _settle_failed(self, reply: _Reply, error: Error) -> None:
         await reply.widget.stop()
         if not error.text.strip():
             await self._take_back(reply)

@@ -158,8 +158,9 @@ class ReplyMessage(ChatMessage, Vertical):
             yield Static(classes="status")
 
     def on_mount(self) -> None:
-        if self.footer is None:
-            self._stream = Markdown.get_stream(self.query_one(Markdown))
+        tail = self.query(Markdown)
+        if self.footer is None and tail:  # none: the app closed before the reply's parts were mounted
+            self._stream = Markdown.get_stream(tail.first())
 
     def _finished_body(self, text: str | None = None) -> Static:
         """The last chunk of a finished reply with its footer, or the whole reply as a heatmap."""
@@ -178,8 +179,10 @@ class ReplyMessage(ChatMessage, Vertical):
         return f" · branch {self.active + 1}/{len(self.branches)} ([ ])"
 
     def show_status(self, status: str) -> None:
-        """Prompt-reading progress before the first token; nothing once text flows."""
-        self.query_one(".status", Static).update(Content(status))
+        """Prompt-reading progress before the first token; nothing once text flows (or once the widget is
+        being taken down: a batch can still arrive while the app closes)."""
+        for line in self.query(".status").results(Static):
+            line.update(Content(status))
 
     async def append(self, text: str) -> None:
         self.text += text

@@ -110,7 +110,9 @@ class MetricsPanel(Vertical):
             facts.update("")
         else:
             title.update(Content(terminal_safe(info.name)))
-            facts.update(Content(terminal_safe(f"{info.quantization} · {info.offload} · {info.backend}\n{info.description}")))
+            threads = m.threads or info.threads
+            hardware = f"{info.offload} · {threads} thread{'s' if threads != 1 else ''}" if threads else info.offload
+            facts.update(Content(terminal_safe(f"{info.quantization} · {hardware} · {info.backend}\n{info.description}")))
         self.query_one("#speed", Static).update(
             Content(
                 f"TTFT     {_seconds(m.ttft_s)}\n"

@@ -1,0 +1,276 @@
+"""Threads that fit the machine and its load, and the CPU path that does not crash: fake topologies,
+a fake /proc/stat, probes that crash on purpose in real child processes, and the real self-test."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import llama_cpp
+import pytest
+
+from conftest import GREEDY, open_backend, run_cli
+from tui_chat.engine.base import Message, Request
+from tui_chat.engine.params import LiveParams
+from tui_chat.engine.cpu import LoadWatch, ThreadGovernor, Threads, Topology, choose_threads, read_topology
+from tui_chat.engine.cpu_path import CpuPath, ProbeResult, choose, known, result_of, run_probe
+
+AMX_BUILD = {"AVX2", "AVX512", "AMX_INT8", "REPACK"}
+PLAIN_BUILD = {"AVX2", "REPACK"}
+
+
+def fake_sysfs(root: Path, cores: dict[int, tuple[int, int]], atom: str = "", cpu_max: str = "") -> Path:
+    """cpu number -> (package, core), as /sys/devices/system/cpu/cpuN/topology shows them."""
+    for cpu, (package, core) in cores.items():
+        topology = root / f"devices/system/cpu/cpu{cpu}/topology"
+        topology.mkdir(parents=True)
+        (topology / "physical_package_id").write_text(f"{package}\n")
+        (topology / "core_id").write_text(f"{core}\n")
+    if atom:
+        (root / "devices/cpu_atom").mkdir(parents=True)
+        (root / "devices/cpu_atom/cpus").write_text(atom + "\n")
+    if cpu_max:
+        (root / "fs/cgroup").mkdir(parents=True)
+        (root / "fs/cgroup/cpu.max").write_text(cpu_max + "\n")
+    return root
+
+
+def smt(cores: int, packages: int = 1) -> dict[int, tuple[int, int]]:
+    """Two hyper-threads per core, numbered as Linux does: siblings are N and N + cores."""
+    per_package = cores // packages
+    first = {cpu: (cpu // per_package, cpu % per_package) for cpu in range(cores)}
+    return first | {cpu + cores: core for cpu, core in first.items()}
+
+
+MACHINES = {
+    "1 CPU": ({0: (0, 0)}, "", "", Topology(1, 1, 1), Threads(1, 1)),
+    "2 CPUs": ({0: (0, 0), 1: (0, 1)}, "", "", Topology(2, 2, 2), Threads(2, 2)),
+    "8 CPUs, 4 cores": (smt(4), "", "", Topology(8, 4, 4), Threads(4, 4)),
+    "64 CPUs, 2 sockets": (smt(32, packages=2), "", "", Topology(64, 32, 32), Threads(32, 32)),
+    "hybrid 8P+8E": (smt(8) | {16 + i: (0, 8 + i) for i in range(8)}, "16-23", "", Topology(24, 16, 8), Threads(8, 16)),
+    "64 CPUs, cgroup of 2": (smt(32), "", "200000 100000", Topology(64, 32, 32, 2.0), Threads(2, 2)),
+}
+
+
+@pytest.mark.parametrize("machine", MACHINES.values(), ids=MACHINES.keys())
+def test_threads_are_the_physical_math_cores(tmp_path, machine):
+    cores, atom, cpu_max, topology, threads = machine
+    root = fake_sysfs(tmp_path, cores, atom, cpu_max)
+    assert read_topology(set(cores), root) == topology
+    assert choose_threads(topology) == threads
+
+
+@pytest.mark.parametrize(("topology", "busy", "decode"), [
+    (Topology(2, 2, 2), 1.0, 1),  # the measured collapse: never 2 threads beside a busy core
+    (Topology(2, 2, 2), 0.67, 1),  # a busy process squeezed by our own spinning threads
+    (Topology(2, 2, 2), 0.2, 2),  # a light background job leaves the core to us
+    (Topology(2, 2, 2), 5.0, 1),  # an overloaded machine still gets one thread
+    (Topology(8, 4, 4), 4.0, 4),  # four busy hyper-threads leave every core a free sibling
+    (Topology(8, 4, 4), 6.0, 2),
+    (Topology(1, 1, 1), 1.0, 1),
+])
+def test_threads_give_way_to_other_processes(topology, busy, decode):
+    assert choose_threads(topology, busy).decode == decode
+
+
+def write_stat(path: Path, ticks: dict[int, int]) -> None:
+    """/proc/stat with each CPU's user ticks as given (everything else idle)."""
+    lines = ["cpu  0 0 0 0 0 0 0 0 0 0"]
+    lines += [f"cpu{cpu} {user} 0 0 1000000 0 0 0 0 0 0" for cpu, user in ticks.items()]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_load_watch_counts_other_processes_on_our_cpus(tmp_path, monkeypatch):
+    stat = tmp_path / "stat"
+    clock = [100.0]
+    monkeypatch.setattr("tui_chat.engine.cpu.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("tui_chat.engine.cpu._TICKS_PER_S", 100)
+    write_stat(stat, {0: 0, 1: 0, 2: 0})
+    watch = LoadWatch({0, 1}, stat)
+    clock[0] += 0.05
+    assert watch.busy_elsewhere() is None  # too short a look: the window keeps growing
+    clock[0] += 0.95
+    write_stat(stat, {0: 100, 1: 50, 2: 100})  # one CPU's worth on cpu0 + half on cpu1; cpu2 is not ours
+    busy = watch.busy_elsewhere()
+    assert busy == pytest.approx(1.5, abs=0.05)
+
+
+def test_governor_keeps_fixed_counts_and_follows_the_load_otherwise():
+    class Watch:
+        busy = 0.0
+
+        def busy_elsewhere(self):
+            return self.busy
+
+    assert ThreadGovernor(3, 5, Topology(2, 2, 2)).threads == Threads(3, 5)
+    assert ThreadGovernor(3, 5, Topology(2, 2, 2)).watch is None  # nothing to follow
+    watch = Watch()
+    governor = ThreadGovernor(topology=Topology(2, 2, 2), watch=watch)
+    assert governor.threads == Threads(2, 2)
+    watch.busy = 1.0
+    assert governor.retune(now=1.0) and governor.threads == Threads(1, 1)
+    watch.busy = 0.0
+    assert not governor.retune(now=1.1)  # looked at most every CHECK_EVERY_S
+    assert governor.retune(now=2.0) and governor.threads == Threads(2, 2)
+    pinned = ThreadGovernor(decode=1, topology=Topology(2, 2, 2), watch=watch)
+    watch.busy = 2.0
+    pinned.retune(now=5.0)
+    assert pinned.threads == Threads(1, 1)
+
+
+# --- the CPU path -----------------------------------------------------------------------------
+
+def child_probe(outcomes: dict[str, str], calls: list[str]):
+    """A probe whose child process really runs: `crash` kills itself with SIGSEGV, `ok` exits 0."""
+
+    def probe(_model: Path, path_name: str) -> ProbeResult:
+        calls.append(path_name)
+        code = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)" if outcomes[path_name] == "crash" else "pass"
+        return result_of(subprocess.run([sys.executable, "-c", code], check=False).returncode)
+
+    return probe
+
+
+@pytest.fixture
+def amx_model(tiny_model):
+    """The tiny model's F16 weights are a kind llama.cpp's AMX buffer takes (as are Q4_K, Q6_K, Q8_0...)."""
+    return tiny_model
+
+
+@pytest.fixture
+def f32_model(tmp_path):
+    """Weights the AMX buffer never takes: only reading the tensor list matters here."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    path = tmp_path / "f32.gguf"
+    writer = GGUFWriter(path, "llama")
+    writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_crashing_amx_probe_falls_back_and_is_remembered(tmp_path, amx_model):
+    calls: list[str] = []
+    probe = child_probe({"all": "crash", "no-amx": "ok"}, calls)
+    path = choose("auto", amx_model, tmp_path, AMX_BUILD, probe, cpu_identity="Xeon with AMX")
+    assert (path.name, calls) == ("no-amx", ["all", "no-amx"])
+    assert path.describe() == "AVX-512 · AMX off (crashed its self-test)"
+    again = choose("auto", amx_model, tmp_path, AMX_BUILD, child_probe({}, calls), cpu_identity="Xeon with AMX")
+    assert again == path and calls == ["all", "no-amx"]  # remembered: no second probe
+    other_cpu = choose("auto", amx_model, tmp_path, AMX_BUILD, child_probe({"all": "ok"}, calls),
+                       cpu_identity="another CPU")
+    assert other_cpu.name == "all" and calls[-1] == "all"
+
+
+def test_when_repacking_crashes_too_the_extra_buffers_go(tmp_path, amx_model):
+    calls: list[str] = []
+    path = choose("auto", amx_model, tmp_path, AMX_BUILD, child_probe({"all": "crash", "no-amx": "crash"}, calls),
+                  cpu_identity="x")
+    assert path.name == "none" and not path.extra_buffers and calls == ["all", "no-amx"]
+    assert path.describe() == "AVX-512 · AMX off (crashed its self-test) · no repacking"
+    assert known("auto", tmp_path, AMX_BUILD) != ""
+
+
+def test_a_probe_that_does_not_finish_is_not_remembered(tmp_path, amx_model):
+    calls: list[str] = []
+
+    def hung(_model, name):
+        calls.append(name)
+        return ProbeResult(ok=False)
+
+    assert choose("auto", amx_model, tmp_path, AMX_BUILD, hung, cpu_identity="x").name == "none"
+    assert choose("auto", amx_model, tmp_path, AMX_BUILD, hung, cpu_identity="x").name == "none"
+    assert calls == ["all", "all"]
+
+
+def test_no_probe_without_amx_or_without_weights_that_meet_it(tmp_path, amx_model, f32_model):
+    def never(*_args):
+        raise AssertionError("probed")
+
+    assert choose("auto", amx_model, tmp_path, PLAIN_BUILD, never) == CpuPath("all", False, "AVX2")
+    f32_only = choose("auto", f32_model, tmp_path, AMX_BUILD, never, cpu_identity="x")
+    assert f32_only.name == "all" and "not checked" in f32_only.reason
+
+
+@pytest.mark.parametrize("setting", ["all", "no-amx", "none"])
+def test_the_config_forces_a_path_without_probing(tmp_path, amx_model, setting):
+    def never(*_args):
+        raise AssertionError("probed")
+
+    path = choose(setting, amx_model, tmp_path, AMX_BUILD, never)
+    assert path.name == setting and path.extra_buffers == (setting != "none")
+
+
+def test_a_damaged_cache_file_means_asking_again(tmp_path, amx_model):
+    (tmp_path / "cpu-path.json").write_text("{not json")
+    calls: list[str] = []
+    assert choose("auto", amx_model, tmp_path, AMX_BUILD, child_probe({"all": "ok"}, calls), cpu_identity="x").name == "all"
+    assert calls == ["all"]
+
+
+@pytest.mark.parametrize("path_name", ["all", "no-amx", "none"])
+def test_the_real_self_test_passes_on_every_path_here(tiny_model, path_name):
+    assert run_probe(tiny_model, path_name) == ProbeResult(ok=True)
+
+
+def test_the_real_self_test_reports_a_model_it_cannot_load(tmp_path):
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + bytes(20))
+    assert not run_probe(broken, "all").conclusive
+
+
+@pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64", reason="seccomp on x86-64 Linux")
+def test_denying_amx_makes_the_kernel_refuse_it_to_every_thread():
+    code = """
+import ctypes, threading
+from tui_chat.engine.cpu_path import deny_amx
+libc = ctypes.CDLL(None, use_errno=True)
+assert deny_amx()
+results = []
+def ask():
+    results.append((libc.syscall(158, 0x1023, 18), ctypes.get_errno()))
+worker = threading.Thread(target=ask); worker.start(); worker.join()
+ask()
+print(results)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[(-1, 1), (-1, 1)]"  # EPERM in a thread started later and in the caller
+
+
+def test_cpu_path_is_said_in_the_model_info(tiny):
+    assert tiny.info.cpu and tiny.info.offload.startswith("CPU · ")
+    assert tiny.info.threads >= 1
+
+
+def test_a_reply_gives_threads_back_when_another_process_starts_mid_reply(tiny_model, monkeypatch):
+    """The engine looks at the load between tokens: llama.cpp's own context ends with the new count."""
+
+    class Watch:
+        calls = 0
+
+        def busy_elsewhere(self):
+            self.calls += 1
+            return 0.0 if self.calls < 3 else 1.0  # quiet at first, then a build starts
+
+    monkeypatch.setattr("tui_chat.engine.cpu.CHECK_EVERY_S", 0.0)
+    backend = open_backend(tiny_model, n_ctx=4096)
+    try:
+        backend.threads = ThreadGovernor(topology=Topology(2, 2, 2), watch=Watch())
+        done = backend.generate(Request([Message("user", "Hello")], LiveParams(GREEDY.with_changes(max_tokens=200)))).result()
+        assert done.metrics.threads == 1
+        assert llama_cpp.llama_n_threads(backend._session.ctx) == 1
+    finally:
+        backend.close()
+
+
+def test_threads_set_by_flag_reach_llama_cpp(tiny_model):
+    done = run_cli("run", "-m", str(tiny_model), "-p", "Hello", "--max-tokens", "4", "--threads", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["turns"][0]["threads"] == 1

@@ -1,0 +1,200 @@
+"""The watcher process: a child that dies of a signal gives the terminal back with one line, and the
+reply it was writing reopens as interrupted. Real processes on a real pseudo-terminal."""
+
+from __future__ import annotations
+
+import os
+import pty
+import signal
+import sqlite3
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+
+from tui_chat.config import history_path, log_dir
+from tui_chat.guard import RESTORE, crash_line
+from tui_chat.history import History
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the watcher forks")
+
+
+class Terminal:
+    """A process on a pseudo-terminal of 100x30, its output read as it comes."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.master, slave = pty.openpty()
+        termios.tcsetwinsize(slave, (30, 100))
+        self.process = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, close_fds=True,
+                                        env={**os.environ, "TERM": "xterm-256color", **(env or {})},
+                                        start_new_session=True)
+        os.close(slave)
+        self.output = b""
+
+    def read(self, timeout: float = 0.2) -> bytes:
+        import select
+
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select([self.master], [], [], left)
+            if not ready:
+                break
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            self.output += chunk
+        return self.output
+
+    def wait(self, timeout: float = 30) -> int:
+        deadline = time.monotonic() + timeout
+        while self.process.poll() is None and time.monotonic() < deadline:
+            self.read(0.1)
+        self.read(0.2)
+        return self.process.wait(timeout=1)
+
+    def child_pid(self) -> int:
+        pid = self.process.pid
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        assert len(children) == 1, children
+        return int(children[0])
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        os.close(self.master)
+
+
+def watched_script(body: str, log: Path) -> list[str]:
+    return [sys.executable, "-c", f"from pathlib import Path\nfrom tui_chat.guard import watch\n"
+                                  f"watch(Path({str(log)!r}))\n{body}"]
+
+
+@pytest.mark.parametrize("number", [signal.SIGSEGV, signal.SIGABRT])
+def test_a_child_killed_by_a_signal_gets_the_terminal_back_and_one_line(tmp_path, number):
+    body = ("import os, signal, sys\nsys.stdout.write('\\x1b[?1049h\\x1b[?1003h\\x1b[?25l'); sys.stdout.flush()\n"
+            f"os.kill(os.getpid(), {int(number)})")
+    terminal = Terminal(watched_script(body, tmp_path))
+    try:
+        assert terminal.wait() == 128 + number
+        output = terminal.output.decode("utf-8", "replace")
+    finally:
+        terminal.close()
+    assert RESTORE.strip() in output
+    lines = [line for line in output.split("\r\n") if "crashed" in line]
+    assert len(lines) == 1 and signal.Signals(number).name in lines[0] and str(tmp_path / "stderr.log") in lines[0]
+    assert "Fatal Python error" in (tmp_path / "stderr.log").read_text()
+
+
+def test_a_normal_exit_passes_through_untouched(tmp_path):
+    terminal = Terminal(watched_script("import sys; print('fine'); sys.exit(3)", tmp_path))
+    try:
+        assert terminal.wait() == 3
+    finally:
+        terminal.close()
+    assert b"fine" in terminal.output and RESTORE.strip().encode() not in terminal.output
+
+
+def test_a_signal_sent_to_the_watcher_reaches_the_app_and_is_no_crash(tmp_path):
+    body = "import time\nprint('ready', flush=True)\ntime.sleep(30)"
+    terminal = Terminal(watched_script(body, tmp_path))
+    try:
+        deadline = time.monotonic() + 10
+        while b"ready" not in terminal.read(0.1) and time.monotonic() < deadline:
+            pass
+        terminal.process.send_signal(signal.SIGTERM)
+        assert terminal.wait() == 128 + signal.SIGTERM
+    finally:
+        terminal.close()
+    assert b"crashed" not in terminal.output
+
+
+def test_native_stderr_goes_to_the_log_and_python_keeps_the_terminal(tmp_path):
+    body = "import os, sys\nos.write(2, b'from C\\n')\nprint('from Python', file=sys.stderr, flush=True)"
+    terminal = Terminal(watched_script(body, tmp_path))
+    try:
+        assert terminal.wait() == 0
+    finally:
+        terminal.close()
+    assert b"from Python" in terminal.output and b"from C" not in terminal.output
+    assert "from C" in (tmp_path / "stderr.log").read_text()
+
+
+def test_the_crash_line_names_llama_cpp_what_it_was_doing_and_its_last_words():
+    log = ("/src/ggml/src/ggml-cpu/ops.cpp:4203: GGML_ASSERT(ne0 > 0) failed\nFatal Python error: Aborted\n\n"
+           "Thread 0x02 (most recent call first):\n  File \"/x/textual/app.py\", line 1 in run\n\n"
+           "Current thread 0x01 (most recent call first):\n"
+           f"  File \"/x/tui_chat{os.sep}engine{os.sep}llamacpp.py\", line 214 in step\n"
+           "  File \"/x/tui_chat/engine/llama.py\", line 353 in _decode\n\nExtension modules: numpy\n")
+    line = crash_line(signal.SIGABRT, log, Path("/logs/stderr.log"))
+    assert line == ("tui-chat: llama.cpp crashed with SIGABRT (Aborted) while decoding a token: "
+                    "/src/ggml/src/ggml-cpu/ops.cpp:4203: GGML_ASSERT(ne0 > 0) failed. "
+                    "The chat so far is kept; details in /logs/stderr.log")
+    assert crash_line(signal.SIGSEGV, "", Path("/l")).startswith("tui-chat: the app crashed with SIGSEGV")
+
+
+def test_the_app_killed_mid_reply_restores_the_terminal_and_the_reply_reopens_interrupted(tiny_model):
+    config = Path(os.environ["XDG_CONFIG_HOME"]) / "tui-chat" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text(f'default_model = "{tiny_model}"\nn_ctx = 32768\n[sampling]\nmax_tokens = 100000\n')
+    terminal = Terminal([sys.executable, "-m", "tui_chat"])
+    try:
+        deadline = time.monotonic() + 30
+        while b"Type a message" not in terminal.read(0.2) and time.monotonic() < deadline:
+            pass
+        time.sleep(1.0)  # the model loads in the background
+        os.write(terminal.master, b"Hello there\r")
+        streaming = None
+        while streaming is None and time.monotonic() < deadline + 30:
+            terminal.read(0.2)
+            streaming = _streaming_reply()
+        assert streaming is not None, terminal.output[-2000:]
+        os.kill(terminal.child_pid(), signal.SIGSEGV)
+        assert terminal.wait() == 128 + signal.SIGSEGV
+    finally:
+        terminal.close()
+    tail = terminal.output[-3000:].decode("utf-8", "replace")
+    assert "\x1b[?1049l" in tail and "crashed with SIGSEGV" in tail and str(log_dir() / "stderr.log") in tail
+    with History(history_path()) as history:
+        conversation = history.load(history.conversations()[0].id)
+    assert conversation.messages[-1].state == "interrupted" and conversation.messages[-1].content
+
+
+def _streaming_reply() -> int | None:
+    try:
+        with sqlite3.connect(history_path()) as db:
+            row = db.execute("SELECT id FROM messages WHERE role = 'assistant' AND state = 'streaming' "
+                             "AND content != ''").fetchone()
+    except sqlite3.Error:
+        return None
+    return row[0] if row else None
+
+
+def test_kill_9_of_the_watcher_ends_the_app_too(tmp_path):
+    terminal = Terminal(watched_script("import time\nprint('ready', flush=True)\ntime.sleep(60)", tmp_path))
+    try:
+        deadline = time.monotonic() + 10
+        while b"ready" not in terminal.read(0.1) and time.monotonic() < deadline:
+            pass
+        app = terminal.child_pid()
+        terminal.process.kill()
+        terminal.process.wait()
+        deadline = time.monotonic() + 5
+        while Path(f"/proc/{app}").exists() and "Z" not in _state(app) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not Path(f"/proc/{app}").exists() or "Z" in _state(app)
+    finally:
+        terminal.close()
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return "Z"

@@ -1,0 +1,182 @@
+"""A small watcher process, so that a crash inside llama.cpp is never the user's first sign of trouble.
+
+llama.cpp can take the whole process down (a signal in a CPU kernel, a GGML_ASSERT abort) where no
+Python code can catch it. The app therefore runs in a forked child; this process only waits. When the
+child dies of a signal, the watcher puts the terminal back (the alternate screen, mouse reporting and
+a hidden cursor would otherwise stay) and says in one line what happened and where the log is. The
+history needs nothing more: a reply that was streaming reopens as interrupted, as after `kill -9`.
+
+In the child, file descriptor 2 goes to `stderr.log`: what llama.cpp's C code prints there (including
+its last words before an abort) and Python's stack at a fatal signal (faulthandler) land in the file,
+never across the screen; Python's own `sys.stderr` keeps the terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+LOG_NAME = "stderr.log"
+_PR_SET_PDEATHSIG = 1
+FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# What the terminal needs back after a full-screen app: main screen, cursor, no mouse reports, no
+# bracketed paste, no focus events, no synchronized output, the keyboard protocol popped, attributes reset.
+RESTORE = ("\x1b[?1049l\x1b[?25h\x1b[?1000l\x1b[?1002l\x1b[?1003l\x1b[?1006l\x1b[?1015l"
+           "\x1b[?2004l\x1b[?1004l\x1b[?2026l\x1b[<u\x1b[0m\r\n")
+DOING = {  # the innermost function on the crashed thread's Python stack, said plainly
+    "step": "while decoding a token",
+    "sample": "while sampling a token",
+    "prefill": "while reading the prompt",
+    "_decode": "while reading the prompt",
+    "__init__": "while loading the model",
+    "self_test": "while testing the CPU path",
+}
+_ABORT_LINE = re.compile(r"^.*(?:GGML_ASSERT|GGML_ABORT|\.(?:c|cpp|h):\d+: ).*$", re.MULTILINE)  # ggml_abort's format
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)', re.MULTILINE)
+
+
+def watch(log_dir: Path) -> None:
+    """Fork: the child returns and runs the app; this process waits for it and exits with its status."""
+    if not hasattr(os, "fork"):
+        return
+    terminal = _terminal_attributes()
+    log = log_dir / LOG_NAME
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    child = os.fork()
+    if child == 0:
+        _die_with(os.getppid())
+        _become_the_app(log)
+        return
+    forwarded: set[int] = set()
+    status = _wait(child, forwarded)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(exit_code(status, terminal, log, forwarded))
+
+
+def exit_code(status: int, terminal: list | None, log: Path, forwarded: set[int] = frozenset()) -> int:
+    """The shell's convention: the child's own code, or 128 + the signal that killed it. A signal the
+    user sent (and this process passed on) is no crash: the terminal comes back without a word."""
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status)
+    number = os.WTERMSIG(status)
+    restore_terminal(terminal)
+    if number not in forwarded:
+        print(crash_line(number, _read_tail(log), log), file=sys.stderr, flush=True)
+    return 128 + number
+
+
+def crash_line(number: int, log_text: str, log: Path) -> str:
+    """One line: who crashed, with which signal, doing what, llama.cpp's last words if any, the log."""
+    try:
+        signal_name = f"{signal.Signals(number).name} ({signal.strsignal(number)})"
+    except ValueError:
+        signal_name = f"signal {number}"
+    frames = _crashed_frames(log_text)
+    who, where = "the app", ""
+    if frames:
+        function, file = frames[0]["function"], frames[0]["file"]
+        if f"tui_chat{os.sep}engine" in file:
+            who, where = "llama.cpp", DOING.get(function, f"in {function}")
+        else:
+            where = f"in {function} ({Path(file).name})"
+    last_words = _ABORT_LINE.findall(log_text)
+    said = f": {last_words[-1].strip()[:160]}" if last_words else ""
+    return (f"tui-chat: {who} crashed with {signal_name}{' ' + where if where else ''}{said}. "
+            f"The chat so far is kept; details in {log}")
+
+
+def restore_terminal(attributes: list | None) -> None:
+    """Only where a terminal is attached: a log file or a pipe gets no escape codes."""
+    for fd in (2, 1):
+        if os.isatty(fd):
+            with contextlib.suppress(OSError):
+                os.write(fd, RESTORE.encode())
+            break
+    if attributes is not None:
+        import termios
+
+        with contextlib.suppress(OSError, termios.error):
+            termios.tcsetattr(sys.stdin.fileno(), termios.TCSANOW, attributes)
+
+
+def _die_with(watcher: int) -> None:
+    """`kill -9` of the tui-chat process (the watcher) must end the app too, as it did before there
+    were two: Linux delivers SIGKILL to the child when its parent dies."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != watcher:  # the watcher died before the request was in place
+        os._exit(128 + signal.SIGKILL)
+
+
+def _become_the_app(log: Path) -> None:
+    """The child: C-level stderr to the log file, Python's stderr (and Textual's screen) to the terminal."""
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        handle = log.open("w", encoding="utf-8", buffering=1)
+    except OSError:
+        return  # no log: stderr stays as it was, and the watcher still restores the terminal
+    terminal = os.fdopen(os.dup(2), "w", buffering=1, encoding=sys.stderr.encoding, errors=sys.stderr.errors)
+    os.dup2(handle.fileno(), 2)
+    sys.stderr = sys.__stderr__ = terminal
+    faulthandler.enable(file=handle, all_threads=True)
+
+
+def _wait(child: int, forwarded: set[int]) -> int:
+    """Wait, passing on what should reach the app: Ctrl+C already does (same process group); a stopped
+    app (Ctrl+Z, or its own suspend) stops this process too, so the shell gets the terminal back."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for number in FORWARDED:
+        signal.signal(number, lambda received, _frame: _forward(child, received, forwarded))
+    while True:
+        try:
+            _, status = os.waitpid(child, os.WUNTRACED)
+        except ChildProcessError:
+            return 0
+        except InterruptedError:
+            continue
+        if not os.WIFSTOPPED(status):
+            return status
+        os.kill(os.getpid(), signal.SIGSTOP)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGCONT)
+
+
+def _forward(child: int, number: int, forwarded: set[int]) -> None:
+    forwarded.add(number)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(child, number)
+
+
+def _terminal_attributes() -> list | None:
+    try:
+        import termios
+
+        return termios.tcgetattr(sys.stdin.fileno()) if os.isatty(sys.stdin.fileno()) else None
+    except (ImportError, OSError, ValueError):
+        return None
+
+
+def _crashed_frames(log_text: str) -> list[dict[str, str]]:
+    """faulthandler's frames for the thread that crashed (most recent call first)."""
+    _, found, after = log_text.rpartition("Current thread ")
+    return [match.groupdict() for match in _FRAME.finditer(after.split("\n\n")[0])] if found else []
+
+
+def _read_tail(log: Path, size: int = 64 * 1024) -> str:
+    try:
+        with log.open("rb") as handle:
+            handle.seek(max(0, log.stat().st_size - size))
+            return handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""

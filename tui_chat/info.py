@@ -1,0 +1,109 @@
+"""`tui-chat info` and `--version`: what users paste into a bug report.
+
+Versions, what the llama.cpp build can use on this machine, and every path the app reads or writes.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from importlib import metadata
+
+from .config import Config, cache_dir, config_path, data_dir, history_path, log_dir, models_dir
+
+
+def package_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def version_line() -> str:
+    from .engine.ggml import build_version
+
+    return (f"tui-chat {package_version('tui-chat')} · llama-cpp-python {package_version('llama-cpp-python')} · "
+            f"ggml {build_version()}")
+
+
+def report(config: Config) -> dict[str, object]:
+    from .engine.cpu import choose_threads, read_topology
+    from .engine.cpu_path import known
+    from .engine.ggml import build_features, build_version, devices, system_info
+    from .engine.llamacpp import supports_gpu_offload
+    from .engine.models import starter_installed
+
+    topology = read_topology()
+    threads = choose_threads(topology)
+    features = build_features()
+    gpus = [d for d in devices() if d.kind != "CPU"]
+    return {
+        "versions": {
+            "tui-chat": package_version("tui-chat"),
+            "llama-cpp-python": package_version("llama-cpp-python"),
+            "ggml": build_version(),
+            "python": platform.python_version(),
+            "textual": package_version("textual"),
+            "huggingface-hub": package_version("huggingface-hub"),
+        },
+        "system": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "cpu": {
+            "model": _cpu_model(),
+            "logical": topology.logical,
+            "cores": topology.physical,
+            "performance_cores": topology.performance,
+            "quota": topology.quota,
+            "build_features": system_info(),
+            "extra_buffers": known(config.extra_buffers, cache_dir(), features),
+            "threads": {"decode": config.threads or threads.decode, "batch": config.threads_batch or threads.batch,
+                        "follow_load": not (config.threads and config.threads_batch)},
+        },
+        "gpu": {
+            "offload": supports_gpu_offload(),
+            "devices": [{"name": d.name, "description": d.description, "kind": d.kind,
+                         "memory_total": d.memory_total, "memory_free": d.memory_free} for d in gpus],
+        },
+        "paths": {
+            "config": str(config_path()),
+            "data": str(data_dir()),
+            "models": str(models_dir()),
+            "history": str(history_path()),
+            "log": str(log_dir() / "llama.log"),
+            "stderr_log": str(log_dir() / "stderr.log"),
+            "cache": str(cache_dir()),
+        },
+        "default_model": config.default_model or ("gemma-3-270m (starter)" if starter_installed() else None),
+    }
+
+
+def show(config: Config, as_json: bool) -> int:
+    facts = report(config)
+    if as_json:
+        print(json.dumps(facts, indent=2))
+        return 0
+    versions, cpu, gpu, paths = facts["versions"], facts["cpu"], facts["gpu"], facts["paths"]
+    threads = cpu["threads"]
+    lines = [
+        " · ".join(f"{name} {value}" for name, value in versions.items()),
+        f"system      {facts['system']}",
+        f"CPU         {cpu['model']} · {cpu['logical']} logical CPUs, {cpu['cores']} cores"
+        + (f" ({cpu['performance_cores']} performance)" if cpu["performance_cores"] != cpu["cores"] else "")
+        + (f" · limited to {cpu['quota']:g} by its cgroup" if cpu["quota"] else ""),
+        f"build       {cpu['build_features']}",
+        f"CPU path    {cpu['extra_buffers']}",
+        f"threads     {threads['decode']} decoding, {threads['batch']} reading prompts"
+        + (" (fewer while other programs keep cores busy)" if threads["follow_load"] else " (set)"),
+        f"GPU offload {'yes' if gpu['offload'] else 'no: this llama.cpp build has no GPU backend'}",
+        *(f"GPU         {d['name']}: {d['description']}, {d['memory_total'] / 2**30:.1f} GiB "
+          f"({d['memory_free'] / 2**30:.1f} GiB free)" for d in gpu["devices"]),
+        f"model       {facts['default_model'] or 'none configured'}",
+        *(f"{name:<11} {path}" for name, path in paths.items()),
+    ]
+    print("\n".join(lines))
+    return 0
+
+
+def _cpu_model() -> str:
+    from .engine.cpu import cpu_model
+
+    return cpu_model() or platform.processor() or platform.machine()
