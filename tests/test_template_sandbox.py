@@ -21,11 +21,19 @@ HOSTILE = {
     "lipsum": "{{ lipsum.__globals__ }}",
     "huge range": "{% for x in range(10**9) %}x{% endfor %}",
     "nested loops": "{% for a in range(99999) %}{% for b in range(99999) %}{% endfor %}{% endfor %}",
+    "nested loops, continued": (
+        "{% for a in range(99999) %}{% for b in range(99999) %}{% if b < 0 %}{% break %}{% endif %}{% continue %}"
+        "{% endfor %}{% endfor %}"
+    ),
+    "nested loops in a generation block": (
+        "{% for a in range(99999) %}{% generation %}{% for b in range(99999) %}{% endfor %}{% endgeneration %}{% endfor %}"
+    ),
     "recursive loop": "{% for a in range(99999) recursive %}{{ loop(range(99999)) }}{% endfor %}",
     "macro fan-out": "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}",
     "huge string": "{{ 'x' * 10**10 }}",
     "huge power": "{{ 7 ** (10 ** 9) }}",
     "mutation": "{{ messages.append(messages) }}",
+    "mutation through dict": "{{ dict.update(messages[0], {'content': 'x'}) }}",
     "division": "{{ 1 / 0 }}",
 }
 USER = [Message("user", "Hello")]

@@ -13,6 +13,7 @@ Run this file directly for a self-check that needs no pytest.
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from gguf import GGUFWriter, LlamaFileType, TokenType
@@ -133,13 +134,19 @@ def _weights(
 
 
 def write_tiny_model(
-    path: pathlib.Path, seed: int = 0, chat_template: str | None = None, eos_like: str | None = None
+    path: pathlib.Path,
+    seed: int = 0,
+    chat_template: str | Sequence[Mapping[str, str]] | None = None,
+    eos_like: str | None = None,
 ) -> pathlib.Path:
     """Write the tiny model to ``path`` and return ``path``.
 
     The same ``seed`` always yields a byte-identical file. No chat template
     is stored unless ``chat_template`` is given, so by default the model
-    exercises the base-model (plain completion) path.
+    exercises the base-model (plain completion) path. A list of
+    ``{"name": ..., "template": ...}`` stores named templates as Hugging Face
+    conversions do: "default" as ``tokenizer.chat_template``, each other one
+    as ``tokenizer.chat_template.<name>``.
     """
     path = pathlib.Path(path)
     pieces, scores, types = build_vocab()

@@ -7,9 +7,10 @@ makes it babble; a plain `User:` / `Assistant:` transcript gets sensible answers
 from __future__ import annotations
 
 import functools
+import json
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -17,8 +18,11 @@ from typing import Any
 from jinja2 import Template, TemplateError, nodes
 from jinja2.compiler import CodeGenerator, Frame
 from jinja2.exceptions import SecurityError
-from jinja2.runtime import Context, LoopContext
+from jinja2.ext import Extension, loopcontrols
+from jinja2.parser import Parser
+from jinja2.runtime import Context, LoopContext, Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import Namespace
 
 from .base import Message
 
@@ -86,25 +90,18 @@ class PromptFormat:
     source: str
     implicit_stops: tuple[str, ...] = ()
 
-    def render(self, messages: list[Message], bos_token: str = "", eos_token: str = "") -> str:
-        """The prompt text. A model's template is untrusted code: whatever it raises, or a run past the
-        render budget, is a PromptError naming the template."""
+    def render(
+        self,
+        messages: list[Message],
+        bos_token: str = "",
+        eos_token: str = "",
+        extra: Mapping[str, Any] | None = None,
+    ) -> str:
+        """The prompt text. `extra` holds more template variables (`enable_thinking`), as the keyword arguments
+        of transformers' `apply_chat_template` do. A model's template is untrusted code: whatever it raises,
+        or a run past the render budget, is a PromptError naming the template."""
         try:
-            template = _compile(self.source)
-            with _Budget():
-                parts = []
-                size = 0
-                for part in template.generate(
-                    messages=[{"role": m.role, "content": m.content} for m in messages],
-                    add_generation_prompt=True,
-                    bos_token=bos_token,
-                    eos_token=eos_token,
-                ):
-                    size += len(part)
-                    if size > MAX_PROMPT_CHARS:
-                        raise SecurityError(f"the prompt grew past {MAX_PROMPT_CHARS:,} characters")
-                    parts.append(part)
-                return "".join(parts)
+            return _bounded_render(_compile(self.source), _variables(messages, bos_token, eos_token, extra))
         except Exception as error:  # noqa: BLE001 - see the docstring
             raise PromptError(f"{self.description} failed: {_reason(error)}") from None
 
@@ -129,6 +126,37 @@ def choose_format(choice: str, model_template: str | None) -> PromptFormat:
         known = ", ".join([AUTO, *NAMED_TEMPLATES])
         raise PromptError(f"unknown chat template {choice!r}: choose one of {known}")
     return PromptFormat(choice, NAMED_TEMPLATES[choice], _IMPLICIT_STOPS.get(choice, ()))
+
+
+def _variables(
+    messages: list[Message], bos_token: str, eos_token: str, extra: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """What transformers' `apply_chat_template` passes for a chat without tools, so templates branch as they
+    do there: `tools` and `documents` are None (defined, so `tools is defined` holds and `tools is none` too),
+    the special tokens, then its keyword arguments, which may replace them. A model without a BOS or EOS gets
+    an empty string where transformers would leave the name undefined: `bos_token + '[INST]'` still renders."""
+    return {
+        "tools": None,
+        "documents": None,
+        "bos_token": bos_token,
+        "eos_token": eos_token,
+        **(extra or {}),
+        "messages": [{"role": m.role, "content": m.content} for m in messages],
+        "add_generation_prompt": True,
+    }
+
+
+def _bounded_render(template: Template, variables: dict[str, Any]) -> str:
+    """Rendering within the budget, the text checked piece by piece so a huge prompt stops as it grows."""
+    with _Budget():
+        parts = []
+        size = 0
+        for part in template.generate(variables):
+            size += len(part)
+            if size > MAX_PROMPT_CHARS:
+                raise SecurityError(f"the prompt grew past {MAX_PROMPT_CHARS:,} characters")
+            parts.append(part)
+        return "".join(parts)
 
 
 @functools.lru_cache(maxsize=8)
@@ -213,6 +241,60 @@ def _check_repeat(sequence: Any, times: Any) -> None:
         raise SecurityError(f"repeating {len(sequence):,} items {times:,} times is too large")
 
 
+class _GenerationTag(Extension):
+    """transformers' `{% generation %}…{% endgeneration %}` marks an assistant reply for a training mask;
+    in a prompt it is its body. Built as transformers builds it, a call block, so a `set` inside stays inside."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Parser) -> nodes.CallBlock:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller: Macro) -> str:
+        return caller()
+
+
+class _TemplateDict:
+    """transformers' `dict`: a call and `fromkeys`, without the type's other attributes, so
+    `dict.update(messages[0], …)` cannot mutate what the immutable sandbox guards."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict:
+        return dict.fromkeys(*args, **kwargs)
+
+
+class _TemplateNamespace(Namespace):
+    """transformers' `namespace`: storing an underscore name fails at once, as there (its guard against
+    reaching Python's internals through one), not when the sandbox refuses to read it back."""
+
+    def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 - Namespace's spelling: `namespace(self=1)` works
+        self, args = args[0], args[1:]
+        attrs = dict(*args, **kwargs)
+        for name in attrs:
+            _check_namespace_name(name)
+        Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _check_namespace_name(name)
+        Namespace.__setitem__(self, name, value)
+
+
+def _check_namespace_name(name: Any) -> None:
+    if isinstance(name, str) and name.startswith("_"):
+        raise SecurityError(f"a template cannot store {name!r} on a namespace")
+
+
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+) -> str:
+    """transformers' filter: plain `json.dumps`, where Jinja's own escapes `<>&'` for HTML and sorts keys."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 def _raise_exception(message: str) -> None:
     raise TemplateError(message)
 
@@ -221,5 +303,12 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-_ENV = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True)
-_ENV.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)
+# transformers' environment (utils/chat_template_utils.py, `_cached_compile_jinja_template`, 5.23), bounded
+_ENV = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, loopcontrols])
+_ENV.filters["tojson"] = _tojson
+_ENV.globals.update(
+    raise_exception=_raise_exception,
+    strftime_now=_strftime_now,
+    dict=_TemplateDict(),
+    namespace=_TemplateNamespace,
+)
