@@ -88,12 +88,16 @@ def long_chat_range(text: str) -> range:
     return range(int(first), int(last) + 1)
 
 
+def said(screen) -> list:
+    return [message for message in screen.session.messages() if message.role != "system"]
+
+
 def question(turn: int) -> str:
     return f"Turn {turn}: tell me about {TOPICS[turn % len(TOPICS)]}, in a few words."
 
 
 async def soak(model: Path, turns: int, new_chat_every: int, long_chat: range) -> Run:
-    from tui_chat.cli import _opener
+    from tui_chat.commands.common import opener_for
     from tui_chat.config import Config
     from tui_chat.engine.params import SamplingParams
     from tui_chat.ui.app import ChatApp
@@ -116,7 +120,7 @@ async def soak(model: Path, turns: int, new_chat_every: int, long_chat: range) -
 
     settings = Config(sampling=SamplingParams(temperature=0.0, repeat_penalty=1.0, max_tokens=MAX_TOKENS),
                       n_ctx=N_CTX)
-    app = ObservedApp(settings, _opener(settings, N_CTX, None), str(model))
+    app = ObservedApp(settings, opener_for(settings)[0], str(model))
     started = time.perf_counter()
     async with app.run_test(size=SIZE) as pilot:
         screen = app.screen
@@ -133,12 +137,12 @@ async def soak(model: Path, turns: int, new_chat_every: int, long_chat: range) -
                 await pilot.pause()
                 chat_turns = 0
                 run.new_chats += 1
-            expected = len(screen.conversation) + 2
+            expected = len(said(screen)) + 2
             prompt.focus()
             prompt.text = question(turn)
             await pilot.press("enter")
             deadline = time.monotonic() + TURN_TIMEOUT_S
-            while not (screen.reply is None and len(screen.conversation) == expected):
+            while not (screen.reply is None and len(said(screen)) == expected):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"turn {turn}: no reply within {TURN_TIMEOUT_S:.0f} s")
                 await pilot.pause(0.01)
@@ -151,7 +155,7 @@ async def soak(model: Path, turns: int, new_chat_every: int, long_chat: range) -
             if turn == 1 or turn % CHECK_EVERY == 0:
                 now = time.perf_counter()
                 run.samples.append(Sample(turn, rss_mb(), len(gc.get_objects()), len(log.messages()),
-                                          len(screen.conversation), (now - last_check) / (turn - last_check_turn)))
+                                          len(said(screen)), (now - last_check) / (turn - last_check_turn)))
                 last_check, last_check_turn = now, turn
                 sample = run.samples[-1]
                 print(f"  turn {turn:>4}  RSS {sample.rss_mb:7.1f} MB  objects {sample.objects:>9,}  "

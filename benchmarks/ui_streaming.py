@@ -26,10 +26,10 @@ import textual
 from textual import events
 
 from tui_chat.config import Config
-from tui_chat.engine.base import Done, Loaded, Message, Metrics, ModelInfo, Request, Stream, Token, TurnMetrics
+from tui_chat.engine.base import Done, Loaded, Metrics, ModelInfo, Request, Stream, Token, TurnMetrics
+from tui_chat.session import Branch, Turn
 from tui_chat.ui.app import ChatApp
 from tui_chat.ui.screens.chat import ChatScreen
-from tui_chat.ui.widgets.chat_log import Entry
 from tui_chat.ui.widgets.messages import ReplyMessage
 from tui_chat.ui.widgets.prompt import PromptInput
 
@@ -284,12 +284,13 @@ async def until(condition: Callable[[], bool], timeout: float, poll: float = 0.0
 
 async def prefill(screen: ChatScreen, messages: int, rng: random.Random) -> None:
     """A long chat as it looks when reopened: the screen mounts the recent part of it."""
-    entries = []
+    turns = []
     for n in range(messages // 2):
         question, answer = f"{sentence(rng)[:-1]}?", markdown_reply(rng, HISTORY_REPLY_TOKENS)
         footer = f"end of text · {len(split_tokens(answer))} tokens · 41.{n % 10} tok/s · TTFT 0.2{n % 10} s"
-        entries += [Entry(Message("user", question)), Entry(Message("assistant", answer), footer)]
-    await screen.show_conversation(entries)
+        turns.append(Turn(question, [Branch(answer, footer)]))
+    screen.session.turns = turns
+    await screen.view.show(screen.session)
 
 
 async def run_case(history: int, rate: int, tokens: int, seed: int) -> Case:
@@ -308,7 +309,7 @@ async def run_case(history: int, rate: int, tokens: int, seed: int) -> Case:
         monitor = Monitor(screen)
         press(app, "enter", "\r")
         await until(lambda: screen.reply is not None, 30)
-        monitor.watch(screen.reply.widget, sum(map(len, pieces)))
+        monitor.watch(screen.view.log_view.reply_of(screen.reply.turn), sum(map(len, pieces)))
 
         typed = ""
         next_key = time.perf_counter()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import open_backend, ask, run_cli
-from test_ui import loaded, make_app, reply_done, send, wait_for
+from test_ui import loaded, make_app, reply_done, said, send, wait_for
 from tui_chat.config import history_path, log_dir
 from tui_chat.engine.params import SamplingParams
 from tui_chat.ui.widgets.prompt import PromptInput
@@ -111,7 +111,7 @@ CHAT_ON_A_FILLING_DISK = textwrap.dedent("""
                     fill_the_disk()
                 await send(pilot, f"Question {turn}: tell me about the world")
                 reply = await reply_done(pilot)
-                print(json.dumps(["turn", turn, "saving" if screen.saved else "not saving", reply.text]), flush=True)
+                print(json.dumps(["turn", turn, "saving" if screen.session.saved else "not saving", reply.text]), flush=True)
 
     asyncio.run(chat(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
 """)
@@ -167,7 +167,7 @@ async def test_without_a_data_dir_the_app_chats_unsaved_and_says_so(tiny_model, 
         screen = await loaded(pilot)
         await send(pilot, "Hello there")
         reply = await reply_done(pilot)
-        assert reply.text and screen.saved is None
+        assert reply.text and screen.session.saved is None
         await pilot.press("ctrl+l")
         await pilot.pause()
         notes = [(note.severity, str(note.message)) for note in app._notifications]
@@ -234,7 +234,7 @@ async def reply_at_100x30(tiny_model, shrink_mid_reply: bool) -> tuple[str, str,
             await pilot.resize_terminal(100, 30)
         reply = await reply_done(pilot, timeout=180)
         await pilot.pause()
-        assert screen.conversation[-1].content == reply.text and screen.query_one(PromptInput).has_focus
+        assert said(screen)[-1].content == reply.text and screen.query_one(PromptInput).has_focus
         return reply.text, reply.footer, {part: screen.query_one(part).region for part in ("#log", "#prompt", "#side")}
 
 

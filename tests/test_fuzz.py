@@ -17,8 +17,8 @@ from tui_chat.config import Config, ConfigError, load_config
 from tui_chat.engine.base import EngineError
 from tui_chat.engine.models import check_gguf
 from tui_chat.engine.params import SPECS, InvalidParameter, SamplingParams
-from tui_chat.engine.remote import Chunk, MalformedEvent, parse_chunk
-from tui_chat.engine.sse import SseDecoder
+from tui_chat.engine.openai.wire import Chunk, MalformedEvent, parse_chunk
+from tui_chat.engine.openai.sse import SseDecoder
 from tui_chat.hub import HubError
 from tui_chat.hub.local import hub_path, resolve_local
 from tui_chat.hub.names import parse_ref

@@ -7,7 +7,7 @@ import json
 
 from textual.widgets import Input, OptionList, TextArea
 
-from test_ui import SIZE, loaded, make_app, reply_done, screen_open, send, wait_for
+from test_ui import SIZE, loaded, make_app, reply_done, said, screen_open, send, wait_for
 from tui_chat.config import data_dir, history_path
 from tui_chat.engine.base import Message
 from tui_chat.engine.params import SamplingParams
@@ -68,7 +68,7 @@ async def test_a_chat_reopens_with_its_settings_system_prompt_and_branches(tiny_
         await pilot.press("ctrl+n")
         await pilot.pause()
         screen.query_one(SamplingPanel).set_values({"top_k": 40})
-        assert not screen.query(UserMessage) and screen.system_prompt == "Be brief."
+        assert not screen.query(UserMessage) and screen.session.system_prompt == "Be brief."
 
         chats = await chats_open(pilot)
         assert chats.query_one(OptionList).option_count == 1
@@ -79,8 +79,8 @@ async def test_a_chat_reopens_with_its_settings_system_prompt_and_branches(tiny_
         assert reopened.text == original and [b.text for b in reopened.branches] == [original, branched]
         assert reopened.branches[1].cut == 1
         assert screen.live.snapshot()[1].top_k == 7
-        assert screen.conversation == [Message("user", "Hello there"), Message("assistant", original)]
-        assert screen._request_messages()[0] == Message("system", "Be brief.")
+        assert said(screen) == [Message("user", "Hello there"), Message("assistant", original)]
+        assert screen.session.messages()[0] == Message("system", "Be brief.")
 
         await send(pilot, "Go on")
         await reply_done(pilot)
@@ -102,8 +102,8 @@ async def test_the_system_prompt_editor_sets_it_for_this_chat(tiny_model):
         app.screen.query_one(TextArea).text = "You are a pirate.\nAnswer in one line."
         await pilot.press("ctrl+s")
         await pilot.pause()
-        assert screen.system_prompt == "You are a pirate.\nAnswer in one line."
-        assert screen._request_messages()[0] == Message("system", "You are a pirate.\nAnswer in one line.")
+        assert screen.session.system_prompt == "You are a pirate.\nAnswer in one line."
+        assert screen.session.messages()[0] == Message("system", "You are a pirate.\nAnswer in one line.")
     [conversation] = stored()
     assert conversation.system_prompt == "You are a pirate.\nAnswer in one line."
 
@@ -158,6 +158,6 @@ async def test_an_overfull_context_leaves_out_the_oldest_turns_and_says_so(tiny_
             reply = await reply_done(pilot)
         assert "earlier turn" in reply.footer and "left out" in reply.footer
         assert any("left out" in str(n.message) for n in app._notifications)
-        assert len(screen.conversation) == 10, "nothing is dropped from the chat itself"
+        assert len(said(screen)) == 10, "nothing is dropped from the chat itself"
     [conversation] = stored()
     assert len(conversation.path) == 10

@@ -12,13 +12,13 @@ import pytest
 
 from fake_hub import FILE, REPO, FakeFile
 from tui_chat.engine.base import EngineError
-from tui_chat.engine.models import resolve_model
+from tui_chat.engine.factory import model_file
 from tui_chat.hub import HubError, HubInputError
 from tui_chat.hub.download import Cancelled, part_path
 from tui_chat.hub.http import OFFLINE_MESSAGE
 from tui_chat.hub.local import find_local, hub_path, import_model, list_local, mark_used, remove_model
 from tui_chat.hub.names import ModelRef, check_file_name, check_repo_id, parse_ref, quant_of, split_part
-from tui_chat.hub.remote import list_gguf, pull, search
+from tui_chat.hub.catalog import list_gguf, pull, search
 
 
 @pytest.fixture
@@ -134,7 +134,7 @@ def test_pull_reports_progress_and_names_the_verified_file(hub, models, tiny_byt
     assert not part_path(path).exists()
     commit = hub.repos[REPO].commit
     assert [r.path for r in hub.requests("/resolve/")] == [f"/{REPO}/resolve/{commit}/{FILE}"]
-    assert resolve_model(str(chosen), None, models) == path
+    assert model_file(str(chosen), None, models) == path
     asked = len(hub.seen)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert pull_quietly(str(chosen), models)[1] == path
@@ -185,7 +185,7 @@ def test_a_checksum_mismatch_is_rejected_and_nothing_is_kept(hub, models):
     folder = models / "hub" / "tiny-org" / "tiny-GGUF"
     assert sorted(p.name for p in folder.iterdir()) == []
     with pytest.raises(EngineError, match=f"is not downloaded: get it with tui-chat models pull {REPO}:{FILE}"):
-        resolve_model(f"{REPO}:{FILE}", None, models)
+        model_file(f"{REPO}:{FILE}", None, models)
 
 
 def test_small_files_are_checked_by_their_git_hash(fake_hub, models):
@@ -212,7 +212,7 @@ def test_split_models_download_as_one_set(fake_hub, models, tiny_bytes):
     path.with_name("big-Q8_0-00002-of-00002.gguf").unlink()
     assert list_local(models) == [], "a set with a part missing is not offered"
     with pytest.raises(EngineError, match="is not downloaded"):
-        resolve_model(str(chosen), None, models)
+        model_file(str(chosen), None, models)
 
 
 # --- failures ------------------------------------------------------------------------------------
@@ -276,7 +276,7 @@ def test_local_models_list_import_use_and_remove(hub, models, tiny_model, tmp_pa
     chosen, path, _ = pull_quietly(REPO, models)
     imported = import_model(models, tiny_model)
     assert imported.name == "tiny.gguf" and imported.path.read_bytes() == tiny_model.read_bytes()
-    assert resolve_model("tiny.gguf", None, models) == imported.path
+    assert model_file("tiny.gguf", None, models) == imported.path
     with pytest.raises(HubInputError, match="already in"):
         import_model(models, tiny_model)
     notes = tmp_path / "notes.gguf"

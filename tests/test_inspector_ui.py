@@ -6,7 +6,7 @@ import pytest
 from textual.color import Color
 from textual.widgets import OptionList, Static
 
-from test_ui import SIZE, loaded, make_app, reply_done, screen_open, scripted_app, send, wait_for
+from test_ui import SIZE, loaded, make_app, reply_done, said, screen_open, scripted_app, send, wait_for
 from tui_chat.engine.base import Message
 from tui_chat.engine.params import SamplingParams
 from tui_chat.ui.screens.inspector import InspectorScreen, candidate_lines
@@ -100,22 +100,22 @@ async def test_keys_pick_a_token_the_inspector_shows_it_and_a_branch_rewinds_to_
         assert reply.text.startswith("".join(t.piece for t in original_tokens[:3]) + alternative.text)
         assert "branched at token 4, 1 token read" in reply.footer
         assert "branch 2/2" in str(reply.query_one(".last", Static).content.renderables[1])
-        assert screen.conversation[-1] == Message("assistant", reply.text)
+        assert said(screen)[-1] == Message("assistant", reply.text)
         branched = reply.text
 
         reply.focus()
         await pilot.press("left_square_bracket")
         await pilot.pause()
         assert reply.text == original and reply.tokens == original_tokens
-        assert screen.conversation[-1] == Message("assistant", original)
+        assert said(screen)[-1] == Message("assistant", original)
         await pilot.press("right_square_bracket")
         await pilot.pause()
-        assert screen.conversation[-1] == Message("assistant", branched)
+        assert said(screen)[-1] == Message("assistant", branched)
 
         await send(pilot, "And then?")
         await reply_done(pilot)
-        assert screen.conversation[1] == Message("assistant", branched)
-        assert len(screen.conversation) == 4
+        assert said(screen)[1] == Message("assistant", branched)
+        assert len(said(screen)) == 4
 
 
 async def test_clicking_a_token_opens_the_inspector_at_it(tiny_model):
@@ -171,7 +171,7 @@ async def test_only_the_latest_reply_can_be_branched(tiny_model):
         assert pilot.app.screen is inspector and len(first.branches) == 1
         assert "Only the latest reply" in str(list(app._notifications)[-1].message)
         await pilot.press("escape")
-        assert len(screen.conversation) == 4
+        assert len(said(screen)) == 4
 
 
 async def test_regenerate_keeps_the_earlier_reply_as_a_branch(tiny_model):
@@ -187,7 +187,7 @@ async def test_regenerate_keeps_the_earlier_reply_as_a_branch(tiny_model):
         reply.focus()
         await pilot.press("left_square_bracket")
         await pilot.pause()
-        assert reply.text == first and screen.conversation[-1].content == first
+        assert reply.text == first and said(screen)[-1].content == first
 
 
 @pytest.mark.parametrize("keys", [("right", "right"), ("right", "right", "enter")], ids=["heatmap", "inspector"])

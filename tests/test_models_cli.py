@@ -137,7 +137,10 @@ OFFLINE_START = textwrap.dedent("""
     connects = []
     sys.addaudithook(lambda event, args: connects.append(args) if event == "socket.connect" else None)
 
-    from tui_chat.cli import _opener, main
+    from dataclasses import replace
+
+    from tui_chat.cli import main
+    from tui_chat.commands.common import opener_for
     from tui_chat.config import load_config
     from tui_chat.ui.app import ChatApp
 
@@ -147,7 +150,7 @@ OFFLINE_START = textwrap.dedent("""
 
     async def start_the_app():
         config = load_config()
-        app = ChatApp(config, _opener(config, 512, None), sys.argv[1])
+        app = ChatApp(config, opener_for(replace(config, n_ctx=512))[0], sys.argv[1])
         async with app.run_test() as pilot:
             for _ in range(1000):
                 if app.screen.backend is not None:

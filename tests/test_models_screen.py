@@ -9,7 +9,7 @@ import pytest
 from fake_hub import FILE, REF, REPO
 from test_ui import SIZE, loaded, make_app, reply_done, send, wait_for
 from tui_chat.config import load_config
-from tui_chat.hub.remote import pull
+from tui_chat.hub.catalog import pull
 from tui_chat.ui.screens.chat import ChatScreen
 from tui_chat.ui.screens.models import ConfirmScreen, ModelsScreen
 

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import run_cli
 from tui_chat.config import ConfigError, load_config
-from tui_chat.estimate import Estimate
+from tui_chat.pricing import Estimate
 from tui_chat.pricing import (
     PRESETS,
     PricingError,

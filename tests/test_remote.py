@@ -17,8 +17,9 @@ from llama_server import free_port
 from tui_chat.config import ConfigError, load_config
 from tui_chat.engine.base import Done, Error, Loaded, Message, Request
 from tui_chat.engine.params import LiveParams, SamplingParams
-from tui_chat.engine.remote import CHARS_PER_TOKEN, MalformedEvent, OpenAIBackend, RemoteSettings, parse_chunk
-from tui_chat.engine.sse import SseDecoder
+from tui_chat.engine.openai import MalformedEvent, OpenAIBackend, RemoteSettings, parse_chunk
+from tui_chat.engine.openai.backend import CHARS_PER_TOKEN
+from tui_chat.engine.openai.sse import SseDecoder
 
 PROMPT = "Hello, what is the capital of France?"
 KEY = "sk-test-7f3a9c1e55d2"

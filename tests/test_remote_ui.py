@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fake_openai import fake_server
 from test_models_screen import open_models
-from test_ui import SIZE, loaded, make_app, reply_done, send, wait_for
+from test_ui import SIZE, loaded, make_app, reply_done, said, send, wait_for
 from tui_chat.config import RemoteProfile, history_path
 from tui_chat.history import History
 from tui_chat.ui.widgets.messages import ReplyMessage
@@ -23,7 +23,7 @@ async def test_a_reply_cut_mid_stream_stays_on_screen_and_in_the_history():
             reply = await reply_done(pilot)
             assert reply.text == "Paris is the"
             assert reply.footer.startswith("cut short: the server at") and "closed the stream mid-reply" in reply.footer
-            assert screen.conversation[-1].content == "Paris is the"
+            assert said(screen)[-1].content == "Paris is the"
             await send(pilot, "go on")
             await wait_for(pilot, lambda: len(screen.query(ReplyMessage)) == 2 and screen.reply is None)
             assert server.requests[-1]["messages"][1] == {"role": "assistant", "content": "Paris is the"}
@@ -69,12 +69,12 @@ async def test_a_server_as_the_default_model_and_switching_back_to_a_local_one(t
                        default_model="@lab")
         async with app.run_test(size=SIZE) as pilot:
             screen = await loaded(pilot)
-            assert screen.backend.info.backend == "openai" and screen.model_spec == "@lab"
+            assert screen.backend.info.backend == "openai" and screen.session.model == "@lab"
             screen.load_model(str(tiny_model))
             await wait_for(pilot, lambda: screen.backend.info.backend != "openai")
             await send(pilot, "hello")
             await reply_done(pilot)
-            assert screen.model_spec == str(tiny_model)
+            assert screen.session.model == str(tiny_model)
 
 
 async def test_the_models_screen_switches_to_a_server_and_back(tiny_model):
@@ -87,7 +87,7 @@ async def test_the_models_screen_switches_to_a_server_and_back(tiny_model):
             await pilot.pause()
             await pilot.press("enter")
             await wait_for(pilot, lambda: screen.is_current and screen.backend.info.backend == "openai")
-            assert screen.model_spec == "@lab"
+            assert screen.session.model == "@lab"
             assert f"server {server.base_url.split('/')[2]}" in str(screen.query_one("#model-facts").render())
             await send(pilot, "hello")
             await reply_done(pilot)

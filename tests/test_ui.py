@@ -10,7 +10,7 @@ from textual import events
 
 from conftest import GREEDY, ask
 from scripted import ScriptedBackend
-from tui_chat.cli import _opener
+from tui_chat.commands.common import opener_for
 from tui_chat.config import Config, config_path, history_path, load_config
 from tui_chat.history import History
 from tui_chat.engine.base import Message
@@ -21,7 +21,9 @@ from tui_chat.ui.screens.chat import ChatScreen
 from tui_chat.ui.screens.help import HelpScreen
 from tui_chat.ui.screens.inspector import InspectorScreen
 from tui_chat.pricing import PRESETS, format_usd, turn_cost
-from tui_chat.ui.widgets.chat_log import MAX_MOUNTED, ChatLog, Entry
+from tui_chat.engine.base import Stream
+from tui_chat.session import Branch, Turn, Writing
+from tui_chat.ui.widgets.chat_log import MAX_MOUNTED, ChatLog
 from tui_chat.ui.widgets.messages import ReplyMessage, UserMessage
 from tui_chat.ui.widgets.metrics import MetricsPanel
 from tui_chat.ui.widgets.prompt import PromptInput
@@ -34,12 +36,27 @@ LONG_REPLY = "Count from 1 to 100, separated by commas."  # the starter runs on 
 
 def make_app(model: str, sampling: SamplingParams = GREEDY, n_ctx: int = 1024, **config) -> ChatApp:
     settings = Config(sampling=sampling, n_ctx=n_ctx, **config)
-    return ChatApp(settings, _opener(settings, n_ctx, None), model)
+    return ChatApp(settings, opener_for(settings)[0], model)
+
+
+def streaming_reply() -> ReplyMessage:
+    """A reply widget as one looks while it is written (what it shows is fed to `append`)."""
+    turn = Turn("question")
+    return ReplyMessage(turn, Writing(turn, Stream(), [], None))
+
+
+def finished_reply(text: str) -> ReplyMessage:
+    return ReplyMessage(Turn("question", [Branch(text, "end of text")]))
 
 
 def scripted_app(**config) -> ChatApp:
     """For snapshots: the same reply and figures on every machine (see scripted.py)."""
     return ChatApp(Config(sampling=GREEDY, n_ctx=1024, **config), lambda _name: ScriptedBackend(), "scripted")
+
+
+def said(screen: ChatScreen) -> list[Message]:
+    """The conversation as the model will see it, without the system prompt."""
+    return [message for message in screen.session.messages() if message.role != "system"]
 
 
 async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 30.0) -> None:
@@ -99,7 +116,7 @@ async def test_send_streams_a_reply_from_the_tiny_model(tiny, tiny_model):
         reply = await reply_done(pilot)
         assert reply.text == expected
         assert footer(reply).startswith("max tokens · 32 tokens")
-        assert [m.role for m in screen.conversation] == ["user", "assistant"]
+        assert [m.role for m in said(screen)] == ["user", "assistant"]
         assert screen.query_one(PromptInput).text == ""
         assert screen.query_one("#model-title").render().plain == "tiny"
 
@@ -123,12 +140,12 @@ async def test_escape_stops_and_keeps_the_partial_reply(starter_model):
     async with app.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
         await send(pilot, LONG_REPLY)
-        await wait_for(pilot, lambda: screen.reply is not None and screen.reply.tokens >= 5)
+        await wait_for(pilot, lambda: screen.reply is not None and len(screen.reply.tokens) >= 5)
         await pilot.press("escape")
         reply = await reply_done(pilot)
         assert reply.text.strip()
         assert footer(reply).startswith("stopped")
-        assert screen.conversation[-1].content == reply.text
+        assert said(screen)[-1].content == reply.text
 
 
 @pytest.mark.starter
@@ -144,7 +161,7 @@ async def test_stopping_before_the_first_token_gives_the_text_back(starter_model
         await wait_for(pilot, lambda: screen.reply is None)
         await pilot.pause()
         assert not screen.query(ReplyMessage) and not screen.query(UserMessage)
-        assert screen.conversation == []
+        assert said(screen) == []
         assert screen.query_one(PromptInput).text == long_text
     with History(history_path()) as history:
         [chat] = history.conversations()
@@ -158,13 +175,13 @@ async def test_regenerate_and_edit_last(tiny_model):
         await send(pilot, "Hello there")
         first = (await reply_done(pilot)).text
         await pilot.press("ctrl+r")
-        await wait_for(pilot, lambda: screen.reply is None and len(screen.conversation) == 2)
+        await wait_for(pilot, lambda: screen.reply is None and len(said(screen)) == 2)
         second = await reply_done(pilot)
         assert second.text == first
         assert len(screen.query(ReplyMessage)) == 1
         await pilot.press("ctrl+g")
         await pilot.pause()
-        assert screen.conversation == []
+        assert said(screen) == []
         assert not screen.query(UserMessage)
         assert screen.query_one(PromptInput).text == "Hello there"
 
@@ -196,14 +213,14 @@ async def test_mid_reply_change_reaches_the_engine_before_the_next_token(starter
         update = screen.live.update
         monkeypatch.setattr(screen.live, "update", lambda **c: changed_at.append(time.perf_counter()) or update(**c))
         await send(pilot, LONG_REPLY)
-        await wait_for(pilot, lambda: screen.reply is not None and screen.reply.tokens >= 3)
+        await wait_for(pilot, lambda: screen.reply is not None and len(screen.reply.tokens) >= 3)
         screen.query_one("#temperature", Slider).focus()
         await pilot.press("end")
         assert screen.live.snapshot()[1].temperature == 2.0
         new_version = screen.live.version
         applied = screen.query_one("#applied")
         await wait_for(pilot, lambda: "Applied from token" in str(applied.render()))
-        drawn = list(screen.reply.widget.tokens)
+        drawn = list(screen.reply.tokens)
         after_change = [token for token in drawn if token.at > changed_at[0]]
         assert after_change, "the reply went on after the change"
         assert sum(token.params_version < new_version for token in after_change) <= 1
@@ -248,7 +265,7 @@ async def test_model_load_failure_keeps_the_app_usable(tmp_path, tiny_model):
         assert "model file not found" in str(status.render())
         await send(pilot, "Hello")
         await pilot.pause()
-        assert screen.conversation == [] and screen.query_one(PromptInput).text == "Hello"
+        assert said(screen) == [] and screen.query_one(PromptInput).text == "Hello"
         await pilot.press("ctrl+o")
         await pilot.pause()
         await pilot.press(*str(tiny_model), "enter")
@@ -280,9 +297,9 @@ async def test_help_lists_rebound_keys(tiny_model):
         await send(pilot, "Hello")
         await reply_done(pilot)
         await pilot.press("f5")
-        await wait_for(pilot, lambda: screen.reply is not None or len(screen.conversation) == 2)
+        await wait_for(pilot, lambda: screen.reply is not None or len(said(screen)) == 2)
         await reply_done(pilot)
-        assert len(screen.conversation) == 2
+        assert len(said(screen)) == 2
 
 
 async def test_preset_from_the_panel(tiny_model):
@@ -313,8 +330,8 @@ async def test_model_output_renders_literally(tiny_model):
     async with app.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
         hostile = "[bold red]arr[i][/] \x1b]0;pwned\x07 \x1b[2J"
-        streaming = ReplyMessage()
-        await screen.query_one("#log").mount(streaming, ReplyMessage(hostile, "end of text"))
+        streaming = streaming_reply()
+        await screen.query_one("#log").mount(streaming, finished_reply(hostile))
         await streaming.append(hostile)
         await pilot.pause(0.2)
         lines = [strip.text for strip in app.screen._compositor.render_strips()]
@@ -468,35 +485,51 @@ async def test_the_log_follows_the_reply_until_the_user_scrolls_up(starter_model
         screen = await loaded(pilot)
         log = screen.query_one("#log")
         await send(pilot, LONG_REPLY)
-        await wait_for(pilot, lambda: screen.reply is not None and screen.reply.tokens >= 200)
+        await wait_for(pilot, lambda: screen.reply is not None and len(screen.reply.tokens) >= 200)
         await pilot.pause(0.1)
         assert log.max_scroll_y > 0 and log.scroll_y == log.max_scroll_y, "following the reply"
         log.scroll_home(animate=False)
         await pilot.pause()
-        seen = screen.reply.tokens
-        await wait_for(pilot, lambda: screen.reply.tokens >= seen + 20)
+        seen = len(screen.reply.tokens)
+        await wait_for(pilot, lambda: len(screen.reply.tokens) >= seen + 20)
         assert log.scroll_y == 0, "scrolled up: the reply no longer pulls the view down"
         await pilot.press("escape")
         await reply_done(pilot)
 
 
 async def test_a_long_chat_mounts_only_recent_messages(tiny_model):
-    entries = []
-    for n in range(115):
-        entries += [Entry(Message("user", f"question {n}")), Entry(Message("assistant", f"answer {n}"), "end of text")]
+    turns = [Turn(f"question {n}", [Branch(f"answer {n}", "end of text")]) for n in range(115)]
     app = make_app(str(tiny_model), n_ctx=8192)
     async with app.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
-        await screen.show_conversation(entries)
+        screen.session.turns = turns
+        await screen.view.show(screen.session)
         log = screen.query_one(ChatLog)
         assert len(log.messages()) == MAX_MOUNTED and len(log.hidden) == 130
-        assert log.messages()[0].text == "question 65" and len(screen.conversation) == 230
+        assert log.messages()[0].text == "question 65" and len(said(screen)) == 230
         assert "130 earlier messages" in str(screen.query_one("#earlier").label)
         await pilot.press("f4")
         assert len(log.messages()) == 150 and log.messages()[0].text == "question 40"
         await send(pilot, "Hello there")
-        await wait_for(pilot, lambda: len(screen.conversation) == 232 and screen.reply is None)
+        await wait_for(pilot, lambda: len(said(screen)) == 232 and screen.reply is None)
         assert len(log.messages()) == MAX_MOUNTED and len(log.hidden) == 132
-        assert log.messages()[-1].text == screen.conversation[-1].content
+        assert log.messages()[-1].text == said(screen)[-1].content
         await pilot.press("ctrl+n")
         assert log.messages() == [] and log.hidden == [] and not screen.query_one("#earlier").display
+
+
+async def test_regenerate_and_edit_wait_for_the_reply_and_the_footer_says_so(tiny_model):
+    app = make_app(str(tiny_model), sampling=GREEDY.with_changes(max_tokens=3000), n_ctx=4096)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        assert not app.active_bindings["escape"].enabled, "nothing to stop"
+        await send(pilot, "Hello there")
+        await wait_for(pilot, lambda: screen.reply is not None and len(screen.reply.tokens) > 10)
+        bindings = app.active_bindings
+        assert not bindings["ctrl+r"].enabled and not bindings["ctrl+g"].enabled and bindings["escape"].enabled
+        await pilot.press("ctrl+r", "ctrl+g")
+        assert screen.reply is not None and [t.question for t in screen.session.turns] == ["Hello there"]
+        assert len(screen.session.turns[0].branches) == 0, "no regeneration started"
+        await pilot.press("escape")
+        await reply_done(pilot)
+        assert app.active_bindings["ctrl+r"].enabled and app.active_bindings["ctrl+g"].enabled

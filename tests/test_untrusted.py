@@ -26,7 +26,7 @@ from fake_openai import BEHAVIOURS, fake_server
 from hostile import FILE_SAFE, HOSTILE, MARKUP, SHOWN, SHOWN_CANDIDATES, unsafe_in
 from test_history_ui import chats_open
 from test_models_screen import open_models
-from test_ui import SIZE, loaded, make_app, reply_done, send, wait_for
+from test_ui import SIZE, finished_reply, loaded, make_app, reply_done, send, streaming_reply, wait_for
 from tui_chat.config import RemoteProfile, history_path
 from tui_chat.history import History
 from tui_chat.safetext import terminal_safe
@@ -94,7 +94,7 @@ async def test_a_streamed_and_a_finished_reply_show_it_as_written():
         app = pilot.app
         assert reply.text == HOSTILE
         assert_literal_on_screen(app)
-        streaming = ReplyMessage()
+        streaming = streaming_reply()
         await app.screen.query_one("#log").mount(streaming)
         for start in range(0, len(HOSTILE), 3):  # pieces that cut escape sequences in two
             await streaming.append(HOSTILE[start : start + 3])
@@ -114,7 +114,7 @@ async def test_markdown_links_in_a_reply_show_their_target_and_open_nothing():
             screen = await loaded(pilot)
             opened: list[str] = []
             app.open_url = lambda url, **kwargs: opened.append(url)
-            streaming, finished = ReplyMessage(), ReplyMessage(link, "end of text")
+            streaming, finished = streaming_reply(), finished_reply(link)
             await screen.query_one("#log").mount(streaming, finished)
             await streaming.append(link)
             await wait_for(pilot, lambda: "\n".join(screen_lines(app)).count("the docs") == 2)

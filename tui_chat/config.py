@@ -78,14 +78,6 @@ class RemoteProfile:
         return key
 
 
-REMOTE_MARK = "@"
-
-
-def remote_spec(profile: str, model: str | None = None) -> str:
-    """How a model on a server is named wherever a model is named: `@PROFILE` or `@PROFILE:MODEL`."""
-    return f"{REMOTE_MARK}{profile}" + (f":{model}" if model else "")
-
-
 @dataclass(frozen=True, slots=True)
 class Config:
     default_model: str | None = None

@@ -1,60 +1,120 @@
-"""Opening a backend by model name: the one place that knows which engine class serves a name."""
+"""Opening a backend by model name: the one place that knows which engine serves a name, and the only
+engine module that may use the hub (to find a downloaded model by its hub name).
+
+Wherever a model is named (`--model`, `default_model`, Ctrl+O, a saved chat), `@PROFILE` or
+`@PROFILE:MODEL` means a server; anything else is a local GGUF model.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-from .base import Backend
+from .base import Backend, EngineError
 from .models import resolve_model
 
+REMOTE_MARK = "@"
 
-def open_local(
-    model: str | None,
-    *,
-    default_model: str | None,
-    models_dir: Path,
-    log_dir: Path,
-    n_ctx: int,
-    gpu_layers: int | None,
-    chat_template: str,
-    threads: int | None = None,
-    threads_batch: int | None = None,
-    extra_buffers: str = "auto",
-    cache_dir: Path | None = None,
-) -> Backend:
-    """An in-process llama.cpp backend for `model`, not yet loaded (call `load()`).
 
-    llama_cpp is imported here, not at module import, so the UI can draw before it loads.
+def remote_spec(profile: str, model: str | None = None) -> str:
+    """How a model on a server is named: `@PROFILE` or `@PROFILE:MODEL`."""
+    return f"{REMOTE_MARK}{profile}" + (f":{model}" if model else "")
+
+
+@dataclass(frozen=True, slots=True)
+class LocalOptions:
+    """How local models are opened in this run (from the config and the command line)."""
+
+    default_model: str | None
+    models_dir: Path
+    log_dir: Path
+    n_ctx: int
+    gpu_layers: int | None = None
+    chat_template: str = "auto"
+    threads: int | None = None
+    threads_batch: int | None = None
+    extra_buffers: str = "auto"
+    cache_dir: Path | None = None
+
+
+class ServerProfile(Protocol):
+    """A `[remotes.NAME]` table (config.RemoteProfile): the key is read only when a backend opens."""
+
+    base_url: str
+    model: str | None
+    timeout_s: float
+
+    def resolved_api_key(self) -> str | None: ...
+
+
+class BackendOpener:
+    """Opens a backend for a model name, not yet loaded (call `load()`); used off the UI thread.
+
+    llama_cpp is imported only when a local model opens, so the UI can draw before it loads.
     """
-    from .llama import LlamaBackend, LlamaSettings
 
-    from ..hub.local import mark_used
+    def __init__(self, local: LocalOptions, servers: Mapping[str, ServerProfile] | None = None) -> None:
+        self.local = local
+        self.servers = dict(servers or {})
 
-    path = _model_file(model, default_model, models_dir, log_dir)
-    mark_used(models_dir, path)
-    name = model if model and not model.lower().endswith(".gguf") else path.stem
-    settings = LlamaSettings(path, n_ctx, gpu_layers, chat_template, extra_buffers, threads, threads_batch, cache_dir)
-    return LlamaBackend(settings, name=name)
+    def __call__(self, name: str | None) -> Backend:
+        name = name or self.local.default_model
+        if name and name.startswith(REMOTE_MARK):
+            return self._open_server(name)
+        return self._open_local(name)
+
+    def _open_local(self, name: str | None) -> Backend:
+        from ..hub.local import mark_used
+        from . import logs
+        from .llama import LlamaBackend, LlamaSettings
+
+        local = self.local
+        path = model_file(name, local.default_model, local.models_dir)
+        logs.install(local.log_dir)
+        mark_used(local.models_dir, path)
+        shown = name if name and not name.lower().endswith(".gguf") else path.stem
+        settings = LlamaSettings(path, local.n_ctx, local.gpu_layers, local.chat_template, local.extra_buffers,
+                                 local.threads, local.threads_batch, local.cache_dir)
+        return LlamaBackend(settings, name=shown)
+
+    def _open_server(self, name: str) -> Backend:
+        from .openai import OpenAIBackend, RemoteSettings
+
+        profile_name, _, model = name[len(REMOTE_MARK):].partition(":")
+        profile = self.servers.get(profile_name)
+        if profile is None:
+            known = ", ".join(remote_spec(known) for known in sorted(self.servers)) or "none in the config's [remotes]"
+            raise EngineError(f"unknown server {name!r} (known: {known})")
+        try:
+            api_key = profile.resolved_api_key()
+        except ValueError as error:  # the config's one-line error: the key's variable is not set
+            raise EngineError(str(error)) from None
+        return OpenAIBackend(RemoteSettings(profile.base_url, model or profile.model, api_key, profile.timeout_s))
+
+
+def model_file(name: str | None, default_model: str | None, models_dir: Path) -> Path:
+    """The .gguf file a local model name means: a path, the starter, or a model in our models dir named
+    `OWNER/NAME:FILE` or by its file name (never a network call)."""
+    return resolve_model(name, default_model, models_dir, _downloaded_or_imported)
 
 
 def count_text_tokens(model: str | None, text: str, *, default_model: str | None, models_dir: Path, log_dir: Path) -> int:
     """Tokens `text` takes in `model`'s own tokenizer, reading only its vocabulary (no weights)."""
+    from . import logs
     from .llamacpp import count_tokens
 
-    return count_tokens(_model_file(model, default_model, models_dir, log_dir), text)
-
-
-def _model_file(model: str | None, default_model: str | None, models_dir: Path, log_dir: Path) -> Path:
-    from . import logs
-
-    path = resolve_model(model, default_model, models_dir)
+    path = model_file(model, default_model, models_dir)
     logs.install(log_dir)
-    return path
+    return count_tokens(path, text)
 
 
-def open_remote(model: str | None, *, default_model: str | None, base_url: str, api_key: str | None,
-                timeout_s: float) -> Backend:
-    """A backend for an OpenAI-compatible server, not yet connected (`load()` lists and picks the model)."""
-    from .remote import OpenAIBackend, RemoteSettings
+def _downloaded_or_imported(name: str, models_dir: Path) -> Path | None:
+    from ..hub import HubError
+    from ..hub.local import resolve_local
 
-    return OpenAIBackend(RemoteSettings(base_url, model or default_model, api_key, timeout_s))
+    try:
+        return resolve_local(name, models_dir)
+    except HubError as error:
+        raise EngineError(str(error)) from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from .base import EngineError
@@ -33,8 +34,10 @@ def starter_installed() -> bool:
     return True
 
 
-def resolve_model(name: str | None, default_model: str | None, models_dir: Path) -> Path:
-    """The .gguf file to load for `name` (or the configured default, or the starter model)."""
+def resolve_model(name: str | None, default_model: str | None, models_dir: Path,
+                  find_local: Callable[[str, Path], Path | None] | None = None) -> Path:
+    """The .gguf file to load for `name` (or the configured default, or the starter model). `find_local`
+    looks a name up among downloaded and imported models (the factory passes the hub's lookup)."""
     name = name or default_model or (STARTER_NAME if starter_installed() else None)
     if not name:
         raise EngineError(f"no model given and none configured: pass --model PATH.gguf, or {_STARTER_HINT}")
@@ -42,23 +45,12 @@ def resolve_model(name: str | None, default_model: str | None, models_dir: Path)
         return starter_path(models_dir)
     path = Path(name).expanduser()
     if not path.exists():
-        path = _downloaded_or_imported(name, models_dir) or path
+        path = (find_local(name, models_dir) if find_local else None) or path
     if path.suffix.lower() == ".gguf" or path.exists() or os.sep in name:
         check_gguf(path)
         return path
     raise EngineError(f"unknown model {name!r}: give a path to a .gguf file, or {STARTER_NAME}, "
                       "or a downloaded hub model as OWNER/NAME:FILE.gguf")
-
-
-def _downloaded_or_imported(name: str, models_dir: Path) -> Path | None:
-    """A model in our models dir named `OWNER/NAME:FILE` or by its file name; never a network call."""
-    from ..hub import HubError
-    from ..hub.local import resolve_local
-
-    try:
-        return resolve_local(name, models_dir)
-    except HubError as error:
-        raise EngineError(str(error)) from None
 
 
 def check_gguf(path: Path) -> None:

@@ -17,12 +17,9 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
 
-from ...engine.base import Message
 from ...export import to_json, to_markdown
-from ...history import Conversation, ConversationSummary, History, HistoryError, StoredMessage, model_label
+from ...history import ConversationSummary, History, HistoryError, model_label
 from ...safetext import terminal_safe
-from ..widgets.chat_log import Entry
-from ..widgets.messages import Branch, reply_footer
 from .ask import AskText
 
 CONFIRM_WITHIN_S = 3.0
@@ -34,28 +31,6 @@ def summary_line(summary: ConversationSummary) -> Text:
     line.append(f"\n  {when} · {summary.messages} messages · {terminal_safe(model_label(summary.model))}",
                 style="dim")
     return line
-
-
-def stored_footer(message: StoredMessage) -> str:
-    if message.state == "interrupted":
-        return "interrupted: the app stopped while it was being written"
-    if message.state == "error":
-        return f"error: {message.error or 'unknown'}"
-    return reply_footer(message.stop_reason or "eos", message.metrics or {})
-
-
-def entries_of(conversation: Conversation) -> list[Entry]:
-    """The active path as the chat log shows it; each reply carries its sibling branches."""
-    entries = []
-    for message in conversation.path:
-        if message.role == "user":
-            entries.append(Entry(Message("user", message.content), None, message.id))
-            continue
-        siblings = [m for m in conversation.siblings(message) if m.role == "assistant"]
-        branches = tuple(Branch(m.content, stored_footer(m), cut=m.fork_token, message_id=m.id) for m in siblings)
-        entries.append(Entry(Message("assistant", message.content), stored_footer(message), message.id, branches,
-                             siblings.index(message)))
-    return entries
 
 
 class ConversationsScreen(ModalScreen[int | None]):

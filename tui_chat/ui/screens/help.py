@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
@@ -13,19 +15,24 @@ from ..widgets.messages import ChatMessage, ReplyMessage
 from ..widgets.prompt import PromptInput
 from ..widgets.slider import Slider
 
+Section = tuple[str, Sequence[Binding]]
 
-def key_lines(keymap: dict[str, str]) -> list[str]:
-    from .chat import ChatScreen
+
+def chat_sections(chat_bindings: Sequence[Binding]) -> list[Section]:
+    """The chat screen's keys, then those of the screens and widgets it opens."""
     from .models import ModelsScreen
 
-    sections = [
-        ("Chat", ChatScreen.BINDINGS),
+    return [
+        ("Chat", chat_bindings),
         ("Models screen", ModelsScreen.BINDINGS),
         ("Message box", PromptInput.BINDINGS),
         ("A focused message", ChatMessage.BINDINGS),
         ("A focused reply (or click one of its tokens)", ReplyMessage.BINDINGS),
         ("A focused slider (or click and drag it)", Slider.BINDINGS),
     ]
+
+
+def key_lines(sections: Sequence[Section], keymap: dict[str, str]) -> list[str]:
     lines: list[str] = []
     for title, bindings in sections:
         lines.append(title)
@@ -52,7 +59,11 @@ class HelpScreen(ModalScreen[None]):
     }
     """
 
+    def __init__(self, sections: Sequence[Section]) -> None:
+        super().__init__()
+        self.sections = sections
+
     def compose(self) -> ComposeResult:
         with VerticalScroll() as scroll:
             scroll.border_title = "Keys"
-            yield Static(Content("\n".join(key_lines(self.app.keymap_overrides))))
+            yield Static(Content("\n".join(key_lines(self.sections, self.app.keymap_overrides))))

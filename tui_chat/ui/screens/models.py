@@ -20,7 +20,8 @@ from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Footer, Input, ProgressBar, Select, Static, TabbedContent, TabPane
 
-from ...config import Config, models_dir, remote_spec, save_setting
+from ...config import Config, models_dir, save_setting
+from ...engine.factory import remote_spec
 from ...hub import HubError
 from ...hub.download import Cancelled, Progress
 from ...hub.http import OFFLINE_MESSAGE, offline
@@ -272,7 +273,7 @@ class ModelsScreen(Screen[str | None]):
 
     @work(thread=True, group="hub", exclusive=True)
     def _ask_hub(self, kind: str, text: str, sort: str) -> None:
-        from ...hub.remote import list_gguf, search
+        from ...hub.catalog import list_gguf, search
 
         try:
             value = search(text, sort) if kind == "search" else list_gguf(text)
@@ -326,7 +327,7 @@ class ModelsScreen(Screen[str | None]):
 
     @work(thread=True, group="download")
     def _pull(self, name: str, cancel: threading.Event) -> None:
-        from ...hub.remote import pull
+        from ...hub.catalog import pull
 
         try:
             chosen, _ = pull(name, self.models_dir, lambda progress: self.post_message(_Downloading(progress)), cancel)

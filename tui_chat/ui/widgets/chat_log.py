@@ -1,52 +1,47 @@
 """The conversation pane. Only the most recent messages are mounted: layout and every width change
 cost time in proportion to the widgets on screen, and a long chat should stream as fast as a new one.
-Earlier messages come back on request, a batch at a time."""
+Earlier messages come back on request, a batch at a time. What they say lives in the session's turns:
+the log only decides which of them have widgets."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Button
 
-from ...engine.base import Message
-from .messages import Branch, ChatMessage, ReplyMessage, UserMessage
+from ...session import Turn
+from .messages import ChatMessage, ReplyMessage, UserMessage
 
 MAX_MOUNTED = 100
 SHOW_MORE = 50
 
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """A message as the log shows it; a finished reply has a footer and may have sibling branches."""
-
-    message: Message
-    footer: str | None = None
-    message_id: int | None = None
-    branches: tuple[Branch, ...] = ()
-    active: int = 0
+Shown = tuple[Turn, type[ChatMessage]]  # a message as the log shows it: its turn, question or reply
 
 
-def widget_for(entry: Entry) -> ChatMessage:
-    message = entry.message
-    if message.role == "assistant":
-        branches = list(entry.branches) or [Branch(message.content, entry.footer or "", message_id=entry.message_id)]
-        return ReplyMessage(message.content, entry.footer or "", branches, entry.active, classes="assistant")
-    return UserMessage(message.content, entry.message_id, classes="user")
+def widget_for(shown: Shown) -> ChatMessage:
+    turn, kind = shown
+    return kind(turn, classes="assistant" if kind is ReplyMessage else "user")
 
 
-def entry_of(widget: ChatMessage) -> Entry:
-    if isinstance(widget, ReplyMessage):
-        return Entry(Message("assistant", widget.text), widget.footer, widget.message_id, tuple(widget.branches),
-                     widget.active)
-    return Entry(Message("user", widget.text), None, widget.message_id)
+def messages_of(turns: list[Turn]) -> list[Shown]:
+    shown: list[Shown] = []
+    for turn in turns:
+        shown.append((turn, UserMessage))
+        if turn.reply is not None:
+            shown.append((turn, ReplyMessage))
+    return shown
 
 
 class ChatLog(VerticalScroll):
+    DEFAULT_CSS = """
+    ChatLog { height: 1fr; padding: 0 1; scrollbar-size-vertical: 1; }
+    ChatLog #earlier { width: 1fr; margin: 1 0 0 0; }
+    """
+
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.hidden: list[Entry] = []
+        self.hidden: list[Shown] = []
 
     def compose(self) -> ComposeResult:
         yield Button("", id="earlier", compact=True)
@@ -57,21 +52,28 @@ class ChatLog(VerticalScroll):
     def messages(self) -> list[ChatMessage]:
         return [child for child in self.children if isinstance(child, ChatMessage)]
 
-    async def show(self, entries: list[Entry]) -> None:
+    def reply_of(self, turn: Turn) -> ReplyMessage | None:
+        return next((m for m in self.messages() if m.turn is turn and isinstance(m, ReplyMessage)), None)
+
+    async def show(self, turns: list[Turn]) -> None:
         """Replace the whole conversation on screen (a new chat, or one reopened)."""
         await self.remove_children(self.messages())
-        split = max(0, len(entries) - MAX_MOUNTED)
-        self.hidden = list(entries[:split])
-        await self.mount_all([widget_for(entry) for entry in entries[split:]])
+        shown = messages_of(turns)
+        split = max(0, len(shown) - MAX_MOUNTED)
+        self.hidden = shown[:split]
+        await self.mount_all([widget_for(message) for message in shown[split:]])
         self._update_earlier()
 
+    async def remove_turn(self, turn: Turn) -> None:
+        await self.remove_children([m for m in self.messages() if m.turn is turn])
+
     async def trim(self) -> None:
-        """Unmount the oldest finished messages beyond MAX_MOUNTED, keeping what they said."""
+        """Unmount the oldest finished messages beyond MAX_MOUNTED; their turns keep what they said."""
         shown = [m for m in self.messages() if not isinstance(m, ReplyMessage) or m.footer is not None]
         excess = len(self.messages()) - MAX_MOUNTED
         if excess > 0:
             oldest = shown[:excess]
-            self.hidden += [entry_of(widget) for widget in oldest]
+            self.hidden += [(widget.turn, type(widget)) for widget in oldest]
             await self.remove_children(oldest)
             self._update_earlier()
 
@@ -79,7 +81,7 @@ class ChatLog(VerticalScroll):
         if not self.hidden:
             return
         batch, self.hidden = self.hidden[-SHOW_MORE:], self.hidden[:-SHOW_MORE]
-        await self.mount_all([widget_for(entry) for entry in batch], after=self.query_one("#earlier"))
+        await self.mount_all([widget_for(message) for message in batch], after=self.query_one("#earlier"))
         self._update_earlier()
 
     def _update_earlier(self) -> None:

@@ -12,10 +12,6 @@ target after its text, and no link is a terminal hyperlink (OSC 8) or opens anyt
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
-
 from rich.console import Group
 from rich.markdown import Markdown as RichMarkdown
 from rich.text import Text
@@ -28,16 +24,11 @@ from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Markdown, Static
 
-from ...engine.base import StopReason, Token
+from ...engine.base import Token
 from ...safetext import terminal_safe
+from ...session import Branch, Turn, Writing
 from .heatmap import band_styles, has_probabilities, heatmap_text
 
-STOP_LABELS: dict[str, str] = {
-    "eos": "end of text",
-    "stop": "stop sequence",
-    "length": "max tokens",
-    "cancelled": "stopped",
-}
 FREEZE_AFTER_CHARS = 3000
 _FENCE = "```"
 
@@ -61,21 +52,17 @@ def freeze_point(text: str) -> int | None:
     return None
 
 
-def reply_footer(reason: StopReason, metrics: Mapping[str, Any]) -> str:
-    """Stop reason, tokens, speed, TTFT: from a live `TurnMetrics.as_dict()` or a stored reply's metrics."""
-    parts = [STOP_LABELS.get(reason, reason), f"{metrics.get('completion_tokens', 0)} tokens"]
-    if metrics.get("decode_tok_s"):
-        parts.append(f"{metrics['decode_tok_s']:.1f} tok/s")
-    if metrics.get("ttft_s") is not None:
-        parts.append(f"TTFT {metrics['ttft_s']:.2f} s")
-    return " · ".join(parts)
-
-
 class ChatMessage(Widget):
-    """A message the user can focus (Tab or click) and copy."""
+    """A message the user can focus (Tab or click) and copy. It shows a turn of the session: the
+    conversation itself lives there, not here."""
 
     can_focus = True
     BINDINGS = [Binding("c", "copy", "Copy", id="copy_message")]
+    DEFAULT_CSS = """
+    ChatMessage { height: auto; margin: 1 0 0 0; padding: 0 1; }
+    ChatMessage:focus { background: $boost; }
+    """
+    turn: Turn
     text: str
 
     def action_copy(self) -> None:
@@ -84,31 +71,20 @@ class ChatMessage(Widget):
 
 
 class UserMessage(ChatMessage, Static):
-    def __init__(self, text: str, message_id: int | None = None, **kwargs) -> None:
-        super().__init__(Content(terminal_safe(text)), **kwargs)
-        self.text = text
-        self.message_id = message_id  # in the history, where it is saved
-        self.parent_id: int | None = None
+    DEFAULT_CSS = "UserMessage { border-left: thick $primary; background: $surface; }"
 
-
-@dataclass(eq=False)
-class Branch:
-    """One continuation of a reply: what it says, its footer, and its tokens (with probabilities
-    when the inspector was on). `cut` is where it left its sibling: the index of the chosen token."""
-
-    text: str
-    footer: str
-    tokens: list[Token] = field(default_factory=list)
-    cut: int | None = None
-    message_id: int | None = None  # in the history
+    def __init__(self, turn: Turn, **kwargs) -> None:
+        super().__init__(Content(terminal_safe(turn.question)), **kwargs)
+        self.turn = turn
+        self.text = turn.question
 
 
 class ReplyMessage(ChatMessage, Vertical):
-    """A reply. While it is written: frozen chunks, a live Markdown tail and a status line. Once
+    """A turn's reply. While it is written: frozen chunks, a live Markdown tail and a status line. Once
     finished: only the chunks, the last one carrying the quiet footer (stop reason, tokens, speed),
     so finishing renders just the tail, not the whole reply again.
 
-    A reply may have sibling branches (regenerated, or branched from a token); one is shown.
+    The turn may have sibling branches (regenerated, or branched from a token); one is shown.
     With the heatmap on, the shown branch is drawn token by token, and a token can be picked.
     """
 
@@ -121,6 +97,13 @@ class ReplyMessage(ChatMessage, Vertical):
         Binding("right_square_bracket", "switch_branch(1)", "Next branch", show=False,
                 tooltip="Show the reply's next branch"),
     ]
+    DEFAULT_CSS = """
+    ReplyMessage { border-left: thick $accent; }
+    ReplyMessage Markdown { margin: 0; padding: 0; background: transparent; }
+    ReplyMessage .chunk { height: auto; margin: 0 0 1 0; }
+    ReplyMessage .chunk.last { margin: 0; }
+    ReplyMessage .status { color: $text-muted; height: auto; }
+    """
 
     class Inspect(Message):
         """The user asked to inspect a token of this reply."""
@@ -136,19 +119,48 @@ class ReplyMessage(ChatMessage, Vertical):
             self.reply = reply
             self.index = index
 
-    def __init__(self, text: str = "", footer: str | None = None, branches: list[Branch] | None = None,
-                 active: int = 0, **kwargs) -> None:
+    def __init__(self, turn: Turn, writing: Writing | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.text = text
-        self.footer = footer
-        self.branches: list[Branch] = branches or ([] if footer is None else [Branch(text, footer)])
-        self.active = active
-        self.tokens: list[Token] = self.branches[active].tokens if self.branches else []
+        self.turn = turn
+        self.writing = writing  # the branch in progress, while it is written
         self.heatmap = False
         self.selected = 0
-        self._tail = text
+        self._tail = self.text
         self._frozen_chars = 0
         self._stream = None
+
+    # --- what it shows, from the turn ---------------------------------------------------------
+
+    @property
+    def text(self) -> str:
+        if self.writing is not None:
+            return self.writing.text
+        return self.turn.reply.text if self.turn.reply else ""
+
+    @property
+    def footer(self) -> str | None:
+        """None while the reply is written."""
+        return None if self.writing is not None or self.turn.reply is None else self.turn.reply.footer
+
+    @property
+    def tokens(self) -> list[Token]:
+        if self.writing is not None:
+            return self.writing.tokens
+        return self.turn.reply.tokens if self.turn.reply else []
+
+    @property
+    def branches(self) -> list[Branch]:
+        return self.turn.branches
+
+    @property
+    def active(self) -> int:
+        return self.turn.active
+
+    @property
+    def message_id(self) -> int | None:
+        return self.turn.reply.message_id if self.turn.reply else None
+
+    # --- drawing ------------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
         if self.footer is not None:
@@ -185,7 +197,7 @@ class ReplyMessage(ChatMessage, Vertical):
             line.update(Content(status))
 
     async def append(self, text: str) -> None:
-        self.text += text
+        """Text the session added to the writing branch: streamed into the live tail."""
         self._tail += text
         await self._stream.write(terminal_safe(text))
         if len(self._tail) > FREEZE_AFTER_CHARS:
@@ -207,39 +219,37 @@ class ReplyMessage(ChatMessage, Vertical):
             await self._stream.stop()
             self._stream = None
 
-    async def restart(self) -> None:
-        """Write a new branch in place; the ones before it stay in `branches`."""
+    async def start(self, writing: Writing) -> None:
+        """Write a new branch in place; the ones before it stay in the turn."""
         await self.stop()
         await self.remove_children()
-        self.text, self.footer, self._tail, self._frozen_chars = "", None, "", 0
-        self.tokens = []
+        self.writing, self._tail, self._frozen_chars = writing, "", 0
         await self.mount_all([markdown_tail(), Static(classes="status")])
         self._stream = Markdown.get_stream(self.query_one(Markdown))
 
-    @property
-    def message_id(self) -> int | None:
-        return self.branches[self.active].message_id if self.branches else None
-
-    async def finish(self, text: str, footer: str, cut: int | None = None, message_id: int | None = None) -> None:
-        """Freeze what is left: `text` is the engine's final word on the reply (a held-back stop
-        prefix may have been released at the end). The reply becomes the newest branch."""
+    async def finish(self) -> None:
+        """The turn's newest branch is final (the engine's last word on the text, which may differ from
+        what streamed when a held-back stop prefix was released at the end): freeze what is left."""
         await self.stop()
-        self.text, self.footer = text, footer
-        self.branches.append(Branch(text, footer, self.tokens, cut, message_id))
-        self.active = len(self.branches) - 1
+        self.writing = None
         self.selected = min(self.selected, max(len(self.tokens) - 1, 0))
         if self.heatmap and has_probabilities(self.tokens):
             await self.redraw()
             return
         await self.query_one(".status").remove()
         await self.query_one(Markdown).remove()
-        await self.mount(self._finished_body(text[self._frozen_chars :]))
+        await self.mount(self._finished_body(self.text[self._frozen_chars :]))
 
-    async def show_branch(self, index: int) -> None:
-        branch = self.branches[index]
-        self.active = index
-        self.text, self.footer, self.tokens = branch.text, branch.footer, branch.tokens
-        self.selected = branch.cut if branch.cut is not None else 0
+    async def give_way(self) -> None:
+        """The branch being written came to nothing: the one shown before it is back."""
+        await self.stop()
+        self.writing = None
+        await self.show_branch()
+
+    async def show_branch(self) -> None:
+        """Draw the turn's active branch (the session switched it)."""
+        branch = self.turn.reply
+        self.selected = branch.cut if branch and branch.cut is not None else 0
         await self.redraw()
 
     async def redraw(self) -> None:

@@ -7,9 +7,11 @@ from decimal import Decimal
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.message import Message
 from textual.content import Content
 from textual.widgets import Select, Sparkline, Static
 
+from ...config import save_setting
 from ...engine.base import ModelInfo, TurnMetrics
 from ...pricing import Price, format_usd, turn_cost
 from ...safetext import terminal_safe
@@ -33,10 +35,19 @@ def kv_bar(used: int, total: int, width: int = BAR_WIDTH) -> str:
 class MetricsPanel(Vertical):
     """Fed by the chat screen a few times a second while a reply streams, never per token."""
 
+    DEFAULT_CSS = """
+    MetricsPanel #model-title { text-style: bold; color: $accent; }
+    MetricsPanel #model-facts { color: $text-muted; }
+    MetricsPanel #decode-sparkline { height: 2; margin: 0 0 1 0; }
+    MetricsPanel #price { margin: 1 0 0 0; }
+    MetricsPanel #cost { color: $text; }
+    """
+
     def __init__(self, prices: dict[str, Price], price: str, **kwargs) -> None:
         super().__init__(**kwargs)
         self.prices = prices
         self.price = prices[price]
+        self._saved_price = price
         self.info: ModelInfo | None = None
         self.metrics = TurnMetrics()
         self.turns: list[TurnMetrics] = []
@@ -88,10 +99,20 @@ class MetricsPanel(Vertical):
         self.metrics = TurnMetrics()
         self.refresh_view()
 
+    class PriceChosen(Message):
+        """The user picked another price preset (it is saved in the config as the default)."""
+
     @on(Select.Changed, "#price")
     def _price_changed(self, event: Select.Changed) -> None:
         self.price = self.prices[str(event.value)]
         self.refresh_view()
+        if event.value != self._saved_price:
+            try:
+                save_setting("price", str(event.value))
+                self._saved_price = str(event.value)
+            except OSError as error:
+                self.notify(f"cannot save the price preset: {error.strerror}", severity="warning", markup=False)
+        self.post_message(self.PriceChosen())
 
     def session_cost(self) -> Decimal:
         return sum((turn_cost(self.price, t.prompt_tokens, t.cached_tokens, t.completion_tokens).total

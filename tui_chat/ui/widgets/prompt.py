@@ -11,6 +11,13 @@ from ...safetext import without_controls
 
 
 class PromptInput(TextArea):
+    DEFAULT_CSS = """
+    PromptInput {
+        height: auto; min-height: 3; max-height: 10; margin: 0 1;
+        border: round $primary 50% !important;  /* over TextArea's compact `border: none !important` */
+        &:focus { border: round $primary !important; }
+    }
+    """
     BINDINGS = [
         Binding("enter", "submit", "Send", id="send"),
         Binding("ctrl+j,shift+enter", "newline", "Newline", id="newline"),

@@ -33,6 +33,15 @@ def parse_stops(text: str) -> list[str]:
 
 
 class SamplingPanel(Vertical):
+    DEFAULT_CSS = """
+    SamplingPanel .hint { color: $text-muted; }
+    SamplingPanel .param-label { margin: 1 0 0 0; }
+    SamplingPanel #presets { height: auto; margin: 1 0 0 0; }
+    SamplingPanel #presets Button { width: 1fr; min-width: 0; }
+    SamplingPanel Input { margin: 0; }
+    SamplingPanel #applied { margin: 1 0; color: $success; }
+    """
+
     def __init__(self, live: LiveParams, **kwargs) -> None:
         super().__init__(**kwargs)
         self.live = live

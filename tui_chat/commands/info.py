@@ -5,11 +5,24 @@ Versions, what the llama.cpp build can use on this machine, and every path the a
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 from importlib import metadata
 
-from .config import Config, cache_dir, config_path, data_dir, history_path, log_dir, models_dir
+from ..config import Config, cache_dir, config_path, data_dir, history_path, log_dir, models_dir
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    info = commands.add_parser("info", help="versions, what llama.cpp can use here, and the paths in use",
+                               description="Versions, the llama.cpp build's CPU features and devices, the CPU "
+                                           "path and threads in use, and every path tui-chat reads or writes.")
+    info.add_argument("--json", action="store_true", help="print JSON")
+    info.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    return show(config, args.json)
 
 
 def package_version(name: str) -> str:
@@ -20,18 +33,18 @@ def package_version(name: str) -> str:
 
 
 def version_line() -> str:
-    from .engine.ggml import build_version
+    from ..engine.ggml import build_version
 
     return (f"tui-chat {package_version('tui-chat')} · llama-cpp-python {package_version('llama-cpp-python')} · "
             f"ggml {build_version()}")
 
 
 def report(config: Config) -> dict[str, object]:
-    from .engine.cpu import choose_threads, read_topology
-    from .engine.cpu_path import known
-    from .engine.ggml import build_features, build_version, devices, system_info
-    from .engine.llamacpp import supports_gpu_offload
-    from .engine.models import starter_installed
+    from ..engine.cpu import choose_threads, read_topology
+    from ..engine.cpu_path import known
+    from ..engine.ggml import build_features, build_version, devices, system_info
+    from ..engine.llamacpp import supports_gpu_offload
+    from ..engine.models import starter_installed
 
     topology = read_topology()
     threads = choose_threads(topology)
@@ -104,6 +117,6 @@ def show(config: Config, as_json: bool) -> int:
 
 
 def _cpu_model() -> str:
-    from .engine.cpu import cpu_model
+    from ..engine.cpu import cpu_model
 
     return cpu_model() or platform.processor() or platform.machine()

@@ -12,52 +12,58 @@ import sys
 import time
 from pathlib import Path
 
-from .config import Config, models_dir
-from .hub import HubError, HubInputError
-from .hub.download import Progress
-from .hub.names import format_size
-from .safetext import terminal_safe
+from ..config import Config, models_dir
+from ..hub import HubError, HubInputError
+from ..hub.download import Progress
+from ..hub.names import format_size
+from ..safetext import terminal_safe
+from .common import INTERRUPTED, RUNTIME_ERROR, USAGE_ERROR, fail
 
-RUNTIME_ERROR = 1
-USAGE_ERROR = 2
-INTERRUPTED = 130
 BAR_WIDTH = 24
 LINE_EVERY_S = 1.0
 
 
-def add_models_parser(commands: argparse._SubParsersAction) -> None:
-    models = commands.add_parser("models", help="find, download and manage GGUF models (hub and local)")
-    actions = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
-    search = actions.add_parser("search", help="search the hub for GGUF repos")
-    search.add_argument("query")
-    search.add_argument("--sort", choices=("downloads", "likes"), default="downloads")
-    search.add_argument("--limit", type=int, default=20, metavar="N")
-    search.add_argument("--json", action="store_true")
-    files = actions.add_parser("files", help="a hub repo's GGUF models: size, quantisation, whether they fit")
-    files.add_argument("repo", metavar="REPO")
-    files.add_argument("--json", action="store_true")
-    pull = actions.add_parser("pull", help="download a model (resumes an interrupted download)")
-    pull.add_argument("ref", metavar="REPO[:FILE]")
-    listing = actions.add_parser("list", help="the models on this machine")
-    listing.add_argument("--json", action="store_true")
-    remove = actions.add_parser("rm", help="delete a local model")
-    remove.add_argument("name", metavar="NAME")
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    models = commands.add_parser("models", help="find, download and manage GGUF models (hub and local)",
+                                 description="Find, download and manage GGUF models: the hub and this machine.")
+    models.set_defaults(run=run)
+    actions = models.add_subparsers(dest="models_command", required=True, metavar="ACTION",
+                                    parser_class=type(models))
+    search = _action(actions, "search", "search the hub for GGUF repos")
+    search.add_argument("query", help="words in the repo's name, e.g. gemma or qwen2.5 1.5b")
+    search.add_argument("--sort", choices=("downloads", "likes"), default="downloads", help="order (default downloads)")
+    search.add_argument("--limit", type=int, default=20, metavar="N", help="at most N repos (default 20)")
+    search.add_argument("--json", action="store_true", help="print JSON")
+    files = _action(actions, "files", "a hub repo's GGUF models: size, quantisation, whether they fit")
+    files.add_argument("repo", metavar="REPO", help="OWNER/NAME on the hub")
+    files.add_argument("--json", action="store_true", help="print JSON")
+    pull = _action(actions, "pull", "download a model (resumes an interrupted download)")
+    pull.add_argument("ref", metavar="REPO[:FILE]",
+                      help="a repo (its only model, or its Q4_K_M one) or REPO:FILE.gguf")
+    listing = _action(actions, "list", "the models on this machine (* = the default)")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    remove = _action(actions, "rm", "delete a local model")
+    remove.add_argument("name", metavar="NAME", help="as tui-chat models list shows it")
 
 
-def run_models(args: argparse.Namespace, config: Config) -> int:
+def _action(actions: argparse._SubParsersAction, name: str, summary: str) -> argparse.ArgumentParser:
+    return actions.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
     command = {"search": _search, "files": _files, "pull": _pull, "list": _list, "rm": _remove}[args.models_command]
     try:
         return command(args, config)
     except HubInputError as error:
-        return _fail(error, USAGE_ERROR)
+        return fail(error, USAGE_ERROR)
     except HubError as error:
-        return _fail(error, RUNTIME_ERROR)
+        return fail(error, RUNTIME_ERROR)
     except KeyboardInterrupt:
-        return _fail("interrupted; pull again to resume the download", INTERRUPTED)
+        return fail("interrupted; pull again to resume the download", INTERRUPTED)
 
 
 def _search(args: argparse.Namespace, config: Config) -> int:
-    from .hub.remote import search
+    from ..hub.catalog import search
 
     if not 1 <= args.limit <= 1000:
         raise HubInputError(f"--limit must be between 1 and 1000 (got {args.limit})")
@@ -73,8 +79,8 @@ def _search(args: argparse.Namespace, config: Config) -> int:
 
 
 def _files(args: argparse.Namespace, config: Config) -> int:
-    from .hub.machine import fit_text
-    from .hub.remote import list_gguf
+    from ..hub.machine import fit_text
+    from ..hub.catalog import list_gguf
 
     listing = list_gguf(args.repo)
     if args.json:
@@ -90,7 +96,7 @@ def _files(args: argparse.Namespace, config: Config) -> int:
 
 
 def _pull(args: argparse.Namespace, config: Config) -> int:
-    from .hub.remote import pull
+    from ..hub.catalog import pull
 
     bar = _ProgressBar()
     try:
@@ -103,7 +109,7 @@ def _pull(args: argparse.Namespace, config: Config) -> int:
 
 
 def _list(args: argparse.Namespace, config: Config) -> int:
-    from .hub.local import list_local
+    from ..hub.local import list_local
 
     models = list_local(models_dir())
     default = _default_path(config)
@@ -123,7 +129,7 @@ def _list(args: argparse.Namespace, config: Config) -> int:
 
 
 def _remove(args: argparse.Namespace, config: Config) -> int:
-    from .hub.local import remove_model
+    from ..hub.local import remove_model
 
     model = remove_model(models_dir(), args.name)
     print(f"removed {terminal_safe(model.name)} ({format_size(model.size)})")
@@ -134,13 +140,14 @@ def _remove(args: argparse.Namespace, config: Config) -> int:
 
 def _default_path(config: Config) -> Path | None:
     """The configured default model's file, when it can be found without any work (no unpacking, no network)."""
-    from .engine.base import EngineError
-    from .engine.models import is_starter, resolve_model
+    from ..engine.base import EngineError
+    from ..engine.factory import model_file
+    from ..engine.models import is_starter
 
     if not config.default_model or is_starter(config.default_model):
         return None
     try:
-        return resolve_model(config.default_model, None, models_dir())
+        return model_file(config.default_model, None, models_dir())
     except EngineError:
         return None
 
@@ -183,8 +190,3 @@ def _print_table(rows: list[tuple[str, ...]]) -> None:
 
 def _print_json(value: object) -> None:
     print(json.dumps(value, indent=2))
-
-
-def _fail(error: Exception | str, status: int) -> int:
-    print(f"tui-chat: error: {error}", file=sys.stderr)
-    return status

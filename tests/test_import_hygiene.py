@@ -1,0 +1,116 @@
+"""The layers, checked: no Textual in the engine, the hub or the session; no llama_cpp in the UI; the
+engine reaches the hub only through its factory; and no module imports itself round a cycle.
+
+Every import counts, the ones inside functions too (they are how a layer would sneak in late)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tui_chat
+
+PACKAGE = Path(tui_chat.__file__).parent
+TEXTUAL_FREE = ("tui_chat.engine", "tui_chat.hub", "tui_chat.session", "tui_chat.recording", "tui_chat.history",
+                "tui_chat.pricing", "tui_chat.config", "tui_chat.safetext", "tui_chat.export")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Absolute names of everything `path` imports, wherever in it."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+MODULES = {module_name(path): imports_of(path) for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def offenders(layer: str, forbidden: str, allowed: tuple[str, ...] = ()) -> list[str]:
+    return sorted(f"{module} imports {name}" for module, names in MODULES.items()
+                  if within(module, layer) and module not in allowed
+                  for name in names if within(name, forbidden))
+
+
+@pytest.mark.parametrize("layer", TEXTUAL_FREE)
+def test_no_textual_below_the_ui(layer):
+    assert offenders(layer, "textual") == [] and offenders(layer, "tui_chat.ui") == []
+
+
+def test_no_llama_cpp_in_the_ui():
+    assert offenders("tui_chat.ui", "llama_cpp") == []
+
+
+def test_the_engine_reaches_the_hub_only_through_its_factory():
+    assert offenders("tui_chat.engine", "tui_chat.hub", allowed=("tui_chat.engine.factory",)) == []
+
+
+def test_no_import_cycles():
+    """Strongly connected groups of modules (Tarjan): each must be one module alone."""
+    graph = {module: {name for name in names if name in MODULES and name != module} for module, names in MODULES.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in graph[module]:
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for module in graph:
+        if module not in index:
+            visit(module)
+    assert cycles == []
+
+
+def test_the_ui_runs_without_llama_cpp_and_the_engine_without_textual():
+    """The same, as Python sees it: importing every UI module loads no llama_cpp, and every engine and hub
+    module no Textual."""
+    ui = [m for m in MODULES if within(m, "tui_chat.ui")]
+    below = [m for m in MODULES if any(within(m, layer) for layer in TEXTUAL_FREE)]
+    code = (f"import importlib, sys\nfor m in {ui!r}: importlib.import_module(m)\n"
+            "assert 'llama_cpp' not in sys.modules, 'llama_cpp'\n"
+            f"for m in {below!r}: importlib.import_module(m)\n")
+    textual_free = (f"import importlib, sys\nfor m in {below!r}: importlib.import_module(m)\n"
+                    "assert not [m for m in sys.modules if m.startswith('textual')], 'textual'\n")
+    for script in (code, textual_free):
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr

@@ -1,0 +1,141 @@
+"""The conversation without any UI: `ChatSession` driven by the real engine on the tiny model, saved
+in a real SQLite file."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from conftest import GREEDY
+from tui_chat.config import history_path
+from tui_chat.engine.base import Candidate, Message
+from tui_chat.engine.params import LiveParams
+from tui_chat.history import History
+from tui_chat.pricing import PRESETS
+from tui_chat.recording import Saving
+from tui_chat.session import ChatSession, opened
+
+
+def finish(session: ChatSession):
+    """Feed the writing reply's events to the session until it ends; returns the Ending."""
+    stream = session.writing.stream
+    for event in stream:
+        update = session.take([event])
+        if update.ending is not None:
+            return update.ending
+    raise AssertionError("the stream ended without a final event")
+
+
+@pytest.fixture
+def history():
+    with History(history_path()) as opened_history:
+        yield opened_history
+
+
+def new_session(history=None, **options) -> ChatSession:
+    saving = Saving(history, PRESETS["GPT-4o"]) if history is not None else None
+    return ChatSession(LiveParams(GREEDY.with_changes(max_tokens=8)), saving=saving, model="tiny", **options)
+
+
+def test_a_turn_is_asked_answered_and_saved(tiny, history):
+    session = new_session(history, system_prompt="Be brief.")
+    turn = session.ask("Hello there", tiny.generate)
+    assert session.messages() == [Message("system", "Be brief."), Message("user", "Hello there")]
+    ending = finish(session)
+    assert ending.kind == "finished" and session.writing is None
+    assert turn.reply.text == ending.done.text and turn.reply.footer.startswith("max tokens · 8 tokens")
+    assert len(turn.reply.tokens) == 8 and all(t.prob is None for t in turn.reply.tokens)  # top_logprobs 0
+    stored = history.load(session.conversation_id)
+    assert [(m.role, m.content, m.state) for m in stored.path] == [
+        ("user", "Hello there", "complete"), ("assistant", turn.reply.text, "complete")]
+
+
+def test_regenerate_keeps_the_first_reply_as_a_branch_and_switch_goes_back(tiny, history):
+    session = new_session(history)
+    session.live.update(temperature=1.0, seed=1)
+    turn = session.ask("Hello there", tiny.generate)
+    finish(session)
+    first = turn.reply.text
+    session.live.update(seed=2)
+    session.regenerate(tiny.generate)
+    assert session.messages()[-1] == Message("user", "Hello there"), "the reply being replaced is not in the prompt"
+    finish(session)
+    assert len(turn.branches) == 2 and turn.active == 1 and turn.reply.text != first
+    session.switch(0)
+    assert session.messages()[-1] == Message("assistant", first)
+    assert history.load(session.conversation_id).path[-1].content == first
+
+
+def test_a_branch_starts_with_the_kept_tokens_and_the_chosen_one(tiny):
+    session = new_session(top_logprobs=5)
+    turn = session.ask("Hello there", tiny.generate)
+    finish(session)
+    original = turn.reply.tokens
+    alternative = original[3].top[1]
+    session.branch(3, Candidate(alternative.token_id, alternative.text, alternative.prob), tiny.generate)
+    ending = finish(session)
+    branched = turn.reply
+    assert len(turn.branches) == 2 and branched.cut == 3
+    assert [t.token_id for t in branched.tokens[:4]] == [t.token_id for t in original[:3]] + [alternative.token_id]
+    assert ending.done.metrics.prompt_tokens - ending.done.metrics.cached_tokens == 1, "one token read"
+
+
+def test_a_reply_stopped_before_its_first_token_gives_the_question_back(tiny, history):
+    def stopped_at_once(request):
+        stream = tiny.generate(request)
+        stream.cancel()  # before the worker can draw a token: it checks before every step
+        return stream
+
+    session = new_session(history)
+    session.ask("Hello there", stopped_at_once)
+    ending = finish(session)
+    assert ending.kind == "taken_back" and ending.done.stop_reason == "cancelled" and session.turns == []
+    assert history.conversations() == [] or history.load(session.conversation_id).path == ()
+
+
+def test_take_back_last_for_editing_leaves_the_history_off_the_active_path(tiny, history):
+    session = new_session(history)
+    session.ask("First", tiny.generate)
+    finish(session)
+    session.ask("Second", tiny.generate)
+    finish(session)
+    assert session.take_back_last() == "Second"
+    session.ask("Second, edited", tiny.generate)
+    finish(session)
+    path = history.load(session.conversation_id).path
+    assert [m.content for m in path if m.role == "user"] == ["First", "Second, edited"]
+
+
+def test_a_history_that_fails_is_said_once_and_the_chat_goes_on_unsaved(tiny, monkeypatch):
+    monkeypatch.setattr("tui_chat.history.BUSY_TIMEOUT_S", 0.05)
+    history = History(history_path())
+    warnings: list[str] = []
+    session = new_session(history, warn=warnings.append)
+    session.ask("First", tiny.generate)
+    finish(session)
+    other = sqlite3.connect(history_path(), isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")  # another process holds the file: every later write fails
+    session.ask("Second", tiny.generate)
+    ending = finish(session)
+    session.ask("Third", tiny.generate)
+    finish(session)
+    assert ending.kind == "finished" and session.saved is None
+    assert len(warnings) == 1 and warnings[0].endswith(": the rest of this chat is not saved")
+    assert [t.question for t in session.turns] == ["First", "Second", "Third"]
+    other.rollback()
+    other.close()
+    history.close()
+
+
+def test_a_saved_chat_reopens_with_its_turns_branches_and_system_prompt(tiny, history):
+    session = new_session(history, system_prompt="Be brief.")
+    session.ask("Hello there", tiny.generate)
+    finish(session)
+    session.regenerate(tiny.generate)
+    finish(session)
+    again = opened(history.load(session.conversation_id), LiveParams(GREEDY), Saving(history, PRESETS["GPT-4o"]))
+    assert again.system_prompt == "Be brief." and again.model == "tiny"
+    assert [(t.question, len(t.branches), t.active) for t in again.turns] == [("Hello there", 2, 1)]
+    assert again.messages() == session.messages()
+

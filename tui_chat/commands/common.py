@@ -1,0 +1,136 @@
+"""What every subcommand shares: exit codes, the one-line error, the terminal-safe writer, the model
+options and the backend opener they lead to."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TextIO
+
+from ..config import (
+    CPU_PATHS,
+    Config,
+    RemoteProfile,
+    cache_dir,
+    check_context,
+    check_extra_buffers,
+    check_gpu_layers,
+    check_threads,
+    log_dir,
+    models_dir,
+)
+from ..engine.factory import BackendOpener, LocalOptions, remote_spec
+from ..engine.params import InvalidParameter
+from ..safetext import terminal_safe
+
+RUNTIME_ERROR = 1  # a fault on the way: network, disk, a model that fails mid-reply
+USAGE_ERROR = 2  # what the user can fix in the command: a bad name, value or file
+INTERRUPTED = 130
+CLI_REMOTE = "server"  # the name a server given by --base-url alone goes by
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line on stderr, not a usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
+def one_line(message: str) -> str:
+    """Error messages quote what was typed (a file name, an unknown argument): they stay one line on stderr,
+    with no control character reaching the terminal."""
+    return terminal_safe(message).replace("\n", "\\n")
+
+
+def fail(error: Exception | str, status: int = USAGE_ERROR) -> int:
+    print(f"tui-chat: error: {one_line(str(error))}", file=sys.stderr)
+    return status
+
+
+def writer(out: TextIO) -> Callable[[str], None]:
+    """Writes untrusted text: escapes made visible on a terminal, passed through untouched to a file or pipe."""
+    clean = terminal_safe if out.isatty() else (lambda text: text)
+
+    def write(text: str) -> None:
+        out.write(clean(text))
+        out.flush()
+
+    return write
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", "-m", help="a .gguf file, a downloaded OWNER/NAME:FILE.gguf, or gemma-3-270m")
+    parser.add_argument("--n-ctx", type=int, help="context size in tokens (rounded up to a multiple of 256)")
+    parser.add_argument("--gpu-layers", type=int, help="layers to offload to the GPU: -1 all, 0 none")
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="decode threads (default: the physical cores, fewer while other programs keep them busy)")
+    parser.add_argument("--threads-batch", type=int, metavar="N", help="prompt-reading threads (default: likewise)")
+    parser.add_argument("--extra-buffers", choices=CPU_PATHS,
+                        help="llama.cpp's CPU weight layouts: auto (tested once where AMX could crash), all, "
+                             "no-amx (repacked, without AMX), none")
+    parser.add_argument("--backend", choices=("local", "openai"),
+                        help="local: llama.cpp in this process (default); openai: an OpenAI-compatible server")
+    parser.add_argument("--base-url", metavar="URL", help="the server's API root, e.g. http://127.0.0.1:8080/v1")
+    parser.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the server's API key")
+    parser.add_argument("--remote", metavar="PROFILE", help="a [remotes.PROFILE] server from the config")
+
+
+def opener_for(config: Config, args: argparse.Namespace | None = None) -> tuple[BackendOpener, str | None]:
+    """The backend opener for this run and the model name to open first, with the flags laid over the config."""
+    config = with_model_flags(config, args)
+    remote = _remote_profile(config, args) if args is not None else None
+    servers = dict(config.remotes) | ({remote.name or CLI_REMOTE: remote} if remote else {})
+    local = LocalOptions(
+        default_model=config.default_model, models_dir=models_dir(), log_dir=log_dir(), n_ctx=config.n_ctx,
+        gpu_layers=config.gpu_layers, chat_template=config.chat_template, threads=config.threads,
+        threads_batch=config.threads_batch, extra_buffers=config.extra_buffers, cache_dir=cache_dir(),
+    )
+    model = getattr(args, "model", None)
+    if remote is not None:
+        model = remote_spec(remote.name or CLI_REMOTE, model)
+    return BackendOpener(local, servers), model
+
+
+def with_model_flags(config: Config, args: argparse.Namespace | None) -> Config:
+    """The config with --n-ctx, --gpu-layers, --threads, --threads-batch and --extra-buffers laid over it."""
+    changes = {}
+    given = (lambda name: getattr(args, name, None)) if args is not None else (lambda _name: None)
+    if given("n_ctx") is not None:
+        changes["n_ctx"] = check_context(given("n_ctx"))
+    if given("gpu_layers") is not None:
+        changes["gpu_layers"] = check_gpu_layers(given("gpu_layers"))
+    for name in ("threads", "threads_batch"):
+        if given(name) is not None:
+            changes[name] = check_threads(given(name), f"--{name.replace('_', '-')}")
+    if given("extra_buffers") is not None:
+        changes["extra_buffers"] = check_extra_buffers(given("extra_buffers"))
+    return replace(config, **changes)
+
+
+def _remote_profile(config: Config, args: argparse.Namespace) -> RemoteProfile | None:
+    """The server this run talks to (a config profile with the flags laid over it), or None for local."""
+    profile = None
+    if getattr(args, "remote", None) is not None:
+        profile = config.remotes.get(args.remote)
+        if profile is None:
+            known = ", ".join(sorted(config.remotes)) or "none; add a [remotes.NAME] table to the config"
+            raise InvalidParameter(f"unknown remote {args.remote!r} (configured: {known})")
+    flags = [flag for flag, value in (("--base-url", getattr(args, "base_url", None)),
+                                      ("--api-key-env", getattr(args, "api_key_env", None)),
+                                      ("--remote", getattr(args, "remote", None))) if value is not None]
+    backend = getattr(args, "backend", None)
+    if backend == "local" or (backend is None and not flags):
+        if flags:
+            raise InvalidParameter(f"{flags[0]} needs --backend openai")
+        return None
+    if args.n_ctx is not None or args.gpu_layers is not None:
+        raise InvalidParameter("--n-ctx and --gpu-layers are for local models: the server sets its own")
+    base_url = args.base_url or (profile.base_url if profile else None)
+    if base_url is None:
+        raise InvalidParameter("--backend openai needs --base-url URL or --remote PROFILE")
+    profile = profile or RemoteProfile("", base_url)
+    if args.api_key_env is not None:
+        profile = replace(profile, api_key_env=args.api_key_env, api_key=None)
+    return replace(profile, base_url=base_url)

@@ -1,0 +1,316 @@
+"""`OpenAIBackend`: one server, the same events as the in-process engine.
+
+Each reply is one streamed `/chat/completions` request on its own thread. Sampling settings are read
+once per reply: a request in flight cannot change them. The API key goes only into the Authorization
+header: never into an event, a message or a log line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import httpx
+
+from ..base import EngineError, Error, Loaded, ModelInfo, Request, Stream
+from ..params import SamplingParams
+from .connection import Connection, CuttableStream
+from .servers import GENERIC, LLAMA_CPP_PYTHON, LLAMA_SERVER, VLLM, ServerKind
+from .sse import SseDecoder
+from .streamed import StreamedReply, stop_reason
+from .wire import RemoteError, count, error_text, excerpt
+
+BACKEND_NAME = "openai"
+CONNECT_TIMEOUT_S = 5.0
+DEFAULT_READ_TIMEOUT_S = 120.0
+TOKENIZE_TIMEOUT_S = 2.0
+CHARS_PER_TOKEN = 4  # the usual rough figure for English text, where a server cannot count
+_ERROR_BODY_LIMIT = 16_384
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteSettings:
+    base_url: str
+    model: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+
+
+def display_url(base_url: str) -> str:
+    """The URL without any user:password part, fit for the panel and messages."""
+    url = httpx.URL(base_url)
+    return str(url.copy_with(username=None, password=None))
+
+
+def check_base_url(base_url: str) -> str:
+    """`base_url` without a trailing slash; raises RemoteError naming what is wrong with it."""
+    try:
+        url = httpx.URL(base_url)
+    except (httpx.InvalidURL, TypeError):
+        raise RemoteError(f"base URL {base_url!r} is not a URL") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise RemoteError(f"base URL must start with http:// or https:// and name a host (got {display_url(base_url)!r})")
+    return base_url.rstrip("/")
+
+
+class OpenAIBackend:
+    """Talks to one server; `load` picks the model and learns what the server is, `generate` streams."""
+
+    def __init__(self, settings: RemoteSettings) -> None:
+        self.settings = settings
+        self.base_url = check_base_url(settings.base_url)
+        url = httpx.URL(self.base_url)
+        self.host = f"{url.host}:{url.port}" if url.port else url.host
+        self.root_url = self.base_url.removesuffix("/v1")
+        self.shown_url = display_url(self.base_url)  # a password in the URL stays out of messages
+        self.info: ModelInfo | None = None
+        self.kind = GENERIC
+        self._bos_tokens = 0
+        headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+        timeout = httpx.Timeout(settings.read_timeout_s, connect=CONNECT_TIMEOUT_S)
+        self._client = httpx.Client(headers=headers, timeout=timeout)
+        # Replies get a connection of their own, so cancel can cut it even before the headers arrive.
+        self._streams = httpx.Client(headers=headers, timeout=timeout, limits=httpx.Limits(max_keepalive_connections=0))
+        self._live: set[Connection] = set()
+        self._live_lock = threading.Lock()
+
+    # --- public API ---------------------------------------------------------------------------
+
+    def load(self) -> Stream:
+        stream = Stream()
+        threading.Thread(target=self._load, args=(stream,), name="remote-load", daemon=True).start()
+        return stream
+
+    def list_models(self) -> list[str]:
+        """The model ids the server serves (`/v1/models`)."""
+        return [entry["id"] for entry in self._model_entries()]
+
+    def generate(self, request: Request) -> Stream:
+        connection = Connection()
+        stream = CuttableStream(connection)
+        threading.Thread(target=self._reply, args=(request, stream, connection), name="remote-reply", daemon=True).start()
+        return stream
+
+    def count_tokens(self, text: str) -> int:
+        """The server's own count where it has a tokenize endpoint, else CHARS_PER_TOKEN characters a token."""
+        if self.info is None:
+            raise EngineError("no model is loaded")
+        if self.kind.tokenize_path is None:
+            return math.ceil(len(text) / CHARS_PER_TOKEN)
+        return max(0, self._server_count(text) - self._bos_tokens)
+
+    def close(self) -> None:
+        with self._live_lock:
+            live = list(self._live)
+        for connection in live:
+            connection.cut()
+        self._streams.close()
+        self._client.close()
+
+    # --- loading ------------------------------------------------------------------------------
+
+    def _load(self, stream: Stream) -> None:
+        try:
+            self.info = self._describe()
+        except EngineError as error:
+            stream.put(Error(self._clean(str(error))))
+            return
+        stream.put(Loaded(self.info))
+
+    def _describe(self) -> ModelInfo:
+        entries = self._model_entries()
+        served = [entry["id"] for entry in entries]
+        wanted = self.settings.model
+        if not served:
+            raise RemoteError(f"the server at {self.host} serves no models")
+        if wanted is None:
+            wanted = served[0]
+        elif wanted not in served:
+            raise RemoteError(f"model {wanted!r} is not served at {self.host}; it serves: {excerpt(', '.join(served))}")
+        entry = entries[served.index(wanted)]
+        self.kind, n_ctx = self._server_kind(entry)
+        self.settings = replace(self.settings, model=wanted)
+        if self.kind.counts_bos:
+            self._bos_tokens = self._server_count("")
+        counting = "tokens counted by the server" if self.kind.tokenize_path else (
+            f"token counts estimated at {CHARS_PER_TOKEN} characters a token")
+        return ModelInfo(
+            name=wanted,
+            path=self.shown_url,
+            description=f"{self.kind.name} · settings apply per reply · {counting}",
+            quantization="unknown",
+            size_bytes=0,
+            n_params=0,
+            n_layers=0,
+            gpu_layers=0,
+            n_ctx=n_ctx,
+            n_ctx_train=0,
+            chat_format="server",
+            backend=BACKEND_NAME,
+            remote_host=self.host,
+            params_per_token=False,
+            ignored_params=self.kind.ignored(),
+        )
+
+    def _model_entries(self) -> list[dict[str, Any]]:
+        listing = self._get_json(f"{self.base_url}/models")
+        entries = listing.get("data") if isinstance(listing, dict) else None
+        if not isinstance(entries, list):
+            raise RemoteError(f"{self.host} did not answer /models with a model list: is {self.shown_url} right?")
+        return [e for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str)]
+
+    def _server_kind(self, entry: dict[str, Any]) -> tuple[ServerKind, int]:
+        """Which server family this is (for its extra sampling fields and tokenizer), and its context size."""
+        if entry.get("owned_by") == "vllm":
+            return VLLM, count(entry, "max_model_len") or 0
+        props = self._probe(f"{self.root_url}/props")
+        if isinstance(props, dict) and "default_generation_settings" in props:
+            n_ctx = count(props, "default_generation_settings", "n_ctx") or count(props, "n_ctx") or 0
+            return LLAMA_SERVER, n_ctx
+        schema = self._probe(f"{self.root_url}/openapi.json")
+        if isinstance(schema, dict) and "/extras/tokenize/count" in (schema.get("paths") or {}):
+            return LLAMA_CPP_PYTHON, 0
+        return GENERIC, 0
+
+    def _probe(self, url: str) -> Any:
+        """JSON at `url`, or None where the server has no such endpoint."""
+        try:
+            return self._get_json(url)
+        except RemoteError:
+            return None
+
+    def _get_json(self, url: str) -> Any:
+        return self._send(self._client.build_request("GET", url))
+
+    def _server_count(self, text: str) -> int:
+        url = f"{self.root_url}/{self.kind.tokenize_path}"
+        body = self.kind.tokenize_body(text, self.settings.model)
+        answer = self._send(self._client.build_request("POST", url, json=body, timeout=TOKENIZE_TIMEOUT_S))
+        tokens = count(answer, "count")
+        if tokens is None and isinstance(answer, dict) and isinstance(answer.get("tokens"), list):
+            tokens = len(answer["tokens"])
+        if tokens is None:
+            raise RemoteError(f"{self.host} answered tokenize without a count")
+        return tokens
+
+    def _send(self, request: httpx.Request) -> Any:
+        try:
+            response = self._client.send(request)
+        except httpx.HTTPError as error:
+            raise RemoteError(self._clean(self._network_message(error))) from None
+        if response.status_code != 200:
+            raise RemoteError(self._clean(self._status_message(response.status_code, response.text, request.url.path)))
+        try:
+            return response.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise RemoteError(f"{self.host} answered {request.url.path} with something other than JSON") from None
+
+    # --- one reply ----------------------------------------------------------------------------
+
+    def _reply(self, request: Request, stream: CuttableStream, connection: Connection) -> None:
+        version, params = request.params.snapshot()
+        reply = StreamedReply(request, version, self.info.n_ctx if self.info else 0)
+        with self._live_lock:
+            self._live.add(connection)
+        try:
+            if self.info is None:
+                raise EngineError("no model is loaded")
+            self._stream_into(reply, stream, connection, self._body(request, params))
+        except (EngineError, httpx.HTTPError) as error:
+            if stream.cancelled.is_set():
+                stream.put(reply.done("cancelled"))
+            else:
+                message = error if isinstance(error, EngineError) else self._network_message(error)
+                stream.put(Error(self._clean(str(message)), reply.text))
+            return
+        finally:
+            with self._live_lock:
+                self._live.discard(connection)
+        if stream.cancelled.is_set():
+            stream.put(reply.done("cancelled"))
+        else:
+            stream.put(reply.done(stop_reason(reply.finish_reason, params)))
+
+    def _body(self, request: Request, params: SamplingParams) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.settings.model,
+            "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "max_tokens": params.max_tokens,
+        }
+        if params.seed >= 0:
+            body["seed"] = params.seed
+        if params.stop:
+            body["stop"] = list(params.stop)
+        for name, wire in self.kind.extra_params.items():
+            body[wire] = getattr(params, name)
+        if params.top_k == 0 and "top_k" in self.kind.extra_params:
+            body[self.kind.extra_params["top_k"]] = self.kind.top_k_off
+        if request.top_logprobs:
+            body["logprobs"] = True
+            body["top_logprobs"] = request.top_logprobs
+        return body
+
+    def _stream_into(self, reply: StreamedReply, stream: Stream, connection: Connection, body: dict[str, Any]) -> None:
+        url = f"{self.base_url}/chat/completions"
+        with self._streams.stream("POST", url, json=body, extensions={"trace": connection.trace}) as response:
+            connection.attach(response)
+            if response.status_code != 200:
+                raise RemoteError(self._status_message(response.status_code, _read_limited(response), url))
+            decoder = SseDecoder()
+            for line in response.iter_lines():
+                data = decoder.feed(line)
+                if data is not None and reply.take(data, stream):
+                    return
+            data = decoder.flush()
+            if data is not None and reply.take(data, stream):
+                return
+        if reply.finish_reason is None and not stream.cancelled.is_set():
+            raise RemoteError(f"the server at {self.host} closed the stream mid-reply")
+
+    # --- messages -----------------------------------------------------------------------------
+
+    def _status_message(self, status: int, body: str, path: str) -> str:
+        try:
+            detail = error_text(json.loads(body))
+        except (ValueError, RecursionError):
+            detail = excerpt(body)
+        said = f": {detail}" if detail else ""
+        if status in (401, 403):
+            return (f"the server at {self.host} refused the request ({status}{said}): check the API key "
+                    "(--api-key-env, or api_key_env in [remotes.NAME])")
+        if status == 404 and path.endswith("/chat/completions"):
+            return f"model {self.settings.model!r} not found at {self.host} (404{said})"
+        if status == 404:
+            return (f"{self.host} has no {httpx.URL(path).path} (404{said}): is the base URL {self.shown_url} right? "
+                    "(the API root usually ends in /v1)")
+        return f"the server at {self.host} answered {status}{said}"
+
+    def _network_message(self, error: httpx.HTTPError) -> str:
+        if isinstance(error, httpx.ConnectError):
+            return f"cannot connect to {self.host}: {excerpt(str(error)) or 'connection refused'}; is the server running?"
+        if isinstance(error, httpx.TimeoutException):
+            return f"the server at {self.host} did not answer in time ({type(error).__name__})"
+        if isinstance(error, httpx.RemoteProtocolError):
+            return f"the server at {self.host} broke off the reply: {excerpt(str(error))}"
+        return f"connection to {self.host} failed: {excerpt(str(error)) or type(error).__name__}"
+
+    def _clean(self, message: str) -> str:
+        """Defence in depth: whatever a server echoes back, the key never reaches the user's screen."""
+        key = self.settings.api_key
+        return message.replace(key, "[api key]") if key else message
+
+
+def _read_limited(response: httpx.Response) -> str:
+    body = b""
+    for part in response.iter_bytes():
+        body += part
+        if len(body) >= _ERROR_BODY_LIMIT:
+            break
+    return body[:_ERROR_BODY_LIMIT].decode("utf-8", errors="replace")

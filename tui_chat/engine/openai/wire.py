@@ -1,0 +1,139 @@
+"""What one streamed `chat.completion.chunk` says, parsed as the untrusted input it is.
+
+Pure functions: a server can send anything, so every field is checked and every text that may reach
+the user is made one short line with its control characters visible.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ...safetext import terminal_safe
+from ..base import Candidate, EngineError
+
+SERVER_TEXT_LIMIT = 200
+
+
+class RemoteError(EngineError):
+    """A server or network failure, already phrased for the user."""
+
+
+class MalformedEvent(RemoteError):
+    """A streamed event that is not the JSON chunk the protocol promises."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenProb:
+    text: str
+    prob: float
+    top: tuple[Candidate, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """The parts of one `chat.completion.chunk` we use; absent parts are empty or None."""
+
+    content: str = ""
+    finish_reason: str | None = None
+    tokens: tuple[TokenProb, ...] = ()
+    usage: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None
+    error: str | None = None
+
+
+def parse_chunk(data: str) -> Chunk:
+    """One event's data as a Chunk; raises MalformedEvent when it is not a chunk."""
+    try:
+        payload = json.loads(data)
+    except (ValueError, RecursionError):  # ValueError: bad JSON, or a number past Python's 4300 digits
+        raise MalformedEvent(f"the server sent a malformed event: {excerpt(data)}") from None
+    if not isinstance(payload, dict):
+        raise MalformedEvent(f"the server sent a malformed event: {excerpt(data)}")
+    if "error" in payload:
+        return Chunk(error=error_text(payload) or "unknown error")
+    choices = payload.get("choices") or []
+    if not isinstance(choices, list):
+        raise MalformedEvent("the server sent a malformed event: 'choices' is not a list")
+    choice = choices[0] if choices else {}
+    if not isinstance(choice, dict):
+        raise MalformedEvent("the server sent a malformed event: a choice is not an object")
+    delta = choice.get("delta") or {}
+    content = delta.get("content") if isinstance(delta, dict) else None
+    if content is not None and not isinstance(content, str):
+        raise MalformedEvent("the server sent a malformed event: 'content' is not text")
+    finish = choice.get("finish_reason")
+    return Chunk(
+        content=content or "",
+        finish_reason=finish if isinstance(finish, str) else None,
+        tokens=_token_probs(choice.get("logprobs")),
+        usage=_table(payload.get("usage")),
+        timings=_table(payload.get("timings")),
+    )
+
+
+def _token_probs(logprobs: Any) -> tuple[TokenProb, ...]:
+    entries = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(entries, list):
+        return ()
+    return tuple(
+        TokenProb(str(entry.get("token", "")), _prob(entry.get("logprob")), _candidates(entry.get("top_logprobs")))
+        for entry in entries
+        if isinstance(entry, dict)
+    )
+
+
+def _candidates(tops: Any) -> tuple[Candidate, ...]:
+    """The likeliest tokens; servers do not say their ids, so each has id -1."""
+    if not isinstance(tops, list):
+        return ()
+    return tuple(Candidate(-1, str(top.get("token", "")), _prob(top.get("logprob"))) for top in tops if isinstance(top, dict))
+
+
+def _prob(logprob: Any) -> float:
+    if isinstance(logprob, bool) or not isinstance(logprob, (int, float)):
+        return 0.0
+    logprob = max(min(logprob, 0), -1e9)  # a JSON integer of any size becomes a float math.exp takes
+    return 0.0 if math.isnan(logprob) else math.exp(logprob)
+
+
+def _table(value: Any) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) else None
+
+
+def count(table: dict[str, Any] | None, *path: str) -> int | None:
+    """A non-negative whole number at `path` in a reported table, or None when absent or nonsense."""
+    value: Any = table
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 2**53:
+        return None
+    return int(value)
+
+
+def rate(table: dict[str, Any] | None, key: str) -> float | None:
+    value = table.get(key) if table else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 2**53:
+        return None
+    return float(value)
+
+
+def error_text(payload: Any) -> str:
+    """The message inside an OpenAI-style (`error.message`) or FastAPI-style (`detail`) error body."""
+    if not isinstance(payload, dict):
+        return ""
+    error = payload.get("error", payload.get("detail"))
+    if isinstance(error, dict):
+        error = error.get("message", "")
+    if isinstance(error, list):
+        error = "; ".join(str(item.get("msg", item)) if isinstance(item, dict) else str(item) for item in error)
+    return excerpt(str(error or ""))
+
+
+def excerpt(text: str) -> str:
+    """Server text made one short line, its control characters made visible: it is untrusted, and
+    error messages also go to stderr."""
+    line = terminal_safe(" ".join(text.split()))
+    return line if len(line) <= SERVER_TEXT_LIMIT else line[: SERVER_TEXT_LIMIT - 1] + "…"

@@ -1,0 +1,339 @@
+"""One conversation, owned in one place: what was said, every branch of the latest reply, the reply
+being written and its record in the history. No Textual here: the chat screen renders a session and
+sends it commands, and `tui-chat run` drives the same object.
+
+The flow: a command (`ask`, `regenerate`, `branch`) makes a `Request` and starts it on the backend;
+the backend's events come back through `take`, which updates the conversation and says what changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, TypeVar
+
+from .engine.base import Candidate, Done, Error, Event, Message, Metrics, PromptProgress, Request, Stream, Token
+from .engine.base import StopReason, TurnMetrics
+from .engine.context import left_out
+from .engine.params import LiveParams
+from .history import Conversation, HistoryError, ReplyWriter, StoredMessage
+from .recording import SavedChat, Saving
+
+T = TypeVar("T")
+Generate = Callable[[Request], Stream]
+
+STOP_LABELS: dict[str, str] = {
+    "eos": "end of text",
+    "stop": "stop sequence",
+    "length": "max tokens",
+    "cancelled": "stopped",
+}
+
+
+def reply_footer(reason: StopReason, metrics: Mapping[str, Any]) -> str:
+    """Stop reason, tokens, speed, TTFT: from a live `TurnMetrics.as_dict()` or a stored reply's metrics."""
+    parts = [STOP_LABELS.get(reason, reason), f"{metrics.get('completion_tokens', 0)} tokens"]
+    if metrics.get("decode_tok_s"):
+        parts.append(f"{metrics['decode_tok_s']:.1f} tok/s")
+    if metrics.get("ttft_s") is not None:
+        parts.append(f"TTFT {metrics['ttft_s']:.2f} s")
+    return " · ".join(parts)
+
+
+def stored_footer(message: StoredMessage) -> str:
+    if message.state == "interrupted":
+        return "interrupted: the app stopped while it was being written"
+    if message.state == "error":
+        return f"error: {message.error or 'unknown'}"
+    return reply_footer(message.stop_reason or "eos", message.metrics or {})
+
+
+@dataclass(eq=False)
+class Branch:
+    """One version of a reply: regenerated, or branched from a token of another (`cut`: where)."""
+
+    text: str
+    footer: str
+    tokens: list[Token] = field(default_factory=list)
+    cut: int | None = None
+    message_id: int | None = None  # in the history
+
+
+@dataclass(eq=False)
+class Turn:
+    """A question and the replies to it; one branch is shown, and the chat goes on from it."""
+
+    question: str
+    branches: list[Branch] = field(default_factory=list)
+    active: int = 0
+    question_id: int | None = None  # in the history
+    parent_id: int | None = None  # the message the question followed
+
+    @property
+    def reply(self) -> Branch | None:
+        return self.branches[self.active] if self.branches else None
+
+
+@dataclass(eq=False)
+class Writing:
+    """The reply being written: its stream, its tokens so far and its record."""
+
+    turn: Turn
+    stream: Stream
+    forced: list[Token]  # a branch's given tokens, with what was known of them
+    writer: ReplyWriter | None
+    tokens: list[Token] = field(default_factory=list)
+    text: str = ""
+    visible: bool = False
+
+    @property
+    def is_branch(self) -> bool:
+        return bool(self.turn.branches)
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How a reply ended, for the views: `finished` (a new branch), `failed` (cut short but kept),
+    `taken_back` (nothing was written: the turn is gone, its question goes back to the box), or
+    `restored` (a new branch wrote nothing: the one before it is shown again)."""
+
+    kind: Literal["finished", "failed", "taken_back", "restored"]
+    message: str = ""  # what to tell the user (an error, turns left out)
+    done: Done | None = None
+
+
+@dataclass(slots=True)
+class Update:
+    """What one batch of events changed in the reply being written."""
+
+    text: str = ""  # newly visible text
+    status: str | None = None  # prompt-reading progress, "" once text flows
+    metrics: TurnMetrics | None = None
+    versions: list[tuple[int, int]] = field(default_factory=list)  # (settings version, tokens so far) as it changed
+    ending: Ending | None = None
+
+    def applied_from(self, version: int) -> int | None:
+        """The token from which settings `version` (or newer) were in use, if they were in this batch."""
+        return next((count for used, count in self.versions if used >= version), None)
+
+
+def progress_line(event: PromptProgress) -> str:
+    line = f"Reading prompt {event.done:,} / {event.total:,} tokens"
+    eta = event.eta_s
+    return line if eta is None else f"{line} · {eta:.0f} s left"
+
+
+class ChatSession:
+    """`warn` tells the user something once (a history that stopped saving, turns left out)."""
+
+    def __init__(self, live: LiveParams, *, saving: Saving | None = None, system_prompt: str = "", model: str = "",
+                 top_logprobs: int = 0, warn: Callable[[str], None] = lambda _message: None) -> None:
+        self.live = live
+        self.system_prompt = system_prompt
+        self.model = model  # what opens this chat's model again
+        self.top_logprobs = top_logprobs
+        self.warn = warn
+        self.turns: list[Turn] = []
+        self.writing: Writing | None = None
+        self.saved: SavedChat | None = SavedChat(saving) if saving else None
+
+    # --- what the model sees --------------------------------------------------------------------
+
+    def messages(self, answering: Turn | None = None) -> list[Message]:
+        """The system prompt and the active path; the turn being answered ends at its question."""
+        answering = answering or (self.writing.turn if self.writing else None)
+        messages = [Message("system", self.system_prompt)] if self.system_prompt else []
+        for turn in self.turns:
+            messages.append(Message("user", turn.question))
+            if turn.reply is not None and turn is not answering:
+                messages.append(Message("assistant", turn.reply.text))
+        return messages
+
+    @property
+    def conversation_id(self) -> int | None:
+        return self.saved.id if self.saved else None
+
+    # --- commands -------------------------------------------------------------------------------
+
+    def ask(self, text: str, generate: Generate) -> Turn:
+        """A new turn: the question is saved, its reply starts."""
+        turn = Turn(text, parent_id=self.saved.last_id if self.saved else None)
+        turn.question_id = self._save(lambda: self.saved.add_user(text, self.model, self.system_prompt,
+                                                                  self.live.snapshot()[1]))
+        self.turns.append(turn)
+        self._start(turn, generate)
+        return turn
+
+    def regenerate(self, generate: Generate) -> Turn:
+        """Another reply to the last question; the one before stays as a branch."""
+        turn = self.turns[-1]
+        self._start(turn, generate)
+        return turn
+
+    def branch(self, index: int, candidate: Candidate, generate: Generate) -> Turn:
+        """Cut the shown reply at token `index`, put `candidate` there and let the model go on from it.
+        The engine rewinds its cache to the cut, so only the new token is read."""
+        turn = self.turns[-1]
+        original = turn.reply.tokens[index]
+        given = replace(original, token_id=candidate.token_id, text=candidate.text, piece=candidate.text,
+                        prob=candidate.prob, forced=True)
+        self._start(turn, generate, [*turn.reply.tokens[:index], given])
+        return turn
+
+    def switch(self, index: int) -> None:
+        """Show another branch of the last reply; the chat goes on from it."""
+        turn = self.turns[-1]
+        turn.active = index
+        if turn.reply.message_id is not None:
+            self._save(lambda: self.saved.choose(turn.reply.message_id))
+
+    def take_back_last(self) -> str:
+        """Remove the last turn to edit it: returns its question. The history keeps it, off the active path."""
+        turn = self.turns.pop()
+        if self.saved is not None:
+            self.saved.last_id = turn.parent_id
+        return turn.question
+
+    def stop(self) -> None:
+        if self.writing is not None:
+            self.writing.stream.cancel()
+
+    def why_not_branch(self, turn: Turn) -> str | None:
+        if self.writing is not None:
+            return "A reply is being written: Esc stops it first."
+        if not self.turns or turn is not self.turns[-1] or turn.reply is None:
+            return "Only the latest reply can be branched."
+        return None
+
+    # --- the reply being written ----------------------------------------------------------------
+
+    def _start(self, turn: Turn, generate: Generate, forced: list[Token] | None = None) -> None:
+        forced = forced or []
+        request = Request(self.messages(turn), self.live, top_logprobs=self.top_logprobs,
+                          forced=tuple(token.token_id for token in forced))
+        stream = generate(request)
+        writer = None
+        if self.saved is not None and turn.question_id is not None:
+            fork_of = turn.reply.message_id if forced and turn.reply else None
+            writer = self._save(lambda: self.saved.start_reply(turn.question_id, fork_of,
+                                                               len(forced) - 1 if forced else None))
+        self.writing = Writing(turn, stream, forced, writer)
+
+    def take(self, events: list[Event]) -> Update:
+        """Apply a batch of the writing reply's events; returns what changed."""
+        writing, update = self.writing, Update()
+        pending: list[str] = []
+        for event in events:
+            if isinstance(event, Token):
+                writing.tokens.append(writing.forced[len(writing.tokens)] if event.forced else event)
+                pending.append(event.text)
+                if not update.versions or update.versions[-1][0] != event.params_version:
+                    update.versions.append((event.params_version, len(writing.tokens)))
+            elif isinstance(event, PromptProgress):
+                update.status = progress_line(event)
+            elif isinstance(event, Metrics):
+                update.metrics = event.metrics
+            elif isinstance(event, (Done, Error)):
+                self._append(writing, "".join(pending), update)
+                update.ending = self._finish(writing, event) if isinstance(event, Done) else self._fail(writing, event)
+                return update
+        self._append(writing, "".join(pending), update)
+        return update
+
+    def _append(self, writing: Writing, text: str, update: Update) -> None:
+        if not text:
+            return
+        if not writing.visible:
+            writing.visible = True
+            update.status = ""
+        writing.text += text
+        update.text = text
+        if writing.writer is not None:
+            self._save(lambda: writing.writer.append(text))
+
+    def _finish(self, writing: Writing, done: Done) -> Ending:
+        self.writing = None
+        if done.stop_reason == "cancelled" and not done.text.strip():
+            return replace(self._take_back(writing), done=done)
+        footer, notes = reply_footer(done.stop_reason, done.metrics.as_dict()), []
+        if writing.forced:
+            read = done.metrics.prompt_tokens - done.metrics.cached_tokens
+            footer += f" · branched at token {len(writing.forced)}, {read} token{'s' if read != 1 else ''} read"
+        if done.metrics.dropped_turns:
+            footer += f" · {left_out(done.metrics.dropped_turns)}"
+            notes.append(f"{left_out(done.metrics.dropped_turns)} of the prompt to fit the "
+                         f"{done.metrics.n_ctx:,}-token context (they stay in the chat).")
+        if writing.writer is not None and self.saved is not None:
+            self._save(lambda: self.saved.end_reply(writing.writer, done))
+        self._add_branch(writing, done.text, footer)
+        return Ending("finished", " ".join(notes), done)
+
+    def _fail(self, writing: Writing, error: Error) -> Ending:
+        """The engine gave up. What it wrote stays (a server's stream cut mid-reply), marked as such."""
+        self.writing = None
+        if not error.text.strip():
+            self._take_back(writing)
+            return Ending("restored" if writing.is_branch else "taken_back", error.message)
+        if writing.writer is not None and self.saved is not None:
+            self._save(lambda: self.saved.end_reply(writing.writer, error))
+        self._add_branch(writing, error.text, f"cut short: {error.message}")
+        return Ending("failed", error.message)
+
+    def _add_branch(self, writing: Writing, text: str, footer: str) -> None:
+        cut = len(writing.forced) - 1 if writing.forced else None
+        turn = writing.turn
+        turn.branches.append(Branch(text, footer, writing.tokens, cut, writing.writer.id if writing.writer else None))
+        turn.active = len(turn.branches) - 1
+
+    def _take_back(self, writing: Writing) -> Ending:
+        """Nothing was written: a new branch gives way to the one before it; a new turn is removed."""
+        turn = writing.turn
+        if writing.is_branch:
+            if writing.writer is not None:
+                self._save(lambda: self.saved.take_back(writing.writer.id, turn.reply.message_id))
+            return Ending("restored")
+        if turn.question_id is not None:
+            self._save(lambda: self.saved.take_back(turn.question_id, turn.parent_id))
+        self.turns.remove(turn)
+        return Ending("taken_back")
+
+    # --- the history ----------------------------------------------------------------------------
+
+    def _save(self, write: Callable[[], T]) -> T | None:
+        """Write to the history; if it fails, say so once and go on unsaved (the chat itself is unharmed)."""
+        if self.saved is None:
+            return None
+        try:
+            return write()
+        except HistoryError as error:
+            self.saved = None
+            self.warn(f"{error}: the rest of this chat is not saved")
+            return None
+
+    def set_system_prompt(self, text: str) -> None:
+        self.system_prompt = text
+        if self.saved is not None and self.saved.id is not None:
+            self._save(lambda: self.saved.history.update(self.saved.id, system_prompt=text))
+
+
+def turns_of(conversation: Conversation) -> list[Turn]:
+    """A saved conversation's active path as turns; each reply carries its sibling branches."""
+    turns: list[Turn] = []
+    for message in conversation.path:
+        if message.role == "user":
+            turns.append(Turn(message.content, question_id=message.id, parent_id=message.parent_id))
+            continue
+        siblings = [m for m in conversation.siblings(message) if m.role == "assistant"]
+        turns[-1].branches = [Branch(m.content, stored_footer(m), cut=m.fork_token, message_id=m.id) for m in siblings]
+        turns[-1].active = siblings.index(message)
+    return turns
+
+
+def opened(conversation: Conversation, live: LiveParams, saving: Saving | None, **options: Any) -> ChatSession:
+    """A saved chat to go on with: its turns and branches, system prompt and model."""
+    session = ChatSession(live, saving=None, system_prompt=conversation.system_prompt, model=conversation.model,
+                          **options)
+    if saving is not None:
+        session.saved = SavedChat(saving, conversation.id, conversation.last_id)
+    session.turns = turns_of(conversation)
+    return session

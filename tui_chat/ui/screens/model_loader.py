@@ -1,0 +1,67 @@
+"""Loading models for the chat screen: a backend is opened and loaded off the UI thread, and the
+model in use keeps answering until the new one is ready (a failed load leaves it in place)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from textual.screen import Screen
+
+from ...engine.base import Backend, EngineError, Error, Event, LoadProgress, Loaded, ModelInfo
+from ..bridge import EngineBatch, forward_events
+
+BackendOpener = Callable[[str | None], Backend]
+
+
+@dataclass(eq=False)
+class LoadJob:
+    """One load; the bridge's batches say which job their events belong to."""
+
+    name: str | None
+    backend: Backend | None = None
+
+    @property
+    def shown(self) -> str:
+        return self.name or "the default model"
+
+
+class ModelLoader:
+    """`loaded` and `failed` are the screen's: what it shows when a load ends."""
+
+    def __init__(self, screen: Screen, open_backend: BackendOpener, *, status: Callable[[str], None],
+                 loaded: Callable[[LoadJob, ModelInfo], None], failed: Callable[[LoadJob, str], None]) -> None:
+        self.screen = screen
+        self.open_backend = open_backend
+        self.status = status
+        self.loaded = loaded
+        self.failed = failed
+
+    def load(self, name: str | None) -> None:
+        job = LoadJob(name)
+        self.status(f"Loading {job.shown}…")
+        self.screen.run_worker(lambda: self._open_and_load(job), thread=True, group="load", exclusive=True)
+
+    def _open_and_load(self, job: LoadJob) -> None:
+        try:
+            job.backend = self.open_backend(job.name)
+        except EngineError as error:
+            self.screen.post_message(EngineBatch(job, [Error(str(error))], threading.Event()))
+            return
+        forward_events(job.backend.load(), self.screen, job)
+
+    def take(self, job: LoadJob, batch: list[Event]) -> None:
+        for event in batch:
+            if isinstance(event, LoadProgress):
+                self.status(f"Loading {job.shown}… {event.stage or f'{event.fraction:.0%}'}")
+            elif isinstance(event, Loaded):
+                self.loaded(job, event.info)
+            elif isinstance(event, Error):
+                if job.backend is not None:
+                    self.close(job.backend)
+                self.failed(job, event.message)
+
+    def close(self, backend: Backend) -> None:
+        """Closing waits for the worker thread to end a reply in flight: never on the UI thread."""
+        self.screen.run_worker(backend.close, thread=True, group="close")

@@ -1,0 +1,171 @@
+"""The conversation on screen: the log of turns, the reply being written, the status line, the
+heatmap's legend and the message box. It renders a `ChatSession` and follows what the session says
+changed; it holds no conversation of its own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.content import Content
+from textual.message import Message
+from textual.widgets import Static
+
+from ...engine.base import Backend, Candidate
+from ...safetext import terminal_safe
+from ...session import ChatSession, Turn, Update
+from ..screens.inspector import InspectorScreen
+from .chat_log import ChatLog
+from .draft_meter import DraftCosts, DraftMeter
+from .heatmap import band_styles, legend
+from .messages import ReplyMessage, UserMessage
+from .prompt import PromptInput
+
+
+class ConversationView(Vertical):
+    DEFAULT_CSS = """
+    ConversationView { width: 1fr; }
+    ConversationView #status { height: auto; padding: 0 1; color: $text-muted; display: none; }
+    ConversationView #status.-error { color: $error; }
+    ConversationView #legend { height: auto; padding: 0 1; display: none; }
+    """
+
+    def __init__(self, session: ChatSession, costs: Callable[[], DraftCosts], **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.session = session
+        self.heatmap = False
+        self._costs = costs
+
+    def compose(self) -> ComposeResult:
+        yield ChatLog(id="log")
+        yield Static(id="status")
+        yield Static(id="legend")
+        yield PromptInput(id="prompt", placeholder="Type a message · F1 lists the keys")
+        yield DraftMeter(self._costs, id="draft")
+
+    def on_mount(self) -> None:
+        self.log_view.anchor()
+
+    @property
+    def log_view(self) -> ChatLog:
+        return self.query_one(ChatLog)
+
+    @property
+    def prompt(self) -> PromptInput:
+        return self.query_one(PromptInput)
+
+    def set_status(self, text: str, error: bool = False) -> None:
+        status = self.query_one("#status", Static)
+        status.update(Content(terminal_safe(text)))
+        status.display = bool(text)
+        status.set_class(error, "-error")
+
+    async def show(self, session: ChatSession) -> None:
+        """Put a whole conversation on screen."""
+        self.session = session
+        await self.log_view.show(session.turns)
+        for reply in self.query(ReplyMessage):
+            reply.heatmap = self.heatmap
+
+    # --- the reply being written --------------------------------------------------------------
+
+    async def started(self, turn: Turn) -> ReplyMessage:
+        """The session started a reply for `turn`: a new turn gets its widgets, an answered one writes
+        its new branch in place."""
+        writing = self.session.writing
+        widget = self.log_view.reply_of(turn)
+        if widget is None:
+            if not any(m.turn is turn for m in self.query(UserMessage)):
+                await self.log_view.mount(UserMessage(turn, classes="user"))
+            widget = ReplyMessage(turn, writing, classes="assistant")
+            widget.heatmap = self.heatmap
+            await self.log_view.mount(widget)
+            self.log_view.anchor()
+        else:
+            await widget.start(writing)
+        widget.show_status("Reading prompt…")
+        return widget
+
+    async def apply(self, turn: Turn, update: Update) -> None:
+        """Draw what a batch of events changed in `turn`'s reply."""
+        widget = self.log_view.reply_of(turn)
+        if widget is None:
+            return
+        if update.status is not None:
+            widget.show_status(update.status)
+        if update.text:
+            await widget.append(update.text)
+        ending = update.ending
+        if ending is None:
+            return
+        if ending.kind in ("finished", "failed"):
+            await widget.finish()
+            await self.log_view.trim()
+        elif ending.kind == "restored":
+            await widget.give_way()
+        else:
+            await widget.stop()
+            await self.log_view.remove_turn(turn)
+            self.prompt.set_draft(turn.question)
+
+    async def remove_last(self, turn: Turn) -> None:
+        """The last turn went back to the message box to be edited."""
+        await self.log_view.remove_turn(turn)
+        self.prompt.set_draft(turn.question)
+
+    # --- the token inspector and branches ------------------------------------------------------
+
+    class BranchChosen(Message):
+        """In the inspector the user chose another token for a reply: the screen starts the new branch."""
+
+        def __init__(self, turn: Turn, index: int, candidate: Candidate) -> None:
+            super().__init__()
+            self.turn = turn
+            self.index = index
+            self.candidate = candidate
+
+    @on(ReplyMessage.Inspect)
+    def _inspect(self, event: ReplyMessage.Inspect) -> None:
+        widget = event.reply
+        if not any(token.prob is not None for token in widget.tokens):
+            self.notify("This reply has no token probabilities: they are recorded as replies are written "
+                        "(inspector_top in the config).", timeout=5)
+            return
+        screen = InspectorScreen(widget.tokens, widget.text, min(event.index, len(widget.tokens) - 1),
+                                 self.session.live.snapshot()[1], self.session.why_not_branch(widget.turn))
+        self.app.push_screen(screen, lambda choice: choice and self.post_message(
+            self.BranchChosen(widget.turn, choice.index, choice.candidate)))
+
+    @on(ReplyMessage.SwitchBranch)
+    async def _switch_branch(self, event: ReplyMessage.SwitchBranch) -> None:
+        reason = self.session.why_not_branch(event.reply.turn)
+        if reason:
+            self.notify(reason.replace("branched", "switched"), severity="warning", timeout=4, markup=False)
+            return
+        self.session.switch(event.index)
+        await event.reply.show_branch()
+        self.query_one(DraftMeter).recount()
+
+    # --- the draft -----------------------------------------------------------------------------
+
+    @on(PromptInput.Changed)
+    def _draft_changed(self) -> None:
+        self.query_one(DraftMeter).draft_changed(self.prompt.text)
+
+    def recount_draft(self, backend: Backend | None) -> None:
+        meter = self.query_one(DraftMeter)
+        meter.backend = backend
+        meter.text = self.prompt.text
+        meter.recount()
+
+    # --- the heatmap --------------------------------------------------------------------------
+
+    async def set_heatmap(self, on: bool) -> None:
+        self.heatmap = on
+        shown = self.query_one("#legend", Static)
+        shown.display = on
+        shown.update(legend(band_styles(self.app.get_css_variables())))
+        for reply in self.query(ReplyMessage):
+            await reply.set_heatmap(on)
