@@ -308,7 +308,7 @@ async def run_case(history: int, rate: int, tokens: int, seed: int) -> Case:
         prompt.text = "Write it all out, please."
         monitor = Monitor(screen)
         press(app, "enter", "\r")
-        await until(lambda: screen.reply is not None, 30)
+        await until(lambda: screen.reply is not None and screen.view.log_view.reply_of(screen.reply.turn), 30)
         monitor.watch(screen.view.log_view.reply_of(screen.reply.turn), sum(map(len, pieces)))
 
         typed = ""
