@@ -153,7 +153,8 @@ def test_the_footer_note_says_what_came_from_disk_and_what_it_spared():
     metrics = TurnMetrics(prompt_tokens=3900, cached_tokens=3812, restored_tokens=3812, restore_s=0.04,
                           restore_avoided_s=6.1)
     assert metrics.as_dict()["restored_tokens"] == 3812
-    assert restore_note(metrics.as_dict()) == "restored 3,812 tokens from disk in 40 ms (reading them would take ~6.1 s)"
+    assert restore_note(metrics.as_dict()) == \
+        "restored 3,812 tokens from disk in 40 ms (reading them would take ~6.1 s)"
     assert restore_note({"restored_tokens": 50, "restore_s": 1.5, "restore_avoided_s": None}) == \
         "restored 50 tokens from disk in 1.5 s"
     assert restore_note(TurnMetrics(cached_tokens=10).as_dict()) == restore_note({}) == ""

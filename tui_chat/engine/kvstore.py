@@ -193,8 +193,8 @@ class KvStore:
 
     def reading(self, key: KvKey, text: str) -> tuple[str, tuple[int, ...]]:
         """The longest start of `text` a usable state's transcript says was read, with its tokens; ("", ())."""
-        known = [(known_text, tokens) for entry in self._usable(key) for known_text, tokens in entry.notes.readings()
-                 if known_text and text.startswith(known_text)]
+        known = [(known_text, tokens) for entry in self._usable(key)
+                 for known_text, tokens in entry.notes.readings() if known_text and text.startswith(known_text)]
         return max(known, key=lambda reading: len(reading[0]), default=("", ()))
 
     @contextlib.contextmanager
@@ -227,7 +227,8 @@ class KvStore:
         holds the whole of are deleted; then the budget is kept. Any failure is one log line and no file."""
         wanted = np.asarray(tokens, dtype=_TOKEN)
         same = self._usable(key)
-        holder = next((entry for entry in same if shared_prefix(entry.tokens, wanted, len(wanted)) == len(wanted)), None)
+        holder = next((entry for entry in same if shared_prefix(entry.tokens, wanted, len(wanted)) == len(wanted)),
+                      None)
         if holder is not None:
             self.touch(holder)
             return holder
@@ -243,7 +244,8 @@ class KvStore:
             logs.note(f"kv cache: the state of {len(wanted):,} tokens was not saved: {_reason(error)}")
             return None
         for older in same:
-            if older.notes.conversation == notes.conversation and shared_prefix(older.tokens, wanted, len(wanted)) == older.n_tokens:
+            held = shared_prefix(older.tokens, wanted, len(wanted)) == older.n_tokens
+            if held and older.notes.conversation == notes.conversation:
                 self._remove(older.path)
         return entry
 
@@ -253,9 +255,8 @@ class KvStore:
             os.utime(entry.path)
 
     def discard(self, entry: Entry, reason: str) -> None:
-        """A state that cannot be used: one log line, and the file goes."""
-        logs.note(f"kv cache: {entry.path.name} skipped and deleted: {reason}; the prompt is read instead")
-        self._remove(entry.path)
+        """A state that cannot be used: one log line, and the file goes (the turn reads its prompt instead)."""
+        self._discard(entry.path, reason)
 
     # --- inside ---------------------------------------------------------------------------------
 
@@ -288,8 +289,7 @@ class KvStore:
                 except FileNotFoundError:
                     continue
                 except (OSError, KvProblem) as problem:
-                    logs.note(f"kv cache: {item.name} skipped and deleted: {_reason(problem)}")
-                    self._remove(Path(item.path))
+                    self._discard(Path(item.path), _reason(problem))
                     continue
                 seen[item.name] = (stat.st_ino, stat.st_size), entry
                 entries.append(entry)
@@ -313,7 +313,8 @@ class KvStore:
             "format": FORMAT, "key": asdict(key), "body_bytes": body_bytes, "body_sha256": body_sha256,
             "saved_at": time.time(), "conversation": notes.conversation, "transcript": notes.transcript,
             "transcript_shared": shared, "transcript_tail": transcript_tokens[shared:].tolist(),
-            "prompt_chars": notes.prompt_chars, "prompt_tokens": notes.prompt_tokens, "prefill_tok_s": notes.prefill_tok_s,
+            "prompt_chars": notes.prompt_chars, "prompt_tokens": notes.prompt_tokens,
+            "prefill_tok_s": notes.prefill_tok_s,
         }).encode()
         trailer = tokens.tobytes() + record
         with partial.open("ab") as handle:
@@ -360,6 +361,10 @@ class KvStore:
             with contextlib.suppress(OSError):
                 if now - partial.stat().st_mtime >= older_than:
                     partial.unlink()
+
+    def _discard(self, path: Path, reason: str) -> None:
+        logs.note(f"kv cache: {path.name} skipped and deleted: {reason}")
+        self._remove(path)
 
     @staticmethod
     def _remove(path: Path) -> bool:

@@ -270,8 +270,9 @@ class LlamaSession:
         return written
 
     def load_state(self, body: memoryview, tokens: np.ndarray) -> None:
-        """Replace the KV cache with a state `save_state` wrote holding `tokens`. Raises StateRefused, the
-        cache then empty, when llama.cpp's own header disagrees or llama.cpp cannot restore it."""
+        """Replace the KV cache with a state `save_state` wrote holding `tokens`. Raises StateRefused when its
+        llama.cpp header disagrees (the cache is left as it was) or llama.cpp cannot restore it (the cache is
+        then empty)."""
         if len(body) < _SESSION_HEADER.size:
             raise StateRefused("it is too short")
         magic, version, count = _SESSION_HEADER.unpack_from(body)
@@ -281,12 +282,8 @@ class LlamaSession:
         if count != len(tokens) or body[_SESSION_HEADER.size : start] != tokens.astype(np.int32).tobytes():
             raise StateRefused("its tokens differ from its record")
         self.tokens = []
-        state = np.frombuffer(body, dtype=np.uint8, offset=start)
         logs.take_errors()
-        read = llama_cpp.llama_state_set_data(self.ctx, state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), state.size)
-        size = state.size
-        del state  # the caller's view of the file must close
-        if read != size:
+        if not _set_state(self.ctx, body, start):
             llama_cpp.llama_memory_clear(self.memory, True)
             raise StateRefused(_last_error("llama.cpp could not restore it"))
         self.tokens = tokens.tolist()
@@ -359,6 +356,14 @@ class LlamaSession:
         if self.model:
             llama_cpp.llama_model_free(self.model)
             self.model = None
+
+
+def _set_state(ctx, body: memoryview, start: int) -> bool:
+    """Restore the state that fills `body` from `start`. Its own function, so that the array over `body` is gone
+    when it returns, even before an exception: the caller's view of the file must close."""
+    state = np.frombuffer(body, dtype=np.uint8, offset=start)
+    pointer = state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+    return llama_cpp.llama_state_set_data(ctx, pointer, state.size) == state.size
 
 
 def _tokenize(vocab, text: str, *, add_bos: bool) -> list[int]:
