@@ -49,6 +49,7 @@ class DiskCache:
     def restore(self, session: LlamaSession, prompt: Sequence[int]) -> Restored | None:
         """Load the saved state sharing the longest prefix with `prompt` when that spares enough reading over
         what the session's cache already shares; the caller then cuts it back to the shared prefix."""
+        started = time.perf_counter()
         found = self.store.best_match(self.key, prompt, len(prompt) - 1)
         if found is None:
             return None
@@ -56,7 +57,6 @@ class DiskCache:
         rate = self.prefill_tok_s or entry.notes.prefill_tok_s
         if not worth_restoring(shared - session.common_prefix(prompt), entry.size_bytes, rate):
             return None
-        started = time.perf_counter()
         try:
             with self.store.open(entry) as body:
                 session.load_state(body, entry.tokens)
