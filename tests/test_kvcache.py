@@ -147,7 +147,7 @@ def test_on_the_sliding_window_model_reopened_and_shared_prefix_chats_reply_as_i
     cut back the same way, the new chat's sliding-window layers would see ~100 positions instead of 512, and
     its reply differs (seen while building this: " Paris is on the Seine and ..." instead of " Paris")."""
     kv = tmp_path / "kv"
-    params = GREEDY.with_changes(max_tokens=32)
+    params = GREEDY.with_changes(max_tokens=24)
     first = chat(STARTER_NOTES, DIARY + "Where did we walk on Monday?")
     starter._session.keep_prefix([])
     in_memory_first = ask(starter, first, params)

@@ -50,27 +50,24 @@ def read_metadata(path: Path) -> dict[str, Any]:
 
 def read_tensor_types(path: Path) -> set[int]:
     """The ggml types of the file's tensors (e.g. 12 for Q4_K): which CPU kernels its weights will meet."""
-    with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        if data[:4] != MAGIC or struct.unpack_from("<I", data, 4)[0] not in VERSIONS:
-            raise GgufProblem("is not a GGUF model file")
-        reader = _Reader(data)
-        tensor_count = struct.unpack_from("<Q", data, 8)[0]
-        reader.metadata()
-        return {reader.tensor_type() for _ in range(tensor_count)}
+    return set(_tensor_list(path)[0])
 
 
 def header_length(path: Path) -> int:
     """Bytes before the tensor data: the header, every setting and the tensor list (names, shapes, types,
     offsets). Hashing them tells two versions of a model apart without reading the weights."""
+    return _tensor_list(path)[1]
+
+
+def _tensor_list(path: Path) -> tuple[list[int], int]:
+    """Each tensor's type, and the offset where their list ends."""
     with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
         if data[:4] != MAGIC or struct.unpack_from("<I", data, 4)[0] not in VERSIONS:
             raise GgufProblem("is not a GGUF model file")
         reader = _Reader(data, keep_vocabulary=False)
         tensor_count = struct.unpack_from("<Q", data, 8)[0]
         reader.metadata()
-        for _ in range(tensor_count):
-            reader.tensor_type()
-        return reader.pos
+        return [reader.tensor_type() for _ in range(tensor_count)], reader.pos
 
 
 def check_metadata(metadata: dict[str, Any]) -> None:

@@ -5,10 +5,10 @@ types (the states one context could use), TOKENS a digest of the token list the 
 is llama.cpp's own session file, written by llama.cpp straight to disk (a state is never copied in
 memory). A trailer follows: the token list, a JSON record (what the state is valid for: the model
 file's identity, the llama.cpp build...; the body's sha256; the chat and transcript it came from) and a
-footer with the trailer's own sha256. A file gets its
-`.kv` name only once it is written in full and fsynced: a crash or `kill -9` mid-write leaves a
-`.partial`, which never loads. Before llama.cpp reads a state, its record, token digest and sha256 are
-checked; what fails is logged in one line and deleted, and the turn reads its prompt instead.
+footer with the trailer's own sha256. A file gets its `.kv` name only once it is written in full and
+fsynced: a crash or `kill -9` mid-write leaves a `.partial`, which never loads. Before llama.cpp reads a
+state, its record, token digest and sha256 are checked; what fails is logged in one line and deleted,
+and the turn reads its prompt instead.
 
 No llama.cpp calls here: the session writes the body (`save(write=...)`) and reads it (`open`).
 """

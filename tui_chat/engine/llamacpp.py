@@ -42,7 +42,7 @@ class PrefillAborted(Exception):
 
 
 class StateRefused(Exception):
-    """A saved KV state llama.cpp would not restore; the cache is left empty. One line."""
+    """A saved KV state this session will not restore (`load_state` says what became of the cache). One line."""
 
 
 @dataclass(frozen=True, slots=True)
