@@ -18,16 +18,13 @@ import pytest
 
 from conftest import ask, open_backend
 from test_kvcache import NOTES, chat, with_reply
+from test_kvcache_store import kv_lines, kv_log  # noqa: F401 - kv_log is a fixture
 from tiny_model import write_tiny_model
 from tui_chat.engine import llama
 from tui_chat.engine.base import Done, Message
 from tui_chat.engine.kvstore import KvStore
 
 TESTS = Path(__file__).parent
-
-
-def kv_log_lines(log: Path, start: int) -> list[str]:
-    return [line for line in log.read_bytes()[start:].decode().splitlines() if line.startswith("tui-chat: kv cache:")]
 
 
 def take_turn(model: Path, kv: Path, messages: list[Message]) -> tuple[Done, tuple[str, list[int]]]:
@@ -94,64 +91,64 @@ DAMAGE = {
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_a_damaged_state_file_is_skipped_in_one_line_and_the_turn_reads_its_prompt(damage, tiny_model, tmp_path,
-                                                                                    llama_logs):
+                                                                                    kv_log):
     kv = tmp_path / "kv"
     messages, path = saved_chat(tiny_model, kv)
     [entry] = KvStore(kv).list_entries()
     spoil, reason = DAMAGE[damage]
     spoil(path, entry)
-    start = llama_logs.stat().st_size
+    kv_log.new_lines()
     assert_read_afresh(tiny_model, kv, messages)
-    assert kv_log_lines(llama_logs, start) == [f"tui-chat: kv cache: {path.name} skipped and deleted: {reason}"]
+    assert kv_log.new_lines() == [f"tui-chat: kv cache: {path.name} skipped and deleted: {reason}"]
     assert not path.exists()
 
 
-def test_another_models_state_under_this_models_name_is_foreign(tiny_model, tmp_path, llama_logs):
+def test_another_models_state_under_this_models_name_is_foreign(tiny_model, tmp_path, kv_log):
     kv, other_kv = tmp_path / "kv", tmp_path / "other"
     messages, path = saved_chat(tiny_model, kv)
     other_model = write_tiny_model(tmp_path / "other.gguf", seed=1)
     _, foreign = saved_chat(other_model, other_kv)
     shutil.copyfile(foreign, path)
-    start = llama_logs.stat().st_size
+    kv_log.new_lines()
     assert_read_afresh(tiny_model, kv, messages)
-    assert kv_log_lines(llama_logs, start) == [
+    assert kv_log.new_lines() == [
         f"tui-chat: kv cache: {path.name} skipped and deleted: its name does not match what it holds"]
 
 
-def test_a_state_from_another_llama_cpp_build_is_skipped(tiny_model, tmp_path, llama_logs, monkeypatch):
+def test_a_state_from_another_llama_cpp_build_is_skipped(tiny_model, tmp_path, kv_log, monkeypatch):
     kv = tmp_path / "kv"
     messages, path = saved_chat(tiny_model, kv)
     [entry] = KvStore(kv).list_entries()
     monkeypatch.setattr(llama, "build_version", lambda: "0.0.1 (upgraded)")
-    start = llama_logs.stat().st_size
+    kv_log.new_lines()
     assert_read_afresh(tiny_model, kv, messages)
-    assert kv_log_lines(llama_logs, start)[0] == (
+    assert kv_log.new_lines()[0] == (
         f"tui-chat: kv cache: {path.name} skipped and deleted: it was saved by another llama.cpp build "
         f"({entry.key.build}; this one is 0.0.1 (upgraded))")
     assert [entry.key.build for entry in KvStore(kv).list_entries()] == ["0.0.1 (upgraded)"], "saved anew"
 
 
-def test_a_model_file_changed_in_place_skips_its_states(tmp_path, llama_logs):
+def test_a_model_file_changed_in_place_skips_its_states(tmp_path, kv_log):
     kv, model = tmp_path / "kv", tmp_path / "model.gguf"
     write_tiny_model(model)
     messages, path = saved_chat(model, kv)
     write_tiny_model(model, seed=1)  # same name, same size and settings, other weights: a new download
-    start = llama_logs.stat().st_size
+    kv_log.new_lines()
     assert_read_afresh(model, kv, messages)
-    assert kv_log_lines(llama_logs, start)[0] == (
+    assert kv_log.new_lines()[0] == (
         f"tui-chat: kv cache: {path.name} skipped and deleted: model.gguf changed since it was saved")
 
 
-def test_another_context_size_is_another_cache_and_nothing_is_deleted(tiny_model, tmp_path, llama_logs):
+def test_another_context_size_is_another_cache_and_nothing_is_deleted(tiny_model, tmp_path, kv_log):
     kv = tmp_path / "kv"
     messages, path = saved_chat(tiny_model, kv)
-    start = llama_logs.stat().st_size
+    kv_log.new_lines()
     backend = open_backend(tiny_model, n_ctx=2048, kv_dir=kv)
     try:
         assert ask(backend, messages).metrics.restored_tokens == 0
     finally:
         backend.close()
-    assert path.exists() and kv_log_lines(llama_logs, start) == []
+    assert path.exists() and kv_log.new_lines() == []
 
 
 CHAT_ON_A_FULL_DISK = textwrap.dedent("""
@@ -194,7 +191,7 @@ def test_a_full_disk_while_saving_leaves_no_file_and_the_chat_goes_on(tiny_model
     replies = json.loads(process.stdout)
     assert all(text for text, _ in replies) and replies[1][1] > 0, "answered, the second from memory"
     assert list(kv.iterdir()) == [], "no state, and no unfinished write left behind"
-    lines = kv_log_lines(log_dir / "llama.log", 0)
+    lines = kv_lines(log_dir / "llama.log")
     assert len(lines) == 2 and all(" tokens was not saved: " in line and "File too large" in line for line in lines)
 
 
@@ -220,7 +217,7 @@ KILLED_MID_SAVE = textwrap.dedent("""
 """)
 
 
-def test_kill_9_mid_save_leaves_nothing_that_loads(tiny_model, tmp_path, llama_logs):
+def test_kill_9_mid_save_leaves_nothing_that_loads(tiny_model, tmp_path, kv_log):
     """Killed with the state written, trailer and all, and fsynced, but not yet renamed: the worst moment."""
     kv = tmp_path / "kv"
     process = subprocess.run([sys.executable, "-c", KILLED_MID_SAVE, str(tiny_model), str(kv), NOTES],
@@ -231,9 +228,9 @@ def test_kill_9_mid_save_leaves_nothing_that_loads(tiny_model, tmp_path, llama_l
     assert partial.name.endswith(".partial") and partial.stat().st_size > 10_000
     messages = [*chat(NOTES, "What is the capital of France?"), Message("assistant", reply),
                 Message("user", "And then?")]
-    start = llama_logs.stat().st_size
+    kv_log.new_lines()
     assert_read_afresh(tiny_model, kv, messages)
-    assert kv_log_lines(llama_logs, start) == []
+    assert kv_log.new_lines() == []
 
 
 def test_a_state_llama_cpp_refuses_leaves_an_empty_cache_that_still_reads(tiny_model, tmp_path):
@@ -255,3 +252,14 @@ def test_a_state_llama_cpp_refuses_leaves_an_empty_cache_that_still_reads(tiny_m
         assert len(small.tokens) == 100
     finally:
         small.close()
+
+
+def test_a_kv_folder_that_cannot_be_made_saves_nothing_and_the_chat_goes_on(tiny_model, tmp_path, kv_log):
+    in_the_way = tmp_path / "kv"
+    in_the_way.write_text("a file where the folder should be")
+    first = chat(NOTES, "What is the capital of France?")
+    reply, _ = take_turn(tiny_model, in_the_way, first)
+    again, _ = take_turn(tiny_model, in_the_way, with_reply(first, reply, "And of Germany?"))
+    assert reply.text and again.text and again.metrics.restored_tokens == 0
+    lines = kv_log.new_lines()
+    assert len(lines) == 2 and all(" tokens was not saved: File exists" in line for line in lines)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tui_chat.config import ConfigError, DEFAULT_KV_CACHE_BUDGET_GB, load_config
+from tui_chat.engine import logs
 from tui_chat.engine.base import TurnMetrics, restore_note
 from tui_chat.engine.kvcache import LOAD_BYTES_PER_S, MIN_GAIN_TOKENS, worth_restoring
 from tui_chat.engine.kvstore import KvKey, KvStore, Notes
@@ -34,8 +35,27 @@ def save(store: KvStore, tokens, conversation: str = "", size: int = BODY, the_k
     return store.save(the_key or key(), list(tokens), writer(size), size, Notes(conversation))
 
 
-def kv_log_lines(log: Path, start: int) -> list[str]:
-    return [line for line in log.read_bytes()[start:].decode().splitlines() if line.startswith("tui-chat: kv cache:")]
+def kv_lines(log: Path) -> list[str]:
+    return [line for line in log.read_text().splitlines() if line.startswith("tui-chat: kv cache:")]
+
+
+class KvLog:
+    """The KV cache's lines in a log of the test's own (an earlier test may have sent the log elsewhere)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seen = 0
+
+    def new_lines(self) -> list[str]:
+        lines = kv_lines(self.path)
+        self.seen, fresh = len(lines), lines[self.seen :]
+        return fresh
+
+
+@pytest.fixture
+def kv_log(tmp_path: Path, llama_logs: Path):
+    yield KvLog(logs.install(tmp_path / "test-logs"))
+    logs.install(llama_logs.parent)
 
 
 def age(path: Path, seconds: float) -> None:
@@ -69,8 +89,7 @@ def test_each_chat_keeps_its_longest_state_and_a_state_already_held_is_not_writt
     assert sorted(entry.n_tokens for entry in store.list_entries()) == [120, 150]
 
 
-def test_the_budget_evicts_the_least_recently_used_first(tmp_path, llama_logs):
-    start = llama_logs.stat().st_size
+def test_the_budget_evicts_the_least_recently_used_first(tmp_path, kv_log):
     store = KvStore(tmp_path / "kv", budget_bytes=int(3.5 * BODY))
     entries = [save(store, range(i * 1000, i * 1000 + 100), str(i)) for i in range(3)]
     for seconds, entry in zip((300, 200, 100), entries):
@@ -79,16 +98,15 @@ def test_the_budget_evicts_the_least_recently_used_first(tmp_path, llama_logs):
     newest = save(store, range(9000, 9100), "new")
     assert [entry.path for entry in store.list_entries()] == [newest.path, entries[0].path, entries[2].path]
     assert not entries[1].path.exists()
-    assert kv_log_lines(llama_logs, start) == [
+    assert kv_log.new_lines() == [
         f"tui-chat: kv cache: {entries[1].path.name} (100 tokens, least recently used) evicted"]
 
 
-def test_a_state_larger_than_the_whole_budget_writes_nothing(tmp_path, llama_logs):
-    start = llama_logs.stat().st_size
+def test_a_state_larger_than_the_whole_budget_writes_nothing(tmp_path, kv_log):
     store = KvStore(tmp_path / "kv", budget_bytes=BODY // 2)
     assert save(store, range(100)) is None
     assert not (tmp_path / "kv").exists()
-    [line] = kv_log_lines(llama_logs, start)
+    [line] = kv_log.new_lines()
     assert line.startswith("tui-chat: kv cache: the state of 100 tokens was not saved: it needs 10 KB, more than "
                            "the whole budget (5 KB, kv_cache_budget_gb in the config)")
 
