@@ -5,6 +5,8 @@ the store); tests/test_kvcache.py restores real llama.cpp states."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -219,3 +221,12 @@ def test_a_model_file_is_known_by_its_size_date_and_header(tmp_path):
     changed = model_key(path, 1024, 1, 1, "b")
     assert changed.model_header_sha256 != first.model_header_sha256
     assert first.mismatch(changed) == "model.gguf changed since it was saved"
+
+
+def test_listing_and_deleting_states_does_not_load_llama_cpp(tmp_path):
+    """The app deletes a chat's states and `tui-chat cache` lists them without loading llama.cpp."""
+    script = ("import sys; from pathlib import Path; from tui_chat.engine.kvstore import KvStore; "
+              "store = KvStore(Path(sys.argv[1])); store.list_entries(); store.forget('1'); store.clear(); "
+              "print('llama_cpp' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"

@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 
-from . import logs
 from .gguf_check import header_length
 
 FORMAT = 1
@@ -241,7 +240,7 @@ class KvStore:
         except (OSError, KvProblem) as error:
             with contextlib.suppress(OSError):
                 partial.unlink()
-            logs.note(f"kv cache: the state of {len(wanted):,} tokens was not saved: {_reason(error)}")
+            _log(f"the state of {len(wanted):,} tokens was not saved: {_reason(error)}")
             return None
         for older in same:
             held = shared_prefix(older.tokens, wanted, len(wanted)) == older.n_tokens
@@ -341,7 +340,7 @@ class KvStore:
         for entry in entries:
             if total + needed <= self.budget_bytes and free - needed >= MIN_FREE_BYTES:
                 break
-            logs.note(f"kv cache: {entry.path.name} ({entry.n_tokens:,} tokens, least recently used) evicted")
+            _log(f"{entry.path.name} ({entry.n_tokens:,} tokens, least recently used) evicted")
             if self._remove(entry.path):
                 total -= entry.size_bytes
                 free += entry.size_bytes
@@ -363,7 +362,7 @@ class KvStore:
                     partial.unlink()
 
     def _discard(self, path: Path, reason: str) -> None:
-        logs.note(f"kv cache: {path.name} skipped and deleted: {reason}")
+        _log(f"{path.name} skipped and deleted: {reason}")
         self._remove(path)
 
     @staticmethod
@@ -373,7 +372,7 @@ class KvStore:
         except FileNotFoundError:
             return False
         except OSError as error:
-            logs.note(f"kv cache: {path.name} could not be deleted: {_reason(error)}")
+            _log(f"{path.name} could not be deleted: {_reason(error)}")
             return False
         return True
 
@@ -425,6 +424,14 @@ def _record(data: bytes) -> tuple[KvKey, dict]:
     if not typed:
         raise KvProblem("its record is not one this tui-chat wrote")
     return key, record
+
+
+def _log(line: str) -> None:
+    """One line in tui-chat's log. The log module loads llama.cpp, so it is imported only when there is a line to
+    write: listing and deleting states does not load llama.cpp (the app draws first, then loads it)."""
+    from . import logs
+
+    logs.note(f"kv cache: {line}")
 
 
 def human_size(size: int) -> str:
