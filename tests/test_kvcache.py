@@ -3,7 +3,7 @@ continues exactly as it would have in memory, on the full-attention tiny model a
 sliding-window one; a new chat starts from a saved shared prefix; the metrics say what came from disk.
 
 Equality is asserted where both sides read the same tokens in the same batch shapes: the reference is a
-backend without a disk cache taking the same turns in memory (the saved state holds the KV that reference
+backend taking the same turns in memory, restoring nothing (the saved state holds the KV such a backend
 computed, byte for byte, and the rest of the prompt is read in the same chunks). Against a cold read of the
 whole prompt, the tiny f16 model agrees exactly too (tests/test_engine.py shows the same for in-memory reuse).
 """
