@@ -22,6 +22,8 @@ CONTEXT_STEP = 256
 DEFAULT_N_CTX = 4096
 DEFAULT_INSPECTOR_TOP = 10
 DEFAULT_REMOTE_TIMEOUT_S = 120.0
+DEFAULT_KV_CACHE_BUDGET_GB = 4.0
+MAX_KV_CACHE_BUDGET_GB = 1_000_000.0
 
 
 class ConfigError(ValueError):
@@ -42,6 +44,11 @@ def log_dir() -> Path:
 
 def cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir(APP_NAME))
+
+
+def kv_cache_dir() -> Path:
+    """Saved KV caches: data, not a cache dir the system may empty, since each one spares a long prompt read."""
+    return data_dir() / "kv"
 
 
 def config_path() -> Path:
@@ -95,6 +102,11 @@ class Config:
     threads: int | None = None  # decode threads; None: the physical cores, fewer while others keep them busy
     threads_batch: int | None = None  # prompt-reading threads; likewise
     extra_buffers: str = AUTO_CPU_PATH  # llama.cpp's CPU weight layouts: auto, all, no-amx, none
+    kv_cache_budget_gb: float = DEFAULT_KV_CACHE_BUDGET_GB  # saved KV caches on disk in all; 0 saves none
+
+    @property
+    def kv_cache_budget_bytes(self) -> int:
+        return int(self.kv_cache_budget_gb * 2**30)
 
 
 def round_context(n_ctx: int) -> int:
@@ -126,6 +138,14 @@ def check_extra_buffers(choice: Any) -> str:
     return choice
 
 
+def check_kv_cache_budget(gigabytes: Any) -> float:
+    if (isinstance(gigabytes, bool) or not isinstance(gigabytes, (int, float))
+            or not 0 <= gigabytes <= MAX_KV_CACHE_BUDGET_GB):
+        raise InvalidParameter(f"kv_cache_budget_gb must be a number of gigabytes, 0 (save none) or more "
+                               f"(got {gigabytes!r})")
+    return float(gigabytes)
+
+
 def check_template(name: Any) -> str:
     known = [AUTO, *NAMED_TEMPLATES]
     if name not in known:
@@ -150,7 +170,7 @@ def load_config(path: Path | None = None) -> Config:
 
 _TOP_LEVEL = {
     "default_model", "chat_template", "n_ctx", "gpu_layers", "sampling", "theme", "keys", "price", "prices",
-    "inspector_top", "system_prompt", "remotes", "threads", "threads_batch", "extra_buffers",
+    "inspector_top", "system_prompt", "remotes", "threads", "threads_batch", "extra_buffers", "kv_cache_budget_gb",
 }
 
 
@@ -195,6 +215,7 @@ def _parse(raw: dict[str, Any]) -> Config:
         threads=_optional(raw, "threads", check_threads),
         threads_batch=_optional(raw, "threads_batch", check_threads),
         extra_buffers=check_extra_buffers(raw.get("extra_buffers", AUTO_CPU_PATH)),
+        kv_cache_budget_gb=check_kv_cache_budget(raw.get("kv_cache_budget_gb", DEFAULT_KV_CACHE_BUDGET_GB)),
     )
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from .params import LiveParams
 
@@ -37,6 +38,9 @@ class Request:
     # A branch: the tokens the reply must start with (those kept before the cut, then the chosen
     # alternative). The engine rewinds its KV cache to them instead of reading the chat again.
     forced: tuple[int, ...] = ()
+    # The chat this turn belongs to (the history's ID; "" when none): the KV state saved after the reply
+    # is filed under it, so deleting the chat can delete it.
+    conversation: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +85,9 @@ class TurnMetrics:
     dropped_turns: int = 0  # oldest turns left out of the prompt to fit the context
     server_decode_tok_s: float | None = None  # a server's own decode rate, where it reports one
     threads: int = 0  # CPU threads decoding at the end of the turn (0: not a local CPU model)
+    restored_tokens: int = 0  # prompt tokens taken from a KV state saved on disk (counted in cached_tokens too)
+    restore_s: float = 0.0  # finding, checking and loading that state
+    restore_avoided_s: float | None = None  # how long reading those tokens would have taken, at the measured rate
 
     @property
     def prefill_tok_s(self) -> float | None:
@@ -106,7 +113,27 @@ class TurnMetrics:
             "dropped_turns": self.dropped_turns,
             "server_decode_tok_s": self.server_decode_tok_s,
             "threads": self.threads,
+            "restored_tokens": self.restored_tokens,
+            "restore_s": self.restore_s,
+            "restore_avoided_s": self.restore_avoided_s,
         }
+
+
+def restore_note(metrics: Mapping[str, Any]) -> str:
+    """`restored 3,812 tokens from disk in 40 ms (reading them would take ~6.1 s)`, or "" when nothing was.
+    Takes `TurnMetrics.as_dict()` or a stored reply's figures (older ones have none of these keys)."""
+    restored = metrics.get("restored_tokens") or 0
+    if not restored:
+        return ""
+    note = f"restored {restored:,} tokens from disk in {_duration(metrics.get('restore_s') or 0.0)}"
+    avoided = metrics.get("restore_avoided_s")
+    return note + (f" (reading them would take ~{_duration(avoided)})" if avoided else "")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:,.0f} s"
 
 
 @dataclass(frozen=True, slots=True)

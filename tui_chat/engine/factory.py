@@ -37,6 +37,8 @@ class LocalOptions:
     threads_batch: int | None = None
     extra_buffers: str = "auto"
     cache_dir: Path | None = None
+    kv_dir: Path | None = None  # KV states saved after each reply, restored later (None: none saved)
+    kv_budget_bytes: int | None = None  # their total size (None: kvstore's default)
 
 
 class ServerProfile(Protocol):
@@ -75,8 +77,9 @@ class BackendOpener:
         logs.install(local.log_dir)
         mark_used(local.models_dir, path)
         shown = name if name and not name.lower().endswith(".gguf") else path.stem
+        budget = {} if local.kv_budget_bytes is None else {"kv_budget_bytes": local.kv_budget_bytes}
         settings = LlamaSettings(path, local.n_ctx, local.gpu_layers, local.chat_template, local.extra_buffers,
-                                 local.threads, local.threads_batch, local.cache_dir)
+                                 local.threads, local.threads_batch, local.cache_dir, local.kv_dir, **budget)
         return LlamaBackend(settings, name=shown)
 
     def _open_server(self, name: str) -> Backend:

@@ -50,13 +50,24 @@ def read_metadata(path: Path) -> dict[str, Any]:
 
 def read_tensor_types(path: Path) -> set[int]:
     """The ggml types of the file's tensors (e.g. 12 for Q4_K): which CPU kernels its weights will meet."""
+    return set(_tensor_list(path)[0])
+
+
+def header_length(path: Path) -> int:
+    """Bytes before the tensor data: the header, every setting and the tensor list (names, shapes, types,
+    offsets). Hashing them tells two versions of a model apart without reading the weights."""
+    return _tensor_list(path)[1]
+
+
+def _tensor_list(path: Path) -> tuple[list[int], int]:
+    """Each tensor's type, and the offset where their list ends."""
     with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
         if data[:4] != MAGIC or struct.unpack_from("<I", data, 4)[0] not in VERSIONS:
             raise GgufProblem("is not a GGUF model file")
-        reader = _Reader(data)
+        reader = _Reader(data, keep_vocabulary=False)
         tensor_count = struct.unpack_from("<Q", data, 8)[0]
         reader.metadata()
-        return {reader.tensor_type() for _ in range(tensor_count)}
+        return [reader.tensor_type() for _ in range(tensor_count)], reader.pos
 
 
 def check_metadata(metadata: dict[str, Any]) -> None:
@@ -76,9 +87,10 @@ def check_metadata(metadata: dict[str, Any]) -> None:
 
 
 class _Reader:
-    def __init__(self, data: mmap.mmap) -> None:
+    def __init__(self, data: mmap.mmap, keep_vocabulary: bool = True) -> None:
         self.data = data
         self.pos = 8
+        self.keep_vocabulary = keep_vocabulary
 
     def metadata(self) -> dict[str, Any]:
         tensor_count, entry_count = self.unpack("<Q"), self.unpack("<Q")
@@ -116,7 +128,7 @@ class _Reader:
     def array(self, key: str) -> list[bytes] | None:
         kind, count = self.unpack("<I"), self.unpack("<Q")
         if kind == _STRING:
-            return self.strings(count, key, keep=key == _VOCABULARY)
+            return self.strings(count, key, keep=self.keep_vocabulary and key == _VOCABULARY)
         if kind not in _SCALARS:
             raise GgufProblem(f"is damaged: {key} is an array of an unknown type ({kind})")
         size = struct.calcsize(_SCALARS[kind]) * count

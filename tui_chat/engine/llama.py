@@ -6,7 +6,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +30,9 @@ from .base import (
 from .context import fit_context
 from .cpu import ThreadGovernor
 from .cpu_path import AUTO, ProbeResult, choose as choose_cpu_path, run_probe
-from .ggml import build_features
+from .ggml import build_features, build_version
+from .kvcache import DiskCache, Restored, open_disk_cache
+from .kvstore import DEFAULT_BUDGET_BYTES
 from .llamacpp import LlamaSession, PrefillAborted, quantization_of, supports_gpu_offload
 from .prompts import PromptError, PromptFormat, choose_format
 from .stops import StopScanner, Utf8Stream
@@ -49,6 +51,8 @@ class LlamaSettings:
     threads: int | None = None  # decode threads; None follows the machine and its load
     threads_batch: int | None = None  # prompt-reading threads; likewise
     cache_dir: Path | None = None  # where the CPU path's self-test answer is kept
+    kv_dir: Path | None = None  # where KV states are saved after each reply (None: not saved)
+    kv_budget_bytes: int = DEFAULT_BUDGET_BYTES  # their total size; the least recently used go first
 
     @property
     def resolved_gpu_layers(self) -> int:
@@ -82,6 +86,7 @@ class LlamaBackend:
         self.info: ModelInfo | None = None
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._session: LlamaSession | None = None
+        self._disk: DiskCache | None = None
         self._format: PromptFormat | None = None
         self._history_text = ""
         self._history_tokens: list[int] = []
@@ -141,6 +146,7 @@ class LlamaBackend:
                 if self._session is not None:
                     self._session.close()
                     self._session = None
+            self._disk = None
             cpu_path = choose_cpu_path(settings.extra_buffers, settings.path, settings.cache_dir, build_features(),
                                        probe=_announced_probe(stream))
             session = LlamaSession(
@@ -178,6 +184,8 @@ class LlamaBackend:
             cpu=session.cpu_path.describe() if session.cpu_path else "",
             threads=session.threads.decode,
         )
+        self._disk = open_disk_cache(settings.kv_dir, settings.kv_budget_bytes, session, settings.path,
+                                     build_version())
         with self._session_lock:
             self._session = session
         self._format = prompt_format
@@ -192,20 +200,35 @@ class LlamaBackend:
             _Turn(self, request, stream).run()
         except (EngineError, PromptError) as error:
             stream.put(Error(str(error)))
+            return
+        if self._disk is not None:
+            # after Done: the reply is not kept waiting
+            self._disk.save(self._session, request.conversation, (self._history_text, self._history_tokens),
+                            self._last_prompt)
 
     def _prompt_tokens(self, text: str) -> list[int]:
         """Tokens for the rendered prompt, keeping the tokens the model saw last turn as they were.
 
         Re-tokenizing the whole transcript can merge the end of the last reply differently from how it
         was generated, which would break prefix reuse right at the turn boundary. A regenerated or
-        branched reply starts from the last prompt itself.
+        branched reply starts from the last prompt itself; a chat reopened from disk, from the transcript
+        saved with its KV state.
         """
         session = self._session
-        for known_text, known_tokens in ((self._history_text, self._history_tokens), self._last_prompt):
+        for known_text, known_tokens in self._known_transcripts(text):
             if known_text and text.startswith(known_text):
                 return known_tokens + session.tokenize(text[len(known_text) :], add_bos=False)
         add_bos = session.add_bos and not (session.bos_text and text.startswith(session.bos_text))
         return session.tokenize(text, add_bos=add_bos)
+
+
+    def _known_transcripts(self, text: str) -> Iterator[tuple[str, list[int]]]:
+        """Texts the engine has read, with their tokens: this chat's, the last prompt, then the disk's (only
+        looked up when the others do not fit)."""
+        yield self._history_text, self._history_tokens
+        yield self._last_prompt
+        if self._disk is not None:
+            yield self._disk.reading(text)
 
 
 def _announced_probe(stream: Stream) -> Callable[[Path, str], ProbeResult]:
@@ -236,6 +259,7 @@ class _Turn:
         self.prompt_text, self.prompt, self.dropped_turns = self._fitted_prompt()
         self.context = self.prompt + self.forced  # all the model reads before its first new token
         self.cached = 0
+        self.restored: Restored | None = None
         self.prefill_s = 0.0
         self.generated: list[int] = []
         self.drawn = 0  # generated tokens the model chose (a branch's forced ones excluded)
@@ -266,8 +290,9 @@ class _Turn:
             self.session.set_threads(governor.threads)
 
     def run(self) -> None:
-        session = self.session
+        session, disk = self.session, self.backend._disk
         self.retune_threads()
+        self.restored = disk.restore(session, self.context) if disk is not None else None
         self.cached = session.keep_prefix(self.context)
         session.reset_perf()
         try:
@@ -275,6 +300,8 @@ class _Turn:
         except PrefillAborted:
             self._finish("cancelled", StopScanner(), Utf8Stream())
             return
+        if disk is not None:
+            disk.observe_prefill(len(self.context) - self.cached, self.prefill_s)
         scanner = StopScanner(self.request.params.snapshot()[1].stop + self.implicit_stops)
         utf8 = Utf8Stream()
         reason = self._replay_forced(scanner, utf8) or self._decode(scanner, utf8)
@@ -373,6 +400,8 @@ class _Turn:
 
     def metrics(self) -> TurnMetrics:
         first = self.visible_at or self.first_at
+        restored = self.cached if self.restored else 0
+        rate = self.restored.prefill_tok_s if self.restored else None
         return TurnMetrics(
             prompt_tokens=len(self.context),
             cached_tokens=self.cached,
@@ -384,4 +413,7 @@ class _Turn:
             n_ctx=self.session.n_ctx,
             dropped_turns=self.dropped_turns,
             threads=self.session.threads.decode,
+            restored_tokens=restored,
+            restore_s=self.restored.seconds if self.restored else 0.0,
+            restore_avoided_s=restored / rate if rate else None,
         )

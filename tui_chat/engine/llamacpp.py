@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,6 +29,7 @@ from .pool import pool_cut
 PENALTY_LAST_N = 64
 POOL_SCAN = 1024  # with top-k off, the pool cut is counted among this many likeliest tokens
 _ALL_LAYERS = 0x7FFF_FFFF
+_SESSION_HEADER = struct.Struct("<III")  # llama.cpp's session file: magic, version, token count; then the tokens
 _QUANT_IN_NAME = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32)(?![A-Za-z0-9])", re.IGNORECASE)
 
 _backend_ready = False
@@ -37,6 +39,10 @@ _amx_denied = False
 
 class PrefillAborted(Exception):
     """The user cancelled while the prompt was being read."""
+
+
+class StateRefused(Exception):
+    """A saved KV state this session will not restore (`load_state` says what became of the cache). One line."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +106,7 @@ class LlamaSession:
         context_params.n_threads_batch = threads.batch
         context_params.swa_full = True  # sliding-window models keep every position, so earlier turns stay reusable
         context_params.no_perf = False
+        self.kv_types = (context_params.type_k, context_params.type_v)
         self.ctx = llama_cpp.llama_init_from_model(self.model, context_params)
         if not self.ctx:
             llama_cpp.llama_model_free(self.model)
@@ -173,15 +180,18 @@ class LlamaSession:
 
     # --- the KV cache -------------------------------------------------------------------------
 
-    def keep_prefix(self, prompt: Sequence[int]) -> int:
-        """Drop cached tokens after the longest common prefix with `prompt`; returns how many stay.
-
-        One prompt token is always left to evaluate, since its logits give the first reply token.
-        """
+    def common_prefix(self, prompt: Sequence[int]) -> int:
+        """How many cached tokens `prompt` starts with. One prompt token is always left to evaluate, since
+        its logits give the first reply token."""
         limit = min(len(self.tokens), len(prompt) - 1)
         keep = 0
         while keep < limit and self.tokens[keep] == prompt[keep]:
             keep += 1
+        return keep
+
+    def keep_prefix(self, prompt: Sequence[int]) -> int:
+        """Drop cached tokens after the longest common prefix with `prompt`; returns how many stay."""
+        keep = self.common_prefix(prompt)
         if keep < len(self.tokens):
             if not llama_cpp.llama_memory_seq_rm(self.memory, 0, keep, -1):
                 llama_cpp.llama_memory_clear(self.memory, True)
@@ -233,6 +243,50 @@ class LlamaSession:
             llama_cpp.llama_memory_seq_rm(self.memory, 0, n_past, -1)
             raise EngineError(_decode_failure(status))
         self.tokens.extend(chunk)
+
+    # --- the KV cache on disk -----------------------------------------------------------------
+    #
+    # The whole context's state, not the sequence's (llama_state_seq_*): a sequence's state leaves out the
+    # cells its sliding window has passed (llama_kv_cache::state_write skips SWA-masked cells), so a
+    # sliding-window model's state could only be continued from its very end, never cut back to a shorter
+    # prefix. With swa_full the whole context holds every position, and this context holds one sequence.
+
+    def state_file_bytes(self) -> int:
+        """The size `save_state` writes now."""
+        return _SESSION_HEADER.size + 4 * len(self.tokens) + llama_cpp.llama_state_get_size(self.ctx)
+
+    def save_state(self, path: Path) -> int:
+        """Write the KV cache and its tokens to `path` as llama.cpp's session file, streamed to disk by
+        llama.cpp (no copy in memory); returns its size. Raises OSError when it is not written whole
+        (llama.cpp does not check its last write, so the size is)."""
+        expected = self.state_file_bytes()
+        tokens = (llama_cpp.llama_token * len(self.tokens))(*self.tokens)
+        logs.take_errors()
+        if not llama_cpp.llama_state_save_file(self.ctx, os.fsencode(path), tokens, len(self.tokens)):
+            raise OSError(_last_error("llama.cpp could not write the state"))
+        written = os.path.getsize(path)
+        if written != expected:
+            raise OSError(f"{written:,} of {expected:,} bytes were written (is the disk full?)")
+        return written
+
+    def load_state(self, body: memoryview, tokens: np.ndarray) -> None:
+        """Replace the KV cache with a state `save_state` wrote holding `tokens`. Raises StateRefused when its
+        llama.cpp header disagrees (the cache is left as it was) or llama.cpp cannot restore it (the cache is
+        then empty)."""
+        if len(body) < _SESSION_HEADER.size:
+            raise StateRefused("it is too short")
+        magic, version, count = _SESSION_HEADER.unpack_from(body)
+        if (magic, version) != (llama_cpp.LLAMA_SESSION_MAGIC, llama_cpp.LLAMA_SESSION_VERSION):
+            raise StateRefused(f"it is not a session file of this llama.cpp (version {version})")
+        start = _SESSION_HEADER.size + 4 * count
+        if count != len(tokens) or body[_SESSION_HEADER.size : start] != tokens.astype(np.int32).tobytes():
+            raise StateRefused("its tokens differ from its record")
+        self.tokens = []
+        logs.take_errors()
+        if not _set_state(self.ctx, body, start):
+            llama_cpp.llama_memory_clear(self.memory, True)
+            raise StateRefused(_last_error("llama.cpp could not restore it"))
+        self.tokens = tokens.tolist()
 
     # --- sampling -----------------------------------------------------------------------------
 
@@ -304,6 +358,14 @@ class LlamaSession:
             self.model = None
 
 
+def _set_state(ctx, body: memoryview, start: int) -> bool:
+    """Restore the state that fills `body` from `start`. Its own function, so that the array over `body` is gone
+    when it returns, even before an exception: the caller's view of the file must close."""
+    state = np.frombuffer(body, dtype=np.uint8, offset=start)
+    pointer = state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+    return llama_cpp.llama_state_set_data(ctx, pointer, state.size) == state.size
+
+
 def _tokenize(vocab, text: str, *, add_bos: bool) -> list[int]:
     """Special-token text (e.g. `<start_of_turn>`) becomes its token, as chat templates expect."""
     data = text.encode("utf-8")
@@ -369,6 +431,11 @@ def _context_failure() -> str:
         return (f"not enough memory (llama.cpp could not allocate {sizes[0]}); "
                 "a smaller context (--n-ctx, n_ctx) needs less")
     return "; ".join(errors) or "not enough memory?"
+
+
+def _last_error(fallback: str) -> str:
+    errors = logs.take_errors()
+    return errors[-1] if errors else fallback
 
 
 def _decode_failure(status: int) -> str:

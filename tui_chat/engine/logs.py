@@ -80,6 +80,16 @@ def take_errors() -> list[str]:
     return errors
 
 
+def note(line: str) -> None:
+    """One line of tui-chat's own, beside llama.cpp's: something skipped that the user need not be shown."""
+    with _lock:
+        if _sink is not None:
+            try:
+                _sink.write(f"tui-chat: {line}\n")
+            except OSError:
+                _close_sink()
+
+
 def record_exception(error: BaseException) -> None:
     """A bug caught at the worker's edge: its traceback goes to the same log file as llama.cpp's."""
     text = "".join(traceback.format_exception(error))
