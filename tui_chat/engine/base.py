@@ -37,6 +37,8 @@ class Request:
     # A branch: the tokens the reply must start with (those kept before the cut, then the chosen
     # alternative). The engine rewinds its KV cache to them instead of reading the chat again.
     forced: tuple[int, ...] = ()
+    # Each drawn token carries its X-ray (`Token.stages`); costs a pass of the chain per token.
+    xray: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +129,50 @@ class PoolCut:
 
 
 @dataclass(frozen=True, slots=True)
+class Stage:
+    """One element of the sampler chain as it acted on one token: how many candidates it left, the
+    share of the raw distribution they hold, and the drawn token's rank and probability among them
+    (both None when this stage removed it). `note` says what the figures assume, where they guess."""
+
+    name: str
+    label: str
+    kept: int
+    mass: float
+    rank: int | None
+    prob: float | None
+    note: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        return {"name": self.name, "kept": self.kept, "mass": self.mass, "rank": self.rank, "prob": self.prob}
+
+
+@dataclass(frozen=True, slots=True)
+class XRay:
+    """Why a token was drawn: its rank and probability under the raw distribution, the chain stage by
+    stage, and a one-line verdict. `elapsed_s`: what computing it took (recompute included)."""
+
+    token_id: int
+    piece: str
+    prob: float
+    rank: int
+    stages: tuple[Stage, ...]
+    verdict: str
+    elapsed_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class WordProbability:
+    """The exact probability of `text` at a position: the product of its tokens' conditional
+    probabilities (`tokens`, each with its own), under the raw distribution. `rank`: where its first
+    token stands among all the vocabulary's (1 = likeliest)."""
+
+    text: str
+    tokens: tuple[Candidate, ...]
+    prob: float
+    rank: int
+
+
+@dataclass(frozen=True, slots=True)
 class LoadProgress:
     fraction: float
     stage: str = ""  # what the load is doing besides reading weights
@@ -142,6 +188,7 @@ class PromptProgress:
     done: int
     total: int
     elapsed_s: float
+    prompt_ids: tuple[int, ...] = ()  # on the first one: all the reply follows (as Done.prompt_ids)
 
     @property
     def eta_s(self) -> float | None:
@@ -157,7 +204,8 @@ class Token:
     With top_logprobs on (and only then, to keep the per-token path lean): the token's own text (a
     character split across tokens belongs to the one that completes it), its
     probability under the raw distribution, the likeliest candidates and where the settings cut the pool.
-    A `forced` token was given by the request (a branch), not drawn: it carries no probabilities."""
+    A `forced` token was given by the request (a branch), not drawn: it carries no probabilities.
+    With `Request.xray`: the chain stage by stage for this token (`stages`)."""
 
     token_id: int
     text: str
@@ -168,6 +216,7 @@ class Token:
     top: tuple[Candidate, ...] = ()
     pool: PoolCut | None = None
     forced: bool = False
+    stages: tuple[Stage, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,8 +240,8 @@ class Error:
     text: str = ""
 
 
-Event = LoadProgress | Loaded | PromptProgress | Token | Metrics | Done | Error
-FINAL_EVENTS = (Loaded, Done, Error)
+Event = LoadProgress | Loaded | PromptProgress | Token | Metrics | Done | Error | XRay | WordProbability
+FINAL_EVENTS = (Loaded, Done, Error, XRay, WordProbability)
 
 
 class Stream:
@@ -229,7 +278,7 @@ class Stream:
             yield from self.drain(timeout=None)
 
     def result(self) -> Event:
-        """Block until the job ends; returns its final event (Loaded, Done or Error)."""
+        """Block until the job ends; returns its final event (Loaded, Done, XRay, WordProbability or Error)."""
         final: Event | None = None
         for event in self:
             if isinstance(event, FINAL_EVENTS):

@@ -6,7 +6,8 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,18 +23,24 @@ from .base import (
     ModelInfo,
     PromptProgress,
     Request,
+    Stage,
     StopReason,
     Stream,
     Token,
     TurnMetrics,
+    WordProbability,
+    XRay,
 )
+from .chain import Chain
 from .context import fit_context
 from .cpu import ThreadGovernor
 from .cpu_path import AUTO, ProbeResult, choose as choose_cpu_path, run_probe
 from .ggml import build_features
 from .llamacpp import LlamaSession, PrefillAborted, quantization_of, supports_gpu_offload
+from .params import SamplingParams
 from .prompts import PromptError, PromptFormat, choose_format
 from .stops import StopScanner, Utf8Stream
+from .xray import stage_cuts, word_probability, xray_at
 
 METRICS_INTERVAL_S = 0.1
 PREFILL_CHUNK = 256
@@ -81,6 +88,8 @@ class LlamaBackend:
         self.name = name or settings.path.stem
         self.info: ModelInfo | None = None
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        # Short jobs (an X-ray, a word's probability) that a reply being written takes between two tokens.
+        self._quick: deque[Callable[[], None]] = deque()
         self._session: LlamaSession | None = None
         self._format: PromptFormat | None = None
         self._history_text = ""
@@ -102,6 +111,19 @@ class LlamaBackend:
         stream = Stream()
         self._jobs.put(lambda: self._guarded(stream, lambda: self._generate(request, stream)))
         return stream
+
+    def xray(self, context: Sequence[int], token: int, params: SamplingParams) -> Stream:
+        """Why `token` was drawn after `context` (`xray.position_context`) under `params` (the settings it
+        was drawn with: `LiveParams.at(token.params_version)`): ends with an `XRay` or an `Error`.
+        Runs between two tokens when a reply is being written."""
+        context = tuple(context)
+        return self._quick_job(lambda session: xray_at(session, context, token, params))
+
+    def word_probability(self, context: Sequence[int], text: str) -> Stream:
+        """The probability that the model writes `text` right after `context`: ends with a
+        `WordProbability` or an `Error`. Runs between two tokens when a reply is being written."""
+        context = tuple(context)
+        return self._quick_job(lambda session: word_probability(session, context, text))
 
     def count_tokens(self, text: str) -> int:
         """Tokens `text` takes in this model; tokenizing only reads the vocabulary, so no worker hop."""
@@ -125,6 +147,25 @@ class LlamaBackend:
         except Exception as error:  # noqa: BLE001 - the thread boundary: nothing may escape
             logs.record_exception(error)
             stream.put(Error(f"internal error ({type(error).__name__}: {error}); details in the log"))
+
+    def _quick_job(self, compute: Callable[[LlamaSession], XRay | WordProbability]) -> Stream:
+        stream = Stream()
+
+        def job() -> None:
+            try:
+                if self._session is None:
+                    raise EngineError("no model is loaded")
+                stream.put(compute(self._session))
+            except EngineError as error:
+                stream.put(Error(str(error)))
+
+        self._quick.append(lambda: self._guarded(stream, job))
+        self._jobs.put(self._run_quick)  # wakes an idle worker; a reply being written gets there first
+        return stream
+
+    def _run_quick(self) -> None:
+        while self._quick:
+            self._quick.popleft()()
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
@@ -285,7 +326,8 @@ class _Turn:
         started = time.perf_counter()
 
         def progress(done: int) -> None:
-            self.stream.put(PromptProgress(done, len(todo), time.perf_counter() - started))
+            ids = tuple(self.context) if done == 0 else ()
+            self.stream.put(PromptProgress(done, len(todo), time.perf_counter() - started, ids))
             self.retune_threads()
 
         progress(0)
@@ -312,6 +354,8 @@ class _Turn:
     def _decode(self, scanner: StopScanner, utf8: Utf8Stream) -> StopReason:
         session, stream, live = self.session, self.stream, self.request.params
         top_n = self.request.top_logprobs
+        xray = self.request.xray
+        quick = self.backend._quick
         governor = self.backend.threads
         sampler = None
         version = -1
@@ -329,27 +373,32 @@ class _Turn:
                     scanner.stops = params.stop + self.implicit_stops
                 if len(self.generated) >= params.max_tokens:
                     return "length"
+                replay = sampler.clone() if xray else None
                 token = session.sample(sampler)
                 now = time.perf_counter()
                 prob, top, pool = session.inspect(token, top_n, params) if top_n else (None, (), None)
+                stages = self._stages(replay, token) if replay else ()
                 self.first_at = self.first_at or now
                 self.last_at = now
                 self.generated.append(token)
                 self.drawn += 1
                 if session.is_end_of_generation(token):
                     self.ends.append(None)
-                    stream.put(Token(token, "", now, version, "", prob, top, pool))
+                    stream.put(Token(token, "", now, version, "", prob, top, pool, stages=stages))
                     return "eos"
                 decoded = utf8.decode(session.piece(token))
                 delta = scanner.feed(decoded)
                 self.ends.append(len(scanner.text) if not utf8.pending else None)
                 if delta and self.visible_at is None:
                     self.visible_at = now
-                stream.put(Token(token, delta, now, version, decoded if top_n else "", prob, top, pool))
+                stream.put(Token(token, delta, now, version, decoded if top_n or xray else "", prob, top, pool,
+                                 stages=stages))
                 if scanner.stopped:
                     return "stop"
                 if len(self.generated) >= params.max_tokens or len(session.tokens) + 1 >= session.n_ctx:
                     return "length"
+                if quick:
+                    self.backend._run_quick()
                 session.step(token)
                 if now >= next_metrics:
                     stream.put(Metrics(self.metrics()))
@@ -359,6 +408,13 @@ class _Turn:
         finally:
             if sampler is not None:
                 session.free_sampler(sampler)
+
+    def _stages(self, replay: Chain, token: int) -> tuple[Stage, ...]:
+        """The X-ray of the token just drawn, from a clone of the chain taken before the draw."""
+        try:
+            return stage_cuts(replay, self.session.logits(), token)
+        finally:
+            replay.free()
 
     def _finish(self, reason: StopReason, scanner: StopScanner, utf8: Utf8Stream) -> None:
         scanner.feed(utf8.flush())
