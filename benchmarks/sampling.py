@@ -1,14 +1,17 @@
 """What the sampler X-ray and output formats cost, measured as ratios inside one run.
 
 Why: the X-ray must cost nothing per token while closed (decode >= 0.98 x the engine before it) and
-open in < 100 ms. Ratios of rounds taken side by side survive a machine whose load drifts; absolute
-tok/s do not.
+open in < 100 ms; an output format must not halve the speed (a JSON schema >= 0.85 x free text).
+Ratios of rounds taken side by side survive a machine whose load drifts; absolute tok/s do not.
 
 - decode: this tree's engine against the engine at --baseline (a git ref, extracted into a temporary
   package and loaded beside it), greedy and with the default sampling chain, X-ray closed;
-- the X-ray and word probabilities: time to open them at each position of a reply.
+- the X-ray and word probabilities: time to open them at each position of a reply;
+- formats: greedy decode under JSON and under a JSON schema against free text, same prompt and engine
+  (the starter model in its own turn format, where "Respond in JSON" reads as a request).
 
     python benchmarks/sampling.py [--rounds 7] [--max-tokens 256] [--model PATH] [--baseline main]
+                                  [--chat-template NAME] [--only decode|formats]
 
 It prints numbers and asserts nothing. Rates are the engine's own (Done.metrics.decode_tok_s).
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import io
+import json
 import os
 import statistics
 import subprocess
@@ -33,6 +37,7 @@ import llama_cpp
 from tui_chat.config import models_dir
 from tui_chat.engine import logs
 from tui_chat.engine.base import Message, PromptProgress, Request, Token
+from tui_chat.engine.formats import TEXT, choose, json_schema
 from tui_chat.engine.llama import LlamaBackend, LlamaSettings
 from tui_chat.engine.models import resolve_model
 from tui_chat.engine.params import LiveParams, SamplingParams
@@ -41,6 +46,19 @@ from tui_chat.engine.xray import position_context
 REPO = Path(__file__).resolve().parent.parent
 N_CTX = 4096
 STORY = "Write a long story about a dragon who learns to fly."
+JSON_PROMPT = ("Respond in JSON: a long story about a dragon who learns to fly, as a title and chapters, "
+               "each with a name and a summary.")
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string"},
+        "chapters": {"type": "array", "minItems": 6, "maxItems": 10, "items": {
+            "type": "object", "properties": {"name": {"type": "string"}, "summary": {"type": "string"}},
+            "required": ["name", "summary"], "additionalProperties": False}},
+    },
+    "required": ["title", "chapters"],
+    "additionalProperties": False,
+}
 
 
 def load_baseline(ref: str):
@@ -131,19 +149,42 @@ def bench_xray(backend: LlamaBackend) -> None:
     print(f"probability of a two-token phrase: median {statistics.median(word_ms):.1f} ms, max {max(word_ms):.1f} ms")
 
 
+def bench_formats(path: Path, args: argparse.Namespace) -> None:
+    backend = LlamaBackend(LlamaSettings(path, n_ctx=N_CTX, chat_template=args.chat_template))
+    backend.load().result()
+    greedy = {"temperature": 0.0, "repeat_penalty": 1.0, "max_tokens": args.max_tokens, "seed": 1}
+    outputs = {"free text": TEXT, "JSON": choose("json"), "JSON schema": json_schema(json.dumps(SCHEMA))}
+    sides = {name: (lambda output=output: decode_rate(backend, "tui_chat", JSON_PROMPT, greedy, format=output))
+             for name, output in outputs.items()}
+    runs = rounds(sides, args.rounds)
+    report(f"Output formats, greedy, chat template {args.chat_template}, {args.rounds} rounds", runs,
+           [("JSON", "free text"), ("JSON schema", "free text")], 0.85)
+    done = backend.generate(Request([Message("user", JSON_PROMPT)], LiveParams(SamplingParams(**greedy)),
+                                    format=outputs["JSON schema"])).result()
+    print(f"grammar cost under the schema: {done.metrics.grammar_ms_per_token:.2f} ms per token; "
+          f"reply starts {done.text[:60]!r}")
+    backend.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7, help="alternating rounds, default 7")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens per reply, default 256")
     parser.add_argument("--model", type=Path, help="a .gguf file (default: the starter model)")
     parser.add_argument("--baseline", default="main", help="git ref of the engine to compare with, default main")
+    parser.add_argument("--chat-template", help="for the formats (default: gemma for the starter model, else auto)")
+    parser.add_argument("--only", choices=("decode", "formats"), help="run one part")
     args = parser.parse_args()
+    args.chat_template = args.chat_template or ("auto" if args.model else "gemma")
     logs.install(Path(tempfile.mkdtemp(prefix="tui-chat-bench-")))
     path = resolve_model(str(args.model) if args.model else None, None, models_dir())
     print(f"model {path.name}, llama_cpp {llama_cpp.__version__}, {os.cpu_count()} CPUs, "
           f"load avg {os.getloadavg()[0]:.2f}")
     started = time.perf_counter()
-    bench_decode(path, args)
+    if args.only != "formats":
+        bench_decode(path, args)
+    if args.only != "decode":
+        bench_formats(path, args)
     print(f"\nfinished in {time.perf_counter() - started:.0f} s, load avg {os.getloadavg()[0]:.2f}")
 
 

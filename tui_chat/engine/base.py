@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from .formats import TEXT, OutputFormat
 from .params import LiveParams
 
 Role = Literal["system", "user", "assistant"]
@@ -39,6 +40,7 @@ class Request:
     forced: tuple[int, ...] = ()
     # Each drawn token carries its X-ray (`Token.stages`); costs a pass of the chain per token.
     xray: bool = False
+    format: OutputFormat = TEXT  # free text, JSON, a JSON schema or a grammar (formats.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +85,17 @@ class TurnMetrics:
     dropped_turns: int = 0  # oldest turns left out of the prompt to fit the context
     server_decode_tok_s: float | None = None  # a server's own decode rate, where it reports one
     threads: int = 0  # CPU threads decoding at the end of the turn (0: not a local CPU model)
+    grammar_s: float = 0.0  # time an output format's grammar took (checks, masks, draws again)
 
     @property
     def prefill_tok_s(self) -> float | None:
         evaluated = self.prompt_tokens - self.cached_tokens
         return evaluated / self.prefill_s if self.prefill_s > 0 and evaluated > 0 else None
+
+    @property
+    def grammar_ms_per_token(self) -> float | None:
+        """An output format's cost per drawn token; None without one."""
+        return self.grammar_s * 1000 / self.completion_tokens if self.grammar_s and self.completion_tokens else None
 
     @property
     def decode_tok_s(self) -> float | None:
@@ -108,6 +116,7 @@ class TurnMetrics:
             "dropped_turns": self.dropped_turns,
             "server_decode_tok_s": self.server_decode_tok_s,
             "threads": self.threads,
+            "grammar_ms_per_token": self.grammar_ms_per_token,
         }
 
 
@@ -116,6 +125,19 @@ class Candidate:
     token_id: int
     text: str
     prob: float
+    allowed: bool | None = None  # under an output format: whether the grammar allowed it; None: no format
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarMask:
+    """What an output format's grammar did at one token, judged over the 1024 likeliest candidates of the
+    raw distribution and the drawn one (over the whole vocabulary where none of those was allowed): the
+    probability mass it forbade, how many it allowed, and whether it left one choice (`forced`: all it
+    allowed begin with the same character, or all end the reply; tokens may split the text differently)."""
+
+    removed: float
+    allowed: int
+    forced: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +227,8 @@ class Token:
     character split across tokens belongs to the one that completes it), its
     probability under the raw distribution, the likeliest candidates and where the settings cut the pool.
     A `forced` token was given by the request (a branch), not drawn: it carries no probabilities.
-    With `Request.xray`: the chain stage by stage for this token (`stages`)."""
+    With `Request.xray`: the chain stage by stage for this token (`stages`). Under an output format,
+    with top_logprobs on: what its grammar masked (`grammar`; the candidates say which it forbade)."""
 
     token_id: int
     text: str
@@ -217,6 +240,7 @@ class Token:
     pool: PoolCut | None = None
     forced: bool = False
     stages: tuple[Stage, ...] = ()
+    grammar: GrammarMask | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,10 +250,14 @@ class Metrics:
 
 @dataclass(frozen=True, slots=True)
 class Done:
+    """`incomplete`: under an output format, the reply stopped (max tokens, a stop sequence, cancel)
+    before its grammar was satisfied, so e.g. its JSON does not parse."""
+
     stop_reason: StopReason
     text: str
     metrics: TurnMetrics
     prompt_ids: tuple[int, ...] = ()
+    incomplete: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -107,15 +107,23 @@ TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32
 
 class Candidates:
     """Tokens with their logits as llama.cpp's `llama_token_data_array`, over a numpy buffer: samplers
-    can be applied to it one at a time and what each left read back."""
+    can be applied to it one at a time and what each left read back. `refill` reuses the buffer, so
+    a per-token caller allocates nothing."""
 
     def __init__(self, ids: np.ndarray, logits: np.ndarray) -> None:
         self.buffer = np.empty(len(ids), dtype=TOKEN_DATA)
-        self.buffer["id"] = ids
-        self.buffer["logit"] = logits
-        self.buffer["p"] = 0.0
         pointer = self.buffer.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data))
         self.array = llama_cpp.llama_token_data_array(pointer, len(ids), -1, False)
+        self.refill(ids, logits)
+
+    def refill(self, ids: np.ndarray | int, logits: np.ndarray | float) -> Candidates:
+        """New contents, at most as many as the buffer was made for."""
+        size = np.size(ids)
+        self.buffer["id"][:size] = ids
+        self.buffer["logit"][:size] = logits
+        self.buffer["p"][:size] = 0.0
+        self.array.size, self.array.selected, self.array.sorted = size, -1, False
+        return self
 
     def apply(self, sampler: ctypes.c_void_p) -> None:
         llama_cpp.llama_sampler_apply(sampler, ctypes.byref(self.array))
@@ -136,12 +144,16 @@ class Candidates:
 
 
 class Chain:
-    """A built llama.cpp chain and the names of its elements, in order. Use from the worker thread."""
+    """A built llama.cpp chain and the names of its elements, in order. `raised`: the tokens a stage may
+    move up (a positive logit bias; recent tokens under a negative penalty): any other token keeps its
+    rank among the raw logits. Use from the worker thread."""
 
-    def __init__(self, pointer: ctypes.c_void_p, stages: tuple[str, ...], params: SamplingParams) -> None:
+    def __init__(self, pointer: ctypes.c_void_p, stages: tuple[str, ...], params: SamplingParams,
+                 raised: np.ndarray) -> None:
         self.pointer = pointer
         self.stages = stages
         self.params = params
+        self.raised = raised
 
     def sample(self, ctx: ctypes.c_void_p) -> int:
         """Draw from the last decoded logits; llama.cpp also records the token for the penalties."""
@@ -160,7 +172,7 @@ class Chain:
 
     def clone(self) -> Chain:
         """A copy with the same state (recent tokens, random generators): replays what this one does next."""
-        return Chain(llama_cpp.llama_sampler_clone(self.pointer), self.stages, self.params)
+        return Chain(llama_cpp.llama_sampler_clone(self.pointer), self.stages, self.params, self.raised)
 
     def free(self) -> None:
         llama_cpp.llama_sampler_free(self.pointer)
@@ -188,9 +200,13 @@ class ChainBuilder:
         pointer = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         for stage in stages:
             llama_cpp.llama_sampler_chain_add(pointer, self._make(stage, params, seed, xtc_always))
-        for token in history[-self._window(params):]:
+        recent = history[-self._window(params):]
+        for token in recent:
             llama_cpp.llama_sampler_accept(pointer, token)
-        return Chain(pointer, stages, params)
+        raised = [token for token, bias in self.bias_tokens(params) if bias > 0]
+        if params.frequency_penalty < 0 or params.presence_penalty < 0:
+            raised += recent[-PENALTY_LAST_N:]
+        return Chain(pointer, stages, params, np.unique(np.asarray(raised, dtype=np.int32)))
 
     def bias_tokens(self, params: SamplingParams) -> list[tuple[int, float]]:
         """Each biased text's first token as it would be tokenized mid-sentence."""

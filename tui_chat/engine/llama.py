@@ -35,8 +35,10 @@ from .chain import Chain
 from .context import fit_context
 from .cpu import ThreadGovernor
 from .cpu_path import AUTO, ProbeResult, choose as choose_cpu_path, run_probe
+from .formats import FormatError
 from .ggml import build_features
-from .llamacpp import LlamaSession, PrefillAborted, quantization_of, supports_gpu_offload
+from .grammar import Constraint
+from .llamacpp import Inspection, LlamaSession, PrefillAborted, quantization_of, supports_gpu_offload
 from .params import SamplingParams
 from .prompts import PromptError, PromptFormat, choose_format
 from .stops import StopScanner, Utf8Stream
@@ -44,6 +46,7 @@ from .xray import stage_cuts, word_probability, xray_at
 
 METRICS_INTERVAL_S = 0.1
 PREFILL_CHUNK = 256
+_UNSEEN = Inspection(None, (), None)  # a token drawn with the inspector off
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +234,7 @@ class LlamaBackend:
             if self._session is None or self._format is None:
                 raise EngineError("no model is loaded")
             _Turn(self, request, stream).run()
-        except (EngineError, PromptError) as error:
+        except (EngineError, PromptError, FormatError) as error:
             stream.put(Error(str(error)))
 
     def _prompt_tokens(self, text: str) -> list[int]:
@@ -284,6 +287,7 @@ class _Turn:
         self.first_at: float | None = None
         self.visible_at: float | None = None
         self.last_at: float | None = None
+        self.constraint: Constraint | None = None
 
     def _fitted_prompt(self) -> tuple[str, list[int], int]:
         """The prompt's text and tokens, the oldest turns left out if the conversation outgrew the context."""
@@ -307,6 +311,18 @@ class _Turn:
             self.session.set_threads(governor.threads)
 
     def run(self) -> None:
+        """The reply; an output format's grammar first, so a bad one is the reply's only event."""
+        output = self.request.format
+        self.constraint = Constraint(self.session, output) if output.constrained else None
+        try:
+            if self.constraint is not None:
+                self.constraint.accept_given(self.forced)
+            self._write()
+        finally:
+            if self.constraint is not None:
+                self.constraint.free()
+
+    def _write(self) -> None:
         session = self.session
         self.retune_threads()
         self.cached = session.keep_prefix(self.context)
@@ -353,8 +369,7 @@ class _Turn:
 
     def _decode(self, scanner: StopScanner, utf8: Utf8Stream) -> StopReason:
         session, stream, live = self.session, self.stream, self.request.params
-        top_n = self.request.top_logprobs
-        xray = self.request.xray
+        shown = self.request.top_logprobs or self.request.xray
         quick = self.backend._quick
         governor = self.backend.threads
         sampler = None
@@ -373,26 +388,24 @@ class _Turn:
                     scanner.stops = params.stop + self.implicit_stops
                 if len(self.generated) >= params.max_tokens:
                     return "length"
-                replay = sampler.clone() if xray else None
-                token = session.sample(sampler)
+                token, seen, stages = self._draw(sampler, params)
                 now = time.perf_counter()
-                prob, top, pool = session.inspect(token, top_n, params) if top_n else (None, (), None)
-                stages = self._stages(replay, token) if replay else ()
+                prob, top, pool, mask = seen.prob, seen.top, seen.pool, seen.mask
                 self.first_at = self.first_at or now
                 self.last_at = now
                 self.generated.append(token)
                 self.drawn += 1
                 if session.is_end_of_generation(token):
                     self.ends.append(None)
-                    stream.put(Token(token, "", now, version, "", prob, top, pool, stages=stages))
+                    stream.put(Token(token, "", now, version, "", prob, top, pool, stages=stages, grammar=mask))
                     return "eos"
                 decoded = utf8.decode(session.piece(token))
                 delta = scanner.feed(decoded)
                 self.ends.append(len(scanner.text) if not utf8.pending else None)
                 if delta and self.visible_at is None:
                     self.visible_at = now
-                stream.put(Token(token, delta, now, version, decoded if top_n or xray else "", prob, top, pool,
-                                 stages=stages))
+                stream.put(Token(token, delta, now, version, decoded if shown else "", prob, top, pool,
+                                 stages=stages, grammar=mask))
                 if scanner.stopped:
                     return "stop"
                 if len(self.generated) >= params.max_tokens or len(session.tokens) + 1 >= session.n_ctx:
@@ -408,6 +421,18 @@ class _Turn:
         finally:
             if sampler is not None:
                 session.free_sampler(sampler)
+
+    def _draw(self, sampler: Chain, params: SamplingParams) -> tuple[int, Inspection, tuple[Stage, ...]]:
+        """The next token from the chain, within the output format's grammar if there is one, and what
+        the inspector and the X-ray record of it when they are on (nothing otherwise)."""
+        session, constraint, top_n = self.session, self.constraint, self.request.top_logprobs
+        replay = sampler.clone() if self.request.xray else None
+        token = session.sample(sampler) if constraint is None else constraint.draw(sampler, session.logits())
+        judge = constraint.judge if constraint is not None else None
+        seen = session.inspect(token, top_n, params, judge) if top_n else _UNSEEN
+        if constraint is not None:
+            constraint.accept(token)
+        return token, seen, self._stages(replay, token) if replay is not None else ()
 
     def _stages(self, replay: Chain, token: int) -> tuple[Stage, ...]:
         """The X-ray of the token just drawn, from a clone of the chain taken before the draw."""
@@ -425,7 +450,8 @@ class _Turn:
         self.backend._history_tokens = self.prompt + self.generated[:kept]
         self.backend._last_prompt = (self.prompt_text, self.prompt)
         metrics = self.metrics()
-        self.stream.put(Done(reason, text, metrics, tuple(self.context)))
+        incomplete = self.constraint is not None and reason != "eos" and not self.constraint.can_end()
+        self.stream.put(Done(reason, text, metrics, tuple(self.context), incomplete))
 
     def metrics(self) -> TurnMetrics:
         first = self.visible_at or self.first_at
@@ -440,4 +466,5 @@ class _Turn:
             n_ctx=self.session.n_ctx,
             dropped_turns=self.dropped_turns,
             threads=self.session.threads.decode,
+            grammar_s=self.constraint.spent_s if self.constraint is not None else 0.0,
         )

@@ -21,7 +21,7 @@ import llama_cpp
 import numpy as np
 
 from . import logs
-from .base import Candidate, EngineError, PoolCut
+from .base import Candidate, EngineError, GrammarMask, PoolCut
 from .chain import Chain, ChainBuilder
 from .cpu import Threads
 from .cpu_path import CpuPath, deny_amx
@@ -41,6 +41,16 @@ _amx_denied = False
 
 class PrefillAborted(Exception):
     """The user cancelled while the prompt was being read."""
+
+
+@dataclass(frozen=True, slots=True)
+class Inspection:
+    """One drawn token under the raw distribution (see `LlamaSession.inspect`)."""
+
+    prob: float
+    top: tuple[Candidate, ...]
+    pool: PoolCut
+    mask: GrammarMask | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,26 +329,39 @@ class LlamaSession:
         """The last decoded position's logits: a view into llama.cpp's buffer, valid until the next decode."""
         return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,))
 
-    def inspect(self, token: int, top_n: int, params: SamplingParams) -> tuple[float, tuple[Candidate, ...], PoolCut]:
+    def inspect(self, token: int, top_n: int, params: SamplingParams,
+                judge: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None) -> Inspection:
         """`token`'s probability, the top-N candidates and the pool cut, under this step's raw distribution.
 
         Softmax into a preallocated buffer and one partial sort of the few hundred likeliest tokens:
-        no full-vocabulary sort, no copies, and nothing at all when the inspector is off.
+        no full-vocabulary sort, no copies, and nothing at all when the inspector is off. With an
+        output format, `judge` (grammar.Constraint.judge: the tokens it judged, and which it allows,
+        given the POOL_SCAN likeliest) marks the candidates and measures the mask.
         """
         logits = self.logits()
         probs = self._probs
         np.subtract(logits, logits.max(), out=probs)
         np.exp(probs, out=probs)
         scale = 1.0 / float(probs.sum())
-        scan = min(self.n_vocab, max(top_n, params.top_k if 0 < params.top_k < POOL_SCAN else POOL_SCAN))
+        wide = judge is not None or not 0 < params.top_k < POOL_SCAN
+        scan = min(self.n_vocab, max(top_n, POOL_SCAN if wide else params.top_k))
         best = np.argpartition(probs, -scan)[-scan:]
         best = best[np.argsort(probs[best])[::-1]]
         ranked = probs[best] * scale
+        judged, ok = judge(best) if judge is not None else (None, None)
+        marks = [None] * top_n if ok is None else np.isin(best[:top_n], judged[ok]).tolist()
         candidates = tuple(
-            Candidate(int(t), self.piece(int(t)).decode("utf-8", errors="replace"), float(p))
-            for t, p in zip(best[:top_n], ranked[:top_n])
+            Candidate(int(t), self.piece(int(t)).decode("utf-8", errors="replace"), float(p), mark)
+            for t, p, mark in zip(best[:top_n], ranked[:top_n], marks)
         )
-        return float(probs[token]) * scale, candidates, pool_cut(ranked, self.n_vocab, params)
+        mask = None if ok is None else self._mask(judged, probs[judged] * scale, ok)
+        return Inspection(float(probs[token]) * scale, candidates, pool_cut(ranked, self.n_vocab, params), mask)
+
+    def _mask(self, ids: np.ndarray, probs: np.ndarray, allowed: np.ndarray) -> GrammarMask:
+        """What a grammar took from these candidates. Forced: all it allowed begin with the same
+        character (or all end the reply): one choice of what comes next, however tokens split it."""
+        starts = {self.piece(int(token)).decode("utf-8", errors="replace")[:1] for token in ids[allowed]}
+        return GrammarMask(float(probs[~allowed].sum()), int(allowed.sum()), len(starts) == 1)
 
     # --- counters and teardown ----------------------------------------------------------------
 

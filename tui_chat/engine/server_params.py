@@ -1,21 +1,24 @@
-"""Which sampling settings each family of OpenAI-compatible servers accepts, and under which field:
-data for the remote backend, so a server gets what it understands and the model info can name the rest.
+"""Which sampling settings and output formats each family of OpenAI-compatible servers accepts, and
+in which fields: data for the remote backend, so a server gets what it understands and the model info
+can name the rest.
 
 Keys are `ServerKind.name` in remote.py. OpenAI's own fields (temperature, top_p, seed, max_tokens,
 stop) every server takes and are not listed.
 
-Sources: llama.cpp's tools/server/server-schema.cpp, llama-cpp-python's server/types.py, vLLM's
-OpenAI-compatible sampling parameters.
+Sources: llama.cpp's tools/server/server-schema.cpp and server-common.cpp, llama-cpp-python's
+server/types.py and llama_chat_format.py, vLLM's and OpenAI's chat completion parameters.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .chain import is_on
+from .formats import OutputFormat
 from .params import DEFAULT_ORDER, SamplingParams
 
 
@@ -120,3 +123,43 @@ def server_fields(server: str, params: SamplingParams) -> tuple[dict[str, Any], 
 
 def _in_use(sampler: str, params: SamplingParams) -> bool:
     return params.sampler_order != DEFAULT_ORDER if sampler == "order" else is_on(sampler, params)
+
+
+def _openai_schema(output: OutputFormat) -> dict[str, Any]:
+    return {"response_format": {"type": "json_schema",
+                                "json_schema": {"name": "reply", "schema": json.loads(output.source)}}}
+
+
+# Per family: output kind -> the request fields asking for it; a kind left out cannot be asked for.
+# llama-server reads json_object as the empty schema: any JSON value, as ours. llama-cpp-python's
+# json_object is an object only, so it gets our JSON grammar instead; OpenAI's and vLLM's is an object
+# only too, and they take no GBNF.
+_FORMAT_FIELDS: dict[str, dict[str, Callable[[OutputFormat], dict[str, Any]]]] = {
+    "llama.cpp server": {
+        "json": lambda o: {"response_format": {"type": "json_object"}},
+        "json_schema": lambda o: {"response_format": {"type": "json_schema",
+                                                      "json_schema": {"schema": json.loads(o.source)}}},
+        "grammar": lambda o: {"grammar": o.source},
+    },
+    "llama-cpp-python server": {
+        "json": lambda o: {"grammar": o.gbnf},
+        "json_schema": lambda o: {"response_format": {"type": "json_object", "schema": json.loads(o.source)}},
+        "grammar": lambda o: {"grammar": o.source},
+    },
+    "vLLM": {"json": lambda o: {"response_format": {"type": "json_object"}}, "json_schema": _openai_schema},
+    "OpenAI-compatible server": {"json": lambda o: {"response_format": {"type": "json_object"}},
+                                 "json_schema": _openai_schema},
+}
+FORMAT_NOTES = {
+    ("vLLM", "json"): "the server's JSON mode writes an object, not any JSON value",
+    ("OpenAI-compatible server", "json"): "the server's JSON mode writes an object, not any JSON value",
+}
+
+
+def format_fields(server: str, output: OutputFormat) -> dict[str, Any] | None:
+    """The request fields that ask this server family for `output`; None where it cannot be asked:
+    refuse the format for that server (and say so in the model info) rather than send free text."""
+    if not output.constrained:
+        return {}
+    make = _FORMAT_FIELDS.get(server, _FORMAT_FIELDS["OpenAI-compatible server"]).get(output.kind)
+    return make(output) if make else None
