@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from conftest import GREEDY, collect
-from tui_chat.engine.base import Message, Request
+from tui_chat.engine.base import Message, Request, Stage
 from tui_chat.engine.chain import DRY_SEQUENCE_BREAKERS, PENALTY_LAST_N, Candidates, plan
 from tui_chat.engine.cpu import Threads
 from tui_chat.engine.llamacpp import LlamaSession
 from tui_chat.engine.params import DEFAULT_ORDER, LiveParams, SamplingParams
-from tui_chat.engine.xray import explain
+from tui_chat.engine.xray import explain, verdict
 
 # Every sampler off: each test turns on one.
 BARE = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0)
@@ -213,3 +213,16 @@ def test_a_bias_set_mid_reply_applies_from_the_next_token(tiny):
 def test_default_order_is_llama_cpps():
     assert DEFAULT_ORDER == ("penalties", "dry", "top_n_sigma", "top_k", "typical_p", "top_p", "min_p", "xtc",
                              "temperature")
+
+
+def test_the_verdict_reads_the_stage_figures():
+    def stage(name, label, kept, mass, rank, prob):
+        return Stage(name, label, kept, mass, rank, prob)
+
+    xtc = [stage("top_k", "top-k 40", 40, 0.9, 3, 0.05), stage("xtc", "XTC 0.5 above 0.1", 38, 0.5, 1, 0.3),
+           stage("temperature", "temperature 0.8", 38, 0.5, 1, 0.35)]
+    assert verdict(" the", 0.04, 3, xtc) == "' the' drawn at rank 3 with p = 0.04 because XTC 0.5 above 0.1 removed the 2 likelier tokens"
+    luck = [stage("top_k", "top-k 40", 40, 0.9, 7, 0.02), stage("min_p", "min-p 0.05", 12, 0.8, 7, 0.03),
+            stage("temperature", "temperature 1.2", 12, 0.8, 7, 0.04)]
+    assert verdict("x", 0.011, 7, luck) == "'x' drawn at rank 7 with p = 0.011: a 4.0% chance among the 12 candidates min-p 0.05 left"
+    assert verdict("x", 0.5, 1, luck[:1]).startswith("'x' drawn at rank 1 with p = 0.5: the likeliest token")

@@ -22,7 +22,7 @@ from .llamacpp import LlamaSession
 from .params import DEFAULT_ORDER, SamplingParams
 
 _DRAW = "dist"
-_REORDERING = {"logit_bias": "raised or lowered", "penalties": "lowered", "dry": "lowered"}
+_REORDERING = {"logit_bias": "raised or lowered", "penalties": "lowered", "dry": "lowered"}  # the rest cut
 
 
 def position_context(prompt_ids: Sequence[int], tokens: Sequence[Token], index: int) -> tuple[int, ...]:
@@ -132,9 +132,9 @@ def verdict(piece: str, prob: float, rank: int, stages: Sequence[Stage], default
         return f"{head} because {_order_reason(stages, default_cut)}"
     mover, was = _biggest_rise(stages, rank)
     if mover is not None:
-        if mover.name == "xtc":
+        if mover.name not in _REORDERING:
             return f"{head} because {mover.label} removed the {was - mover.rank} likelier tokens"
-        return f"{head} because {mover.label} {_REORDERING.get(mover.name, 'moved')} the likelier tokens (rank {was} → {mover.rank})"
+        return f"{head} because {mover.label} {_REORDERING[mover.name]} the likelier tokens (rank {was} → {mover.rank})"
     if not stages:
         return f"{head}: a {prob:.1%} chance, nothing cut the pool"
     cutter = _last_cut(stages)
@@ -183,7 +183,7 @@ def _order_reason(stages: Sequence[Stage], cut: Stage) -> str:
 
 
 def _biggest_rise(stages: Sequence[Stage], rank: int) -> tuple[Stage | None, int]:
-    """The stage that moved the token up the most (penalties lowering others, XTC removing them)."""
+    """The stage that moved the token up the most (penalties lowering others; XTC or typical-p removing them)."""
     best, best_was, was = None, rank, rank
     for stage in stages:
         if stage.rank < was and (best is None or was - stage.rank > best_was - best.rank):
