@@ -200,6 +200,7 @@ KILLED_MID_SAVE = textwrap.dedent("""
     import os
     import signal
     import sys
+    import threading
     from pathlib import Path
 
     from tui_chat.engine.base import Message, Request
@@ -209,10 +210,17 @@ KILLED_MID_SAVE = textwrap.dedent("""
     model, kv, notes = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     backend = LlamaBackend(LlamaSettings(model, n_ctx=1024, kv_dir=kv))
     backend.load().result()
-    os.replace = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)  # the last moment before the rename
+    printed = threading.Event()
+
+    def killed(*args, **kwargs):  # the last moment before the rename, once the reply is out
+        printed.wait(30)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    os.replace = killed
     params = LiveParams(SamplingParams(temperature=0.0, repeat_penalty=1.0, max_tokens=16))
     messages = [Message("system", notes), Message("user", "What is the capital of France?")]
     print(json.dumps(backend.generate(Request(messages, params, conversation="7")).result().text), flush=True)
+    printed.set()
     backend.close()
 """)
 

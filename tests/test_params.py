@@ -1,8 +1,20 @@
+import json
+import math
 import threading
 
 import pytest
 
-from tui_chat.engine.params import PARAMS, SPECS, InvalidParameter, LiveParams, SamplingParams
+from tui_chat.engine.params import (
+    DEFAULT_ORDER,
+    LIST_PARAMS,
+    LIST_SPECS,
+    PARAMS,
+    SPECS,
+    InvalidParameter,
+    LiveParams,
+    SamplingParams,
+    parse_logit_bias,
+)
 
 
 def test_defaults_come_from_the_table():
@@ -64,3 +76,81 @@ def test_live_params_survive_concurrent_writers():
         thread.join()
     assert live.version == 800
     assert SPECS["top_k"].minimum <= live.snapshot()[1].top_k < 200
+
+
+def test_new_samplers_are_off_by_default_as_in_llama_cpp():
+    from tui_chat.engine.chain import is_on
+
+    params = SamplingParams()
+    for stage in ("dry", "top_n_sigma", "typical_p", "xtc", "mirostat_v2", "logit_bias"):
+        assert not is_on(stage, params), stage
+    assert params.sampler_order == DEFAULT_ORDER
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("top_k, min_p,temperature", ("top_k", "min_p", "temperature")),
+        (["typ_p", "temp"], ("typical_p", "temperature")),  # llama.cpp's own names
+    ],
+)
+def test_sampler_order_is_read_from_text_or_a_list(value, expected):
+    assert SamplingParams().with_changes(sampler_order=value).sampler_order == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("top_k,warmth", "sampler_order takes names from penalties, dry, .* \\(got 'warmth'\\)"),
+        ("top_k,top_k", "sampler_order names a sampler twice"),
+        ("", "sampler_order takes names"),
+        (3, "sampler_order must be a list of sampler names"),
+    ],
+)
+def test_bad_sampler_orders_are_refused(value, message):
+    with pytest.raises(InvalidParameter, match=message):
+        SamplingParams().with_changes(sampler_order=value)
+
+
+def test_logit_bias_entries():
+    assert parse_logit_bias("Paris=-inf") == ("Paris", -math.inf)
+    assert parse_logit_bias("a=b=1.5") == ("a=b", 1.5)
+    params = SamplingParams().with_changes(logit_bias=[" Paris=-inf", ("the", 2), "the=3"])
+    assert params.logit_bias == ((" Paris", -math.inf), ("the", 3.0))
+    assert SamplingParams().with_changes(logit_bias={"x": -5}).logit_bias == (("x", -5.0),)
+    # a stored conversation comes back through JSON as lists
+    stored = json.loads(json.dumps(params.as_dict()))
+    assert SamplingParams().with_changes(**stored) == params
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (["Paris"], "logit bias must be TEXT=BIAS"),
+        (["=5"], "a logit bias needs a non-empty text"),
+        (["x=inf"], "the logit bias of 'x' must be between -100 and 100, or -inf to ban it"),
+        (["x=lots"], "the logit bias of 'x' must be between"),
+        ([("x", True)], "the logit bias of 'x' must be between"),
+        ("x=1", "logit_bias must be a list of TEXT=BIAS entries"),
+    ],
+)
+def test_bad_logit_bias_is_refused(value, message):
+    with pytest.raises(InvalidParameter, match=message):
+        SamplingParams().with_changes(logit_bias=value)
+
+
+def test_list_settings_parse_one_command_line_value_each():
+    assert LIST_SPECS["logit_bias"].parse("Paris=-2") == ("Paris", -2.0) and LIST_SPECS["logit_bias"].repeatable
+    assert LIST_SPECS["sampler_order"].parse("top_k,temp") == ("top_k", "temperature")
+    assert [spec.control for spec in LIST_PARAMS] == ["stops", "bias", "order"]
+
+
+def test_live_params_remember_the_settings_of_recent_versions():
+    live = LiveParams()
+    live.update(top_k=5)
+    live.update(top_k=6)
+    assert live.at(1).top_k == 5 and live.at(2).top_k == 6 and live.at(0) == SamplingParams()
+    for k in range(LiveParams.KEPT_VERSIONS):
+        live.update(top_k=k)
+    with pytest.raises(KeyError):
+        live.at(1)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from .formats import TEXT, OutputFormat
 from .params import LiveParams
 
 Role = Literal["system", "user", "assistant"]
@@ -41,6 +42,9 @@ class Request:
     # The chat this turn belongs to (the history's ID; "" when none): the KV state saved after the reply
     # is filed under it, so deleting the chat can delete it.
     conversation: str = ""
+    # Each drawn token carries its X-ray (`Token.stages`); costs a pass of the chain per token.
+    xray: bool = False
+    format: OutputFormat = TEXT  # free text, JSON, a JSON schema or a grammar (formats.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,11 +92,17 @@ class TurnMetrics:
     restored_tokens: int = 0  # prompt tokens taken from a KV state saved on disk (counted in cached_tokens too)
     restore_s: float = 0.0  # finding, checking and loading that state
     restore_avoided_s: float | None = None  # how long reading those tokens would have taken, at the measured rate
+    grammar_s: float = 0.0  # time an output format's grammar took (checks, masks, draws again)
 
     @property
     def prefill_tok_s(self) -> float | None:
         evaluated = self.prompt_tokens - self.cached_tokens
         return evaluated / self.prefill_s if self.prefill_s > 0 and evaluated > 0 else None
+
+    @property
+    def grammar_ms_per_token(self) -> float | None:
+        """An output format's cost per drawn token; None without one."""
+        return self.grammar_s * 1000 / self.completion_tokens if self.grammar_s and self.completion_tokens else None
 
     @property
     def decode_tok_s(self) -> float | None:
@@ -116,6 +126,7 @@ class TurnMetrics:
             "restored_tokens": self.restored_tokens,
             "restore_s": self.restore_s,
             "restore_avoided_s": self.restore_avoided_s,
+            "grammar_ms_per_token": self.grammar_ms_per_token,
         }
 
 
@@ -141,6 +152,19 @@ class Candidate:
     token_id: int
     text: str
     prob: float
+    allowed: bool | None = None  # under an output format: whether the grammar allowed it; None: no format
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarMask:
+    """What an output format's grammar did at one token, judged over the 1024 likeliest candidates of the
+    raw distribution and the drawn one (over the whole vocabulary where none of those was allowed): the
+    probability mass it forbade, how many it allowed, and whether it left one choice (`forced`: all it
+    allowed begin with the same character, or all end the reply; tokens may split the text differently)."""
+
+    removed: float
+    allowed: int
+    forced: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +175,50 @@ class PoolCut:
     top_k: int | None
     top_p: int | None
     min_p: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One element of the sampler chain as it acted on one token: how many candidates it left, the
+    share of the raw distribution they hold, and the drawn token's rank and probability among them
+    (both None when this stage removed it). `note` says what the figures assume, where they guess."""
+
+    name: str
+    label: str
+    kept: int
+    mass: float
+    rank: int | None
+    prob: float | None
+    note: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        return {"name": self.name, "kept": self.kept, "mass": self.mass, "rank": self.rank, "prob": self.prob}
+
+
+@dataclass(frozen=True, slots=True)
+class XRay:
+    """Why a token was drawn: its rank and probability under the raw distribution, the chain stage by
+    stage, and a one-line verdict. `elapsed_s`: what computing it took (recompute included)."""
+
+    token_id: int
+    piece: str
+    prob: float
+    rank: int
+    stages: tuple[Stage, ...]
+    verdict: str
+    elapsed_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class WordProbability:
+    """The exact probability of `text` at a position: the product of its tokens' conditional
+    probabilities (`tokens`, each with its own), under the raw distribution. `rank`: where its first
+    token stands among all the vocabulary's (1 = likeliest)."""
+
+    text: str
+    tokens: tuple[Candidate, ...]
+    prob: float
+    rank: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +237,7 @@ class PromptProgress:
     done: int
     total: int
     elapsed_s: float
+    prompt_ids: tuple[int, ...] = ()  # on the first one: all the reply follows (as Done.prompt_ids)
 
     @property
     def eta_s(self) -> float | None:
@@ -184,7 +253,9 @@ class Token:
     With top_logprobs on (and only then, to keep the per-token path lean): the token's own text (a
     character split across tokens belongs to the one that completes it), its
     probability under the raw distribution, the likeliest candidates and where the settings cut the pool.
-    A `forced` token was given by the request (a branch), not drawn: it carries no probabilities."""
+    A `forced` token was given by the request (a branch), not drawn: it carries no probabilities.
+    With `Request.xray`: the chain stage by stage for this token (`stages`). Under an output format,
+    with top_logprobs on: what its grammar masked (`grammar`; the candidates say which it forbade)."""
 
     token_id: int
     text: str
@@ -195,6 +266,8 @@ class Token:
     top: tuple[Candidate, ...] = ()
     pool: PoolCut | None = None
     forced: bool = False
+    stages: tuple[Stage, ...] = ()
+    grammar: GrammarMask | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,10 +277,14 @@ class Metrics:
 
 @dataclass(frozen=True, slots=True)
 class Done:
+    """`incomplete`: under an output format, the reply stopped (max tokens, a stop sequence, cancel)
+    before its grammar was satisfied, so e.g. its JSON does not parse."""
+
     stop_reason: StopReason
     text: str
     metrics: TurnMetrics
     prompt_ids: tuple[int, ...] = ()
+    incomplete: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,8 +295,8 @@ class Error:
     text: str = ""
 
 
-Event = LoadProgress | Loaded | PromptProgress | Token | Metrics | Done | Error
-FINAL_EVENTS = (Loaded, Done, Error)
+Event = LoadProgress | Loaded | PromptProgress | Token | Metrics | Done | Error | XRay | WordProbability
+FINAL_EVENTS = (Loaded, Done, Error, XRay, WordProbability)
 
 
 class Stream:
@@ -256,7 +333,7 @@ class Stream:
             yield from self.drain(timeout=None)
 
     def result(self) -> Event:
-        """Block until the job ends; returns its final event (Loaded, Done or Error)."""
+        """Block until the job ends; returns its final event (Loaded, Done, XRay, WordProbability or Error)."""
         final: Event | None = None
         for event in self:
             if isinstance(event, FINAL_EVENTS):

@@ -6,7 +6,8 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,23 +23,32 @@ from .base import (
     ModelInfo,
     PromptProgress,
     Request,
+    Stage,
     StopReason,
     Stream,
     Token,
     TurnMetrics,
+    WordProbability,
+    XRay,
 )
+from .chain import Chain
 from .context import fit_context
 from .cpu import ThreadGovernor
 from .cpu_path import AUTO, ProbeResult, choose as choose_cpu_path, run_probe
+from .formats import FormatError
 from .ggml import build_features, build_version
+from .grammar import Constraint
 from .kvcache import DiskCache, Restored, open_disk_cache
 from .kvstore import DEFAULT_BUDGET_BYTES
-from .llamacpp import LlamaSession, PrefillAborted, quantization_of, supports_gpu_offload
+from .llamacpp import Inspection, LlamaSession, PrefillAborted, quantization_of, supports_gpu_offload
+from .params import SamplingParams
 from .prompts import PromptError, PromptFormat, choose_format
 from .stops import StopScanner, Utf8Stream
+from .xray import stage_cuts, word_probability, xray_at
 
 METRICS_INTERVAL_S = 0.1
 PREFILL_CHUNK = 256
+_UNSEEN = Inspection(None, (), None)  # a token drawn with the inspector off
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +95,8 @@ class LlamaBackend:
         self.name = name or settings.path.stem
         self.info: ModelInfo | None = None
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        # Short jobs (an X-ray, a word's probability) that a reply being written takes between two tokens.
+        self._quick: deque[Callable[[], None]] = deque()
         self._session: LlamaSession | None = None
         self._disk: DiskCache | None = None
         self._format: PromptFormat | None = None
@@ -108,6 +120,19 @@ class LlamaBackend:
         self._jobs.put(lambda: self._guarded(stream, lambda: self._generate(request, stream)))
         return stream
 
+    def xray(self, context: Sequence[int], token: int, params: SamplingParams) -> Stream:
+        """Why `token` was drawn after `context` (`xray.position_context`) under `params` (the settings it
+        was drawn with: `LiveParams.at(token.params_version)`): ends with an `XRay` or an `Error`.
+        Runs between two tokens when a reply is being written."""
+        context = tuple(context)
+        return self._quick_job(lambda session: xray_at(session, context, token, params))
+
+    def word_probability(self, context: Sequence[int], text: str) -> Stream:
+        """The probability that the model writes `text` right after `context`: ends with a
+        `WordProbability` or an `Error`. Runs between two tokens when a reply is being written."""
+        context = tuple(context)
+        return self._quick_job(lambda session: word_probability(session, context, text))
+
     def count_tokens(self, text: str) -> int:
         """Tokens `text` takes in this model; tokenizing only reads the vocabulary, so no worker hop."""
         with self._session_lock:
@@ -130,6 +155,25 @@ class LlamaBackend:
         except Exception as error:  # noqa: BLE001 - the thread boundary: nothing may escape
             logs.record_exception(error)
             stream.put(Error(f"internal error ({type(error).__name__}: {error}); details in the log"))
+
+    def _quick_job(self, compute: Callable[[LlamaSession], XRay | WordProbability]) -> Stream:
+        stream = Stream()
+
+        def job() -> None:
+            try:
+                if self._session is None:
+                    raise EngineError("no model is loaded")
+                stream.put(compute(self._session))
+            except EngineError as error:
+                stream.put(Error(str(error)))
+
+        self._quick.append(lambda: self._guarded(stream, job))
+        self._jobs.put(self._run_quick)  # wakes an idle worker; a reply being written gets there first
+        return stream
+
+    def _run_quick(self) -> None:
+        while self._quick:
+            self._quick.popleft()()
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
@@ -198,7 +242,7 @@ class LlamaBackend:
             if self._session is None or self._format is None:
                 raise EngineError("no model is loaded")
             _Turn(self, request, stream).run()
-        except (EngineError, PromptError) as error:
+        except (EngineError, PromptError, FormatError) as error:
             stream.put(Error(str(error)))
             return
         if self._disk is not None:
@@ -267,6 +311,7 @@ class _Turn:
         self.first_at: float | None = None
         self.visible_at: float | None = None
         self.last_at: float | None = None
+        self.constraint: Constraint | None = None
 
     def _fitted_prompt(self) -> tuple[str, list[int], int]:
         """The prompt's text and tokens, the oldest turns left out if the conversation outgrew the context."""
@@ -290,6 +335,18 @@ class _Turn:
             self.session.set_threads(governor.threads)
 
     def run(self) -> None:
+        """The reply; an output format's grammar first, so a bad one is the reply's only event."""
+        output = self.request.format
+        self.constraint = Constraint(self.session, output) if output.constrained else None
+        try:
+            if self.constraint is not None:
+                self.constraint.accept_given(self.forced)
+            self._write()
+        finally:
+            if self.constraint is not None:
+                self.constraint.free()
+
+    def _write(self) -> None:
         session, disk = self.session, self.backend._disk
         self.retune_threads()
         self.restored = disk.restore(session, self.context) if disk is not None else None
@@ -312,7 +369,8 @@ class _Turn:
         started = time.perf_counter()
 
         def progress(done: int) -> None:
-            self.stream.put(PromptProgress(done, len(todo), time.perf_counter() - started))
+            ids = tuple(self.context) if done == 0 else ()
+            self.stream.put(PromptProgress(done, len(todo), time.perf_counter() - started, ids))
             self.retune_threads()
 
         progress(0)
@@ -338,7 +396,8 @@ class _Turn:
 
     def _decode(self, scanner: StopScanner, utf8: Utf8Stream) -> StopReason:
         session, stream, live = self.session, self.stream, self.request.params
-        top_n = self.request.top_logprobs
+        shown = self.request.top_logprobs or self.request.xray
+        quick = self.backend._quick
         governor = self.backend.threads
         sampler = None
         version = -1
@@ -356,27 +415,30 @@ class _Turn:
                     scanner.stops = params.stop + self.implicit_stops
                 if len(self.generated) >= params.max_tokens:
                     return "length"
-                token = session.sample(sampler)
+                token, seen, stages = self._draw(sampler, params)
                 now = time.perf_counter()
-                prob, top, pool = session.inspect(token, top_n, params) if top_n else (None, (), None)
+                prob, top, pool, mask = seen.prob, seen.top, seen.pool, seen.mask
                 self.first_at = self.first_at or now
                 self.last_at = now
                 self.generated.append(token)
                 self.drawn += 1
                 if session.is_end_of_generation(token):
                     self.ends.append(None)
-                    stream.put(Token(token, "", now, version, "", prob, top, pool))
+                    stream.put(Token(token, "", now, version, "", prob, top, pool, stages=stages, grammar=mask))
                     return "eos"
                 decoded = utf8.decode(session.piece(token))
                 delta = scanner.feed(decoded)
                 self.ends.append(len(scanner.text) if not utf8.pending else None)
                 if delta and self.visible_at is None:
                     self.visible_at = now
-                stream.put(Token(token, delta, now, version, decoded if top_n else "", prob, top, pool))
+                stream.put(Token(token, delta, now, version, decoded if shown else "", prob, top, pool,
+                                 stages=stages, grammar=mask))
                 if scanner.stopped:
                     return "stop"
                 if len(self.generated) >= params.max_tokens or len(session.tokens) + 1 >= session.n_ctx:
                     return "length"
+                if quick:
+                    self.backend._run_quick()
                 session.step(token)
                 if now >= next_metrics:
                     stream.put(Metrics(self.metrics()))
@@ -387,6 +449,25 @@ class _Turn:
             if sampler is not None:
                 session.free_sampler(sampler)
 
+    def _draw(self, sampler: Chain, params: SamplingParams) -> tuple[int, Inspection, tuple[Stage, ...]]:
+        """The next token from the chain, within the output format's grammar if there is one, and what
+        the inspector and the X-ray record of it when they are on (nothing otherwise)."""
+        session, constraint, top_n = self.session, self.constraint, self.request.top_logprobs
+        replay = sampler.clone() if self.request.xray else None
+        token = session.sample(sampler) if constraint is None else constraint.draw(sampler, session.logits())
+        judge = constraint.judge if constraint is not None else None
+        seen = session.inspect(token, top_n, params, judge) if top_n else _UNSEEN
+        if constraint is not None:
+            constraint.accept(token)
+        return token, seen, self._stages(replay, token) if replay is not None else ()
+
+    def _stages(self, replay: Chain, token: int) -> tuple[Stage, ...]:
+        """The X-ray of the token just drawn, from a clone of the chain taken before the draw."""
+        try:
+            return stage_cuts(replay, self.session.logits(), token)
+        finally:
+            replay.free()
+
     def _finish(self, reason: StopReason, scanner: StopScanner, utf8: Utf8Stream) -> None:
         scanner.feed(utf8.flush())
         scanner.flush()
@@ -396,7 +477,8 @@ class _Turn:
         self.backend._history_tokens = self.prompt + self.generated[:kept]
         self.backend._last_prompt = (self.prompt_text, self.prompt)
         metrics = self.metrics()
-        self.stream.put(Done(reason, text, metrics, tuple(self.context)))
+        incomplete = self.constraint is not None and reason != "eos" and not self.constraint.can_end()
+        self.stream.put(Done(reason, text, metrics, tuple(self.context), incomplete))
 
     def metrics(self) -> TurnMetrics:
         first = self.visible_at or self.first_at
@@ -416,4 +498,5 @@ class _Turn:
             restored_tokens=restored,
             restore_s=self.restored.seconds if self.restored else 0.0,
             restore_avoided_s=restored / rate if rate else None,
+            grammar_s=self.constraint.spent_s if self.constraint is not None else 0.0,
         )

@@ -3,6 +3,9 @@
 We drive llama.cpp directly rather than through `llama_cpp.Llama` so that each token is one
 `llama_decode` of a preallocated batch, the sampler chain can change between tokens, and the next
 token's probabilities come from this step's logits alone. Use from a single thread.
+
+The context holds two sequences: 0 is the conversation; 1 is a scratch copy that shares its cached
+prefix, where a past position's logits are recomputed on demand (the X-ray, word probabilities).
 """
 
 from __future__ import annotations
@@ -19,14 +22,15 @@ import llama_cpp
 import numpy as np
 
 from . import logs
-from .base import Candidate, EngineError, PoolCut
+from .base import Candidate, EngineError, GrammarMask, PoolCut
+from .chain import Chain, ChainBuilder
 from .cpu import Threads
 from .cpu_path import CpuPath, deny_amx
 from .models import check_gguf
 from .params import SamplingParams
 from .pool import pool_cut
 
-PENALTY_LAST_N = 64
+SCRATCH_SEQ = 1
 POOL_SCAN = 1024  # with top-k off, the pool cut is counted among this many likeliest tokens
 _ALL_LAYERS = 0x7FFF_FFFF
 _SESSION_HEADER = struct.Struct("<III")  # llama.cpp's session file: magic, version, token count; then the tokens
@@ -43,6 +47,16 @@ class PrefillAborted(Exception):
 
 class StateRefused(Exception):
     """A saved KV state this session will not restore (`load_state` says what became of the cache). One line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Inspection:
+    """One drawn token under the raw distribution (see `LlamaSession.inspect`)."""
+
+    prob: float
+    top: tuple[Candidate, ...]
+    pool: PoolCut
+    mask: GrammarMask | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +119,10 @@ class LlamaSession:
         context_params.n_threads = threads.decode
         context_params.n_threads_batch = threads.batch
         context_params.swa_full = True  # sliding-window models keep every position, so earlier turns stay reusable
+        # One cache for both sequences: the scratch one tags the cells it shares instead of copying
+        # them, and the conversation keeps the whole context.
+        context_params.n_seq_max = 2
+        context_params.kv_unified = True
         context_params.no_perf = False
         self.kv_types = (context_params.type_k, context_params.type_v)
         self.ctx = llama_cpp.llama_init_from_model(self.model, context_params)
@@ -129,6 +147,7 @@ class LlamaSession:
         self._probs = np.empty(self.n_vocab, dtype=np.float32)
         self._abort = llama_cpp.ggml_abort_callback(lambda _data: self._abort_requested())
         self._abort_requested: Callable[[], bool] = lambda: False
+        self.chains = ChainBuilder(self.vocab, self.n_vocab, self.n_ctx, self.continuation)
 
     def set_threads(self, threads: Threads) -> None:
         """Takes effect from the next decode: the count can follow the machine's load mid-reply."""
@@ -162,6 +181,22 @@ class LlamaSession:
 
     def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
         return _tokenize(self.vocab, text, add_bos=add_bos)
+
+    def continuation(self, text: str) -> list[int]:
+        """`text`'s tokens as they would come after other text: no BOS, and without the space that
+        some tokenizers (SentencePiece's add_space_prefix) put before the start of a text."""
+        tokens = self.tokenize(text, add_bos=False)
+        if self.detokenize(tokens) == text:
+            return tokens
+        anchor = self.tokenize("\n", add_bos=False)
+        joined = self.tokenize("\n" + text, add_bos=False)
+        rest = joined[len(anchor) :]
+        if joined[: len(anchor)] == anchor and self.detokenize(rest) == text:
+            return rest
+        return tokens
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.piece(token) for token in tokens).decode("utf-8", errors="replace")
 
     def piece(self, token: int) -> bytes:
         """The bytes a generated token stands for; control tokens show as nothing."""
@@ -227,15 +262,8 @@ class LlamaSession:
         self.tokens.append(token)
 
     def _decode(self, chunk: Sequence[int], *, want_logits: bool) -> None:
-        batch = self._batch
         n_past = len(self.tokens)
-        batch.n_tokens = len(chunk)
-        for i, token in enumerate(chunk):
-            batch.token[i] = token
-            batch.pos[i] = n_past + i
-            batch.logits[i] = 0
-        batch.logits[len(chunk) - 1] = int(want_logits)
-        status = llama_cpp.llama_decode(self.ctx, batch)
+        status = self._submit(chunk, n_past, 0, want_logits)
         if status == 2:
             llama_cpp.llama_memory_seq_rm(self.memory, 0, n_past, -1)
             raise PrefillAborted
@@ -288,56 +316,107 @@ class LlamaSession:
             raise StateRefused(_last_error("llama.cpp could not restore it"))
         self.tokens = tokens.tolist()
 
-    # --- sampling -----------------------------------------------------------------------------
 
-    def new_sampler(self, params: SamplingParams, seed: int) -> ctypes.c_void_p:
-        """A llama.cpp sampler chain for `params`, primed with the recent tokens the penalty looks at."""
-        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-        add = lambda sampler: llama_cpp.llama_sampler_chain_add(chain, sampler)  # noqa: E731
-        if params.repeat_penalty != 1.0:
-            add(llama_cpp.llama_sampler_init_penalties(self.n_vocab, PENALTY_LAST_N, params.repeat_penalty, 0.0, 0.0))
-        if params.temperature <= 0.0:
-            add(llama_cpp.llama_sampler_init_greedy())
-        else:
-            if params.top_k > 0:
-                add(llama_cpp.llama_sampler_init_top_k(params.top_k))
-            if params.top_p < 1.0:
-                add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
-            if params.min_p > 0.0:
-                add(llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
-            add(llama_cpp.llama_sampler_init_temp(params.temperature))
-            add(llama_cpp.llama_sampler_init_dist(seed))
-        for token in self.tokens[-PENALTY_LAST_N:]:
-            llama_cpp.llama_sampler_accept(chain, token)
-        return chain
+    def _submit(self, chunk: Sequence[int], n_past: int, seq: int, want_logits: bool) -> int:
+        """One `llama_decode` of `chunk` at positions from `n_past` in sequence `seq`; its status.
+        The batch's sequence ids are left at 0, which `step` (the hot path) relies on."""
+        batch = self._batch
+        batch.n_tokens = len(chunk)
+        for i, token in enumerate(chunk):
+            batch.token[i] = token
+            batch.pos[i] = n_past + i
+            batch.logits[i] = 0
+            batch.seq_id[i][0] = seq
+        batch.logits[len(chunk) - 1] = int(want_logits)
+        try:
+            return llama_cpp.llama_decode(self.ctx, batch)
+        finally:
+            for i in range(len(chunk) if seq else 0):
+                batch.seq_id[i][0] = 0
+
+    def scratch_logits(self, context: Sequence[int], then: Sequence[int] = ()) -> np.ndarray:
+        """Logits after `context`, then after each token of `then`: row j follows context + then[:j].
+
+        Computed in the scratch sequence, which starts as a copy of the cached prefix it shares with
+        `context` (llama.cpp tags the cells, nothing is copied), so only what the cache lacks is read;
+        the rows come one token at a time, the shape the decode loop uses, so their figures agree with
+        the inspector's. The scratch sequence is dropped afterwards: the conversation is untouched.
+        """
+        if not context:
+            raise EngineError("there is no text before this position to compute it from")
+        limit = min(len(self.tokens), len(context) - 1)
+        shared = 0
+        while shared < limit and self.tokens[shared] == context[shared]:
+            shared += 1
+        rows = np.empty((len(then) + 1, self.n_vocab), dtype=np.float32)
+        try:
+            if shared:
+                llama_cpp.llama_memory_seq_cp(self.memory, 0, SCRATCH_SEQ, 0, shared)
+            body = context[shared:-1]
+            for start in range(0, len(body), self.n_batch):
+                self._check(self._submit(body[start : start + self.n_batch], shared + start, SCRATCH_SEQ, False))
+            for row, token in enumerate([context[-1], *then]):
+                self._check(self._submit([token], len(context) - 1 + row, SCRATCH_SEQ, True))
+                rows[row] = self.logits()
+        finally:
+            llama_cpp.llama_memory_seq_rm(self.memory, SCRATCH_SEQ, -1, -1)
+        return rows
 
     @staticmethod
-    def free_sampler(chain: ctypes.c_void_p) -> None:
-        llama_cpp.llama_sampler_free(chain)
+    def _check(status: int) -> None:
+        if status != 0:
+            raise EngineError(_decode_failure(status))
 
-    def sample(self, chain: ctypes.c_void_p) -> int:
-        return llama_cpp.llama_sampler_sample(chain, self.ctx, -1)
+    # --- sampling -----------------------------------------------------------------------------
 
-    def inspect(self, token: int, top_n: int, params: SamplingParams) -> tuple[float, tuple[Candidate, ...], PoolCut]:
+    def new_sampler(self, params: SamplingParams, seed: int) -> Chain:
+        """The sampler chain for `params` (chain.py), primed with the recent tokens its penalties look at."""
+        return self.chains.build(params, seed, self.tokens)
+
+    @staticmethod
+    def free_sampler(chain: Chain) -> None:
+        chain.free()
+
+    def sample(self, chain: Chain) -> int:
+        return chain.sample(self.ctx)
+
+    def logits(self) -> np.ndarray:
+        """The last decoded position's logits: a view into llama.cpp's buffer, valid until the next decode."""
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,))
+
+    def inspect(self, token: int, top_n: int, params: SamplingParams,
+                judge: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None) -> Inspection:
         """`token`'s probability, the top-N candidates and the pool cut, under this step's raw distribution.
 
         Softmax into a preallocated buffer and one partial sort of the few hundred likeliest tokens:
-        no full-vocabulary sort, no copies, and nothing at all when the inspector is off.
+        no full-vocabulary sort, no copies, and nothing at all when the inspector is off. With an
+        output format, `judge` (grammar.Constraint.judge: the tokens it judged, and which it allows,
+        given the POOL_SCAN likeliest) marks the candidates and measures the mask.
         """
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,))
+        logits = self.logits()
         probs = self._probs
         np.subtract(logits, logits.max(), out=probs)
         np.exp(probs, out=probs)
         scale = 1.0 / float(probs.sum())
-        scan = min(self.n_vocab, max(top_n, params.top_k if 0 < params.top_k < POOL_SCAN else POOL_SCAN))
+        wide = judge is not None or not 0 < params.top_k < POOL_SCAN
+        scan = min(self.n_vocab, max(top_n, POOL_SCAN if wide else params.top_k))
         best = np.argpartition(probs, -scan)[-scan:]
         best = best[np.argsort(probs[best])[::-1]]
         ranked = probs[best] * scale
+        judged, ok = judge(best) if judge is not None else (None, None)
+        marks = [None] * top_n if ok is None else np.isin(best[:top_n], judged[ok]).tolist()
         candidates = tuple(
-            Candidate(int(t), self.piece(int(t)).decode("utf-8", errors="replace"), float(p))
-            for t, p in zip(best[:top_n], ranked[:top_n])
+            Candidate(int(t), self.piece(int(t)).decode("utf-8", errors="replace"), float(p), mark)
+            for t, p, mark in zip(best[:top_n], ranked[:top_n], marks)
         )
-        return float(probs[token]) * scale, candidates, pool_cut(ranked, self.n_vocab, params)
+        mask = None if ok is None else self._mask(judged, probs[judged] * scale, ok)
+        return Inspection(float(probs[token]) * scale, candidates, pool_cut(ranked, self.n_vocab, params), mask)
+
+    def _mask(self, ids: np.ndarray, probs: np.ndarray, allowed: np.ndarray) -> GrammarMask:
+        """What a grammar took from these candidates. Forced: all it allowed begin with the same
+        character (or all end the reply): one choice of what comes next, however tokens split it."""
+        starts = {self.piece(int(token)).decode("utf-8", errors="replace")[:1] for token in ids[allowed]}
+        return GrammarMask(float(probs[~allowed].sum()), int(allowed.sum()), len(starts) == 1)
 
     # --- counters and teardown ----------------------------------------------------------------
 
@@ -349,6 +428,7 @@ class LlamaSession:
         return Perf(data.t_p_eval_ms, data.n_p_eval, data.t_eval_ms, data.n_eval)
 
     def close(self) -> None:
+        self.chains.close()
         if self.ctx:
             llama_cpp.llama_batch_free(self._batch)
             llama_cpp.llama_free(self.ctx)

@@ -14,28 +14,51 @@ _ANY_VOCAB = 1 << 31
 
 
 def pool_cut(ranked: np.ndarray, n_vocab: int, params: SamplingParams) -> PoolCut:
-    """Candidates left after top-k, then top-p, then min-p, as llama.cpp's chain applies them.
+    """Candidates left after top-k, top-p and min-p, in the order the chain applies them
+    (`sampler_order`; one left out of it cuts nothing), on the raw distribution.
 
     `ranked` holds the likeliest probabilities in descending order (at least top-k of them when
-    top-k is on). Top-p renormalises over what top-k kept; min-p compares with the likeliest token.
-    Temperature comes last in the chain, so it changes no count; at 0 the pick is greedy: one.
+    top-k is on). Top-p renormalises over what came before it; min-p compares with the likeliest token.
+    Temperature runs last by default, changing no count; at 0 the pick is greedy: one. The other
+    samplers are not counted here: the X-ray (xray.py) shows the whole chain.
     """
     if params.temperature <= 0:
         return PoolCut(1, 1, 1)
-    after_k = min(params.top_k, n_vocab) if params.top_k > 0 else n_vocab
-    after_p: int | None = after_k
-    if params.top_p < 1.0:
-        kept = ranked[:after_k]
-        mass = float(kept.sum()) if after_k <= len(ranked) else 1.0
-        cumulative = np.cumsum(kept) / mass
-        reached = int(np.searchsorted(cumulative, params.top_p, side="left"))
-        after_p = reached + 1 if reached < len(cumulative) else None
-    after_m = after_p
-    if params.min_p > 0.0:
-        considered = ranked[: after_p if after_p is not None else len(ranked)]
-        survivors = int(np.count_nonzero(considered >= params.min_p * ranked[0]))
-        after_m = survivors if survivors < len(considered) or after_p is not None else None
-    return PoolCut(after_k, after_p, after_m)
+    kept: int | None = n_vocab
+    counts: dict[str, int | None] = {}
+    listed = [stage for stage in params.sampler_order if stage in _CUTS]
+    for stage in listed + [stage for stage in _CUTS if stage not in listed]:
+        if stage in listed:
+            kept = _CUTS[stage](ranked, kept, n_vocab, params)
+        counts[stage] = kept
+    return PoolCut(counts["top_k"], counts["top_p"], counts["min_p"])
+
+
+def _top_k(ranked: np.ndarray, kept: int | None, n_vocab: int, params: SamplingParams) -> int | None:
+    if params.top_k <= 0:
+        return kept
+    return min(params.top_k, n_vocab if kept is None else kept)
+
+
+def _top_p(ranked: np.ndarray, kept: int | None, n_vocab: int, params: SamplingParams) -> int | None:
+    if params.top_p >= 1.0:
+        return kept
+    considered = ranked if kept is None else ranked[:kept]
+    mass = float(considered.sum()) if kept is not None and kept <= len(ranked) else 1.0
+    cumulative = np.cumsum(considered) / mass
+    reached = int(np.searchsorted(cumulative, params.top_p, side="left"))
+    return reached + 1 if reached < len(cumulative) else None
+
+
+def _min_p(ranked: np.ndarray, kept: int | None, n_vocab: int, params: SamplingParams) -> int | None:
+    if params.min_p <= 0.0:
+        return kept
+    considered = ranked[: len(ranked) if kept is None else kept]
+    survivors = int(np.count_nonzero(considered >= params.min_p * ranked[0]))
+    return survivors if survivors < len(considered) or kept is not None else None
+
+
+_CUTS = {"top_k": _top_k, "top_p": _top_p, "min_p": _min_p}
 
 
 def kept_by(probs: Sequence[float], params: SamplingParams) -> int:

@@ -132,6 +132,6 @@ class SamplingPanel(Vertical):
                     self.query_one("#seed", Input).value = "" if value < 0 else str(value)
                 elif name == "stop":
                     self.query_one("#stop", Input).value = shown_stops(value)
-                else:
+                elif name in SPECS:
                     self.query_one(f"#{name}", Slider).value = value
         self._apply(**values)

@@ -1,0 +1,210 @@
+"""Output formats on real llama.cpp: JSON, JSON schemas (checked by a real validator), GBNF grammars; the
+mask made visible; bad input as one line with the backend still working; the remote mapping against a
+real llama_cpp.server on loopback."""
+
+import json
+import math
+
+import httpx
+import jsonschema
+import pytest
+
+from conftest import GREEDY, collect, open_backend
+from tui_chat.engine.base import Done, Error, Message, Request, Token
+from tui_chat.engine.formats import TEXT, FormatError, choose, from_dict, grammar, json_schema
+from tui_chat.engine.params import LiveParams, SamplingParams
+from tui_chat.engine.server_params import format_fields
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 40},
+        "country": {"type": "string", "maxLength": 40},
+        "population": {"type": "integer"},
+        "tags": {"type": "array", "items": {"enum": ["old", "big", "coastal"]}, "maxItems": 3},
+    },
+    "required": ["city", "country", "population"],
+    "additionalProperties": False,
+}
+PROMPTS = ("Respond in JSON: what is the capital of France?", "Hello, tell me about yourself.")
+SAMPLED = [SamplingParams(seed=seed, temperature=1.0, max_tokens=200) for seed in (1, 2)]
+
+
+def write(backend, prompt: str, output, params: SamplingParams = GREEDY, **request) -> tuple[list[Token], Done]:
+    tokens, final = collect(backend.generate(Request([Message("user", prompt)], LiveParams(params), format=output,
+                                                     **request)))
+    assert isinstance(final, Done), final
+    return tokens, final
+
+
+@pytest.fixture(scope="module")
+def gemma(starter_model):
+    """The starter model with its own turn format (the file names none, so plain text is the default)."""
+    backend = open_backend(starter_model, n_ctx=2048, chat_template="gemma")
+    yield backend
+    backend.close()
+
+
+@pytest.mark.parametrize("params", [GREEDY.with_changes(max_tokens=200), *SAMPLED])
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_every_reply_under_json_parses(tiny, gemma, prompt, params):
+    for backend in (tiny, gemma):
+        _, done = write(backend, prompt, choose("json"), params)
+        if done.incomplete:
+            assert done.stop_reason == "length"
+            continue
+        json.loads(done.text)
+
+
+@pytest.mark.parametrize("params", [GREEDY.with_changes(max_tokens=300), *SAMPLED])
+def test_every_reply_under_a_schema_validates(tiny, gemma, params):
+    output = json_schema(json.dumps(SCHEMA))
+    for backend in (tiny, gemma):
+        _, done = write(backend, PROMPTS[0], output, params.with_changes(max_tokens=400))
+        assert done.stop_reason == "eos" and not done.incomplete, done
+        jsonschema.validate(json.loads(done.text), SCHEMA)
+
+
+@pytest.mark.parametrize("params", [GREEDY, *SAMPLED])
+def test_a_yes_or_no_grammar_gives_exactly_one_of_them(tiny, gemma, params):
+    for backend in (tiny, gemma):
+        _, done = write(backend, "Is Paris in France?", grammar('root ::= "yes" | "no"'), params)
+        assert done.text in ("yes", "no") and done.stop_reason == "eos"
+
+
+def test_respond_in_json_primes_the_first_token_and_the_format_forces_it(gemma):
+    """The first-token demonstration: "Respond in JSON:" makes `{` likelier as the first token (its exact
+    probability, even outside the top 20); with a JSON-object format on, the grammar leaves it no choice."""
+    primed = gemma.word_probability(_prompt_ids(gemma, PROMPTS[0]), "{").result()
+    plain = gemma.word_probability(_prompt_ids(gemma, "What is the capital of France?"), "{").result()
+    assert primed.prob > 2 * plain.prob
+    tokens, done = write(gemma, PROMPTS[0], json_schema('{"type": "object"}'), top_logprobs=5)
+    first = tokens[0]
+    assert first.piece.startswith("{") and first.grammar.forced
+    assert 0 < first.grammar.removed < 1
+    assert all(c.allowed is False for c in first.top if not c.text.startswith("{"))
+    free, _ = write(gemma, PROMPTS[0], TEXT, top_logprobs=5)
+    assert free[0].grammar is None and free[0].top[0].allowed is None
+    assert done.metrics.grammar_ms_per_token > 0
+
+
+def _prompt_ids(backend, prompt: str) -> tuple[int, ...]:
+    return write(backend, prompt, TEXT, GREEDY.with_changes(max_tokens=1))[1].prompt_ids
+
+
+def test_the_mask_marks_what_the_grammar_forbade(tiny):
+    tokens, done = write(tiny, PROMPTS[1], json_schema(json.dumps(SCHEMA)), top_logprobs=10)
+    assert all(t.grammar is not None and 0 <= t.grammar.removed <= 1 for t in tokens)
+    assert any(c.allowed is False for t in tokens for c in t.top), "some alternatives were forbidden"
+    assert all(c.allowed for t in tokens for c in t.top if c.token_id == t.token_id)
+    assert any(t.grammar.forced for t in tokens), "the schema's punctuation leaves one choice"
+
+
+def test_cancel_mid_reply_under_a_format(tiny):
+    stream = tiny.generate(Request([Message("user", PROMPTS[1])], LiveParams(GREEDY.with_changes(max_tokens=2000)),
+                                   format=grammar('root ::= "[" ("a" | "b")* "]"')))
+    done = None
+    for event in stream:
+        if isinstance(event, Token):
+            stream.cancel()
+        done = event
+    assert isinstance(done, Done) and done.stop_reason == "cancelled" and done.incomplete
+    _, after = write(tiny, "Is Paris in France?", grammar('root ::= "yes" | "no"'))
+    assert after.text in ("yes", "no")
+
+
+def test_a_grammar_that_cannot_end_stops_at_max_tokens_marked_incomplete(tiny):
+    _, done = write(tiny, PROMPTS[1], grammar('root ::= "a" root'), GREEDY.with_changes(max_tokens=20))
+    assert done.stop_reason == "length" and done.incomplete and done.text == "a" * 20
+
+
+@pytest.mark.parametrize(
+    ("grammar_text", "message"),
+    [
+        ('root ::= "yes" | foo', "the grammar does not parse: Undefined rule identifier 'foo'"),
+        ('answer ::= "yes"', "the grammar does not parse: grammar does not contain a 'root' symbol"),
+        ('root ::= root "x"', "the grammar does not parse: unsupported grammar, left recursion detected"),
+        ('root ::= "unterminated', "the grammar does not parse: "),
+    ],
+)
+def test_a_grammar_that_does_not_parse_is_one_line_and_the_backend_goes_on(tiny, capfd, grammar_text, message):
+    tokens, final = collect(tiny.generate(Request([Message("user", "Hi")], LiveParams(GREEDY),
+                                                  format=grammar(grammar_text))))
+    assert tokens == [] and isinstance(final, Error) and final.message.startswith(message)
+    assert "\n" not in final.message
+    assert "error parsing grammar" not in capfd.readouterr().err
+    _, done = write(tiny, "Hi", TEXT, GREEDY.with_changes(max_tokens=4))
+    assert done.metrics.completion_tokens > 0
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ("{not json", "the JSON schema is not valid JSON: "),
+        ("[1, 2]", "a JSON schema must be a JSON object"),
+        ('{"type": "integer", "minimum": 3}', "JSON schema keyword 'minimum' (the schema) is not supported"),
+        ('{"properties": {"n": {"not": {"type": "null"}}}}', "JSON schema keyword 'not' (the schema → n) is not"),
+        ('{"type": "string", "format": "email"}', "JSON schema format 'email' (the schema) is not supported"),
+        ('{"type": "strin"}', "JSON schema type 'strin' (the schema) is not a JSON type"),
+        ("/no/such/schema.json", "cannot read the JSON schema file /no/such/schema.json"),
+    ],
+)
+def test_bad_schemas_are_refused_when_chosen(schema, message):
+    with pytest.raises(FormatError) as refused:
+        json_schema(schema)
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+
+
+def test_a_schema_the_converter_cannot_take_is_the_replys_one_error(tiny):
+    output = json_schema('{"type": "string", "pattern": "abc"}')
+    tokens, final = collect(tiny.generate(Request([Message("user", "Hi")], LiveParams(GREEDY), format=output)))
+    assert tokens == [] and final == Error('the JSON schema cannot be converted to a grammar: '
+                                           'Pattern must start with "^" and end with "$"')
+
+
+def test_a_branch_the_format_forbids_is_refused(tiny):
+    tokens, _ = write(tiny, "Is Paris in France?", TEXT, GREEDY.with_changes(max_tokens=3))
+    given = tuple(t.token_id for t in tokens)
+    _, final = collect(tiny.generate(Request([Message("user", "Is Paris in France?")], LiveParams(GREEDY),
+                                             forced=given, format=grammar('root ::= "yes" | "no"'))))
+    assert isinstance(final, Error) and final.message.startswith("the output format does not allow ")
+
+
+def test_formats_are_read_from_files_and_saved_settings(tmp_path):
+    path = tmp_path / "yes.gbnf"
+    path.write_text('root ::= "yes"\n')
+    assert grammar(str(path)).source == 'root ::= "yes"\n'
+    schema_path = tmp_path / "schema.json"
+    schema_path.write_text(json.dumps(SCHEMA))
+    chosen = choose("json_schema", str(schema_path))
+    assert json.loads(chosen.source) == SCHEMA and from_dict(chosen.as_dict()) == chosen
+    with pytest.raises(FormatError, match="unknown output format 'yaml'"):
+        choose("yaml")
+
+
+def test_the_remote_mapping_against_llama_cpp_server(tiny_server):
+    """What server_params sends for each format, as a real llama_cpp.server on loopback answers it."""
+    server = "llama-cpp-python server"
+    for output, check in (
+        (choose("json"), json.loads),
+        (json_schema(json.dumps(SCHEMA)), lambda text: jsonschema.validate(json.loads(text), SCHEMA)),
+        (grammar('root ::= "yes" | "no"'), lambda text: text in ("yes", "no") or pytest.fail(text)),
+    ):
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 300,
+                "temperature": 0} | format_fields(server, output)
+        answer = httpx.post(f"{tiny_server}/chat/completions", json=body, timeout=120)
+        assert answer.status_code == 200, answer.text
+        choice = answer.json()["choices"][0]
+        assert choice["finish_reason"] == "stop", choice
+        check(choice["message"]["content"])
+    assert format_fields("vLLM", grammar('root ::= "a"')) is None
+
+
+def test_a_bias_that_bans_all_the_format_allows_is_one_line(tiny):
+    """After `a` the grammar allows only the end of the reply; a logit bias of -inf on it leaves nothing
+    to draw: the reply ends with one line, not with llama.cpp aborting on a token the grammar refuses."""
+    banned = GREEDY.with_changes(logit_bias=[("</s>", -math.inf)])
+    tokens, final = collect(tiny.generate(Request([Message("user", "Hi")], LiveParams(banned),
+                                                  format=grammar('root ::= "a"'))))
+    assert "".join(t.text for t in tokens) == "a"
+    assert final == Error("nothing the format allows is left to draw: a logit bias may ban it")

@@ -1,0 +1,228 @@
+"""Each sampler setting against llama.cpp's own sampler, on fixed logits over the tiny model's vocabulary;
+the order of the chain; the logit bias. The chain is built by chain.py from SamplingParams, the reference
+by hand from llama.cpp's constructors: same survivors, same draw with the same seed."""
+
+import ctypes
+import math
+
+import llama_cpp
+import numpy as np
+import pytest
+
+from conftest import GREEDY, collect
+from tui_chat.engine.base import Message, Request, Stage
+from tui_chat.engine.chain import DRY_SEQUENCE_BREAKERS, PENALTY_LAST_N, Candidates, plan
+from tui_chat.engine.cpu import Threads
+from tui_chat.engine.llamacpp import LlamaSession
+from tui_chat.engine.params import DEFAULT_ORDER, LiveParams, SamplingParams
+from tui_chat.engine.xray import explain, verdict
+
+# Every sampler off: each test turns on one.
+BARE = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0)
+SEEDS = range(8)
+
+
+@pytest.fixture(scope="module")
+def session(tiny_model):
+    session = LlamaSession(tiny_model, n_ctx=256, gpu_layers=0, n_batch=32, threads=Threads(1, 1))
+    yield session
+    session.close()
+
+
+@pytest.fixture(scope="module")
+def logits(session):
+    return np.random.default_rng(7).normal(0.0, 2.5, session.n_vocab).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def history(session):
+    """Recent tokens with a repeat in them, for the penalties and DRY: `... the capital of` again."""
+    words = session.continuation(" what is the capital of France and what is the capital of")
+    return words
+
+
+def _dry(session, seed):
+    breakers = (ctypes.c_char_p * len(DRY_SEQUENCE_BREAKERS))(*(b.encode() for b in DRY_SEQUENCE_BREAKERS))
+    return llama_cpp.llama_sampler_init_dry(session.vocab, 0.8, 1.75, 2, 64, breakers, len(DRY_SEQUENCE_BREAKERS))
+
+
+def _bias(session, seed):
+    entries = [llama_cpp.llama_logit_bias(_token_of(session, b" Paris"), 5.0),
+               llama_cpp.llama_logit_bias(_token_of(session, b" the"), -math.inf)]
+    return llama_cpp.llama_sampler_init_logit_bias(session.n_vocab, 2, (llama_cpp.llama_logit_bias * 2)(*entries))
+
+
+def _token_of(session, piece: bytes) -> int:
+    return next(t for t in range(session.n_vocab) if session.piece(t) == piece)
+
+
+CASES = {
+    "typical_p": ({"typical_p": 0.6}, lambda s, seed: llama_cpp.llama_sampler_init_typical(0.6, 1)),
+    "top_n_sigma": ({"top_n_sigma": 1.2}, lambda s, seed: llama_cpp.llama_sampler_init_top_n_sigma(1.2)),
+    "xtc": ({"xtc_probability": 0.7, "xtc_threshold": 0.02},
+            lambda s, seed: llama_cpp.llama_sampler_init_xtc(0.7, 0.02, 1, seed)),
+    "penalties": ({"repeat_penalty": 1.3, "frequency_penalty": 0.4, "presence_penalty": 0.2},
+                  lambda s, seed: llama_cpp.llama_sampler_init_penalties(s.n_vocab, PENALTY_LAST_N, 1.3, 0.4, 0.2)),
+    "dry": ({"dry_multiplier": 0.8, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": 64}, _dry),
+    "mirostat_v2": ({"mirostat_tau": 3.0, "mirostat_eta": 0.1},
+                    lambda s, seed: llama_cpp.llama_sampler_init_mirostat_v2(seed, 3.0, 0.1)),
+    "logit_bias": ({"logit_bias": [" Paris=5", " the=-inf"]}, _bias),
+    "temperature": ({"temperature": 0.5}, lambda s, seed: llama_cpp.llama_sampler_init_temp(0.5)),
+    "top_k": ({"top_k": 12}, lambda s, seed: llama_cpp.llama_sampler_init_top_k(12)),
+    "top_p": ({"top_p": 0.5}, lambda s, seed: llama_cpp.llama_sampler_init_top_p(0.5, 1)),
+    "min_p": ({"min_p": 0.2}, lambda s, seed: llama_cpp.llama_sampler_init_min_p(0.2, 1)),
+}
+
+
+def _primed(sampler, history):
+    for token in history:
+        llama_cpp.llama_sampler_accept(sampler, token)
+    return sampler
+
+
+def _survivors(sampler, logits) -> dict[int, float]:
+    candidates = Candidates(np.arange(len(logits), dtype=np.int32), logits)
+    candidates.apply(sampler)
+    rows = candidates.survivors()
+    return dict(zip(rows["id"].tolist(), rows["logit"].tolist()))
+
+
+@pytest.mark.parametrize("stage", CASES)
+def test_each_sampler_keeps_what_llama_cpp_keeps_and_draws_the_same(session, logits, history, stage):
+    changes, reference = CASES[stage]
+    params = BARE.with_changes(**changes)
+    selector = "mirostat_v2" if stage == "mirostat_v2" else "dist"
+    assert plan(params) == ((stage, selector) if stage != selector else (selector,))
+    for seed in SEEDS:
+        ours = session.chains.build(params, seed, history)
+        theirs = _primed(reference(session, seed), history)
+        try:
+            assert _survivors(ours.element(0), logits) == _survivors(theirs, logits)
+        finally:
+            ours.free()
+            llama_cpp.llama_sampler_free(theirs)
+        ours = session.chains.build(params, seed, history)
+        theirs = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        llama_cpp.llama_sampler_chain_add(theirs, reference(session, seed))
+        if selector == "dist":
+            llama_cpp.llama_sampler_chain_add(theirs, llama_cpp.llama_sampler_init_dist(seed))
+        _primed(theirs, history)
+        try:
+            drawn = ours.apply(Candidates(np.arange(len(logits), dtype=np.int32), logits))
+            candidates = Candidates(np.arange(len(logits), dtype=np.int32), logits)
+            candidates.apply(theirs)
+            assert drawn == candidates.selected
+        finally:
+            ours.free()
+            llama_cpp.llama_sampler_free(theirs)
+
+
+def test_each_sampler_changes_these_logits(session, logits, history):
+    """Guards the comparison above against samplers that were silently off on both sides."""
+    untouched = _survivors(llama_cpp.llama_sampler_init_temp(1.0), logits)
+    for stage, (changes, reference) in CASES.items():
+        if stage == "mirostat_v2":
+            continue  # it picks; its truncation depends on its running target
+        sampler = _primed(reference(session, 0), history)
+        assert _survivors(sampler, logits) != untouched, stage
+        llama_cpp.llama_sampler_free(sampler)
+
+
+def test_the_plan_follows_llama_cpp():
+    assert plan(SamplingParams()) == ("penalties", "top_k", "top_p", "min_p", "temperature", "dist")
+    # temperature 0: greedy where temperature stands; the cuts that keep the likeliest cannot change it
+    assert plan(SamplingParams(temperature=0.0, xtc_probability=0.5)) == ("penalties", "xtc", "greedy")
+    assert plan(SamplingParams(temperature=0.0, sampler_order=("temperature", "xtc"), xtc_probability=0.5)) == (
+        "greedy",)
+    # mirostat replaces the ordered stages, as in llama.cpp; the bias always comes first
+    assert plan(SamplingParams(mirostat_tau=5.0, logit_bias=(("a", 1.0),))) == (
+        "logit_bias", "temperature", "mirostat_v2")
+    # a stage left out of the order is not applied
+    assert plan(SamplingParams(sampler_order=("min_p", "temperature"))) == ("min_p", "temperature", "dist")
+
+
+def _seven_four_nine_eight(n_vocab: int) -> tuple[np.ndarray, int, int]:
+    """llama.cpp #7498's situation: a token at 96 %, one at 1 %, and a long tail."""
+    logits = np.full(n_vocab, -30.0, dtype=np.float32)
+    likely, rare = 600, 601
+    logits[likely] = 0.0
+    logits[rare] = math.log(0.01 / 0.96)
+    return logits, likely, rare
+
+
+def test_order_decides_whether_a_one_percent_token_survives_min_p(session):
+    """#7498: with min-p 0.05 a 1 % token next to a 96 % one is cut, unless temperature ran first and
+    flattened the distribution min-p looks at. llama.cpp's default order runs temperature last."""
+    logits, likely, rare = _seven_four_nine_eight(session.n_vocab)
+    hot = BARE.with_changes(temperature=2.0, min_p=0.05)
+    temperature_first = hot.with_changes(sampler_order=("temperature", "min_p"))
+    draws = {}
+    for name, params in (("default", hot), ("temperature first", temperature_first)):
+        draws[name] = set()
+        for seed in range(200):
+            chain = session.chains.build(params, seed, ())
+            draws[name].add(chain.apply(Candidates(np.arange(len(logits), dtype=np.int32), logits)))
+            chain.free()
+    assert draws["default"] == {likely}
+    assert draws["temperature first"] == {likely, rare}
+
+    prob, rank, stages, verdict = explain(session.chains, logits, rare, "rare", temperature_first, ())
+    assert rank == 2 and prob == pytest.approx(0.01 / 0.96 / (1 + 0.01 / 0.96), rel=1e-3)
+    assert [s.name for s in stages] == ["temperature", "min_p"]
+    assert stages[-1].kept == 2 and stages[-1].rank == 2
+    assert verdict == ("'rare' drawn at rank 2 with p = 0.01 because temperature 2 ran before min-p 0.05 "
+                       "(in llama.cpp's order min-p 0.05 removes it)")
+    _, _, default_stages, _ = explain(session.chains, logits, rare, "rare", hot, ())
+    assert [(s.name, s.rank) for s in default_stages] == [("min_p", None), ("temperature", None)]
+
+
+def test_a_banned_token_never_appears(tiny):
+    """A bias of -inf on the text of the token greedy decoding picks most: that id is never drawn."""
+    request = Request([Message("user", "Hello, what is the capital of France?")], LiveParams(GREEDY), top_logprobs=1)
+    tokens, _ = collect(tiny.generate(request))
+    counts = {}
+    for token in tokens:
+        counts[token.token_id] = counts.get(token.token_id, 0) + 1
+    banned = max(counts, key=counts.get)
+    text = next(t.piece for t in tokens if t.token_id == banned)
+    for params in (GREEDY, GREEDY.with_changes(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0)):
+        for seed in range(3):
+            ban = params.with_changes(logit_bias=[(text, -math.inf)], seed=seed, max_tokens=64)
+            drawn, _ = collect(tiny.generate(Request([Message("user", "Hello, what is the capital of France?")],
+                                                     LiveParams(ban), xray=True)))
+            assert banned not in [t.token_id for t in drawn]
+            assert drawn[0].stages[0].name == "logit_bias" and drawn[0].stages[0].kept == tiny._session.n_vocab - 1
+
+
+def test_a_bias_set_mid_reply_applies_from_the_next_token(tiny):
+    """The chain is rebuilt when the settings move: a +100 bias set after the first token wins every
+    draw from the next one on (as test_engine's temperature change, for the new settings)."""
+    live = LiveParams(BARE.with_changes(temperature=1.5, seed=3, max_tokens=300))
+    favoured = _token_of(tiny._session, b" hello")
+    tokens = []
+    for event in tiny.generate(Request([Message("user", "Hello, what is the capital of France?")], live)):
+        if hasattr(event, "token_id"):
+            tokens.append(event)
+            if len(tokens) == 1:
+                live.update(logit_bias=[(" hello", 100)])
+    late = [t for t in tokens if t.params_version == live.version]
+    assert len(late) > 200 and all(t.token_id == favoured for t in late)
+    assert tokens[0].params_version != live.version
+
+
+def test_default_order_is_llama_cpps():
+    assert DEFAULT_ORDER == ("penalties", "dry", "top_n_sigma", "top_k", "typical_p", "top_p", "min_p", "xtc",
+                             "temperature")
+
+
+def test_the_verdict_reads_the_stage_figures():
+    def stage(name, label, kept, mass, rank, prob):
+        return Stage(name, label, kept, mass, rank, prob)
+
+    xtc = [stage("top_k", "top-k 40", 40, 0.9, 3, 0.05), stage("xtc", "XTC 0.5 above 0.1", 38, 0.5, 1, 0.3),
+           stage("temperature", "temperature 0.8", 38, 0.5, 1, 0.35)]
+    assert verdict(" the", 0.04, 3, xtc) == "' the' drawn at rank 3 with p = 0.04 because XTC 0.5 above 0.1 removed the 2 likelier tokens"
+    luck = [stage("top_k", "top-k 40", 40, 0.9, 7, 0.02), stage("min_p", "min-p 0.05", 12, 0.8, 7, 0.03),
+            stage("temperature", "temperature 1.2", 12, 0.8, 7, 0.04)]
+    assert verdict("x", 0.011, 7, luck) == "'x' drawn at rank 7 with p = 0.011: a 4.0% chance among the 12 candidates min-p 0.05 left"
+    assert verdict("x", 0.5, 1, luck[:1]).startswith("'x' drawn at rank 1 with p = 0.5: the likeliest token")

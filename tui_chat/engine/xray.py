@@ -1,0 +1,206 @@
+"""The sampler X-ray: why a token was drawn, stage by stage, and the exact probability of any text.
+
+Nothing here runs per token unless asked. On demand, the position's logits are recomputed in the
+scratch sequence (`LlamaSession.scratch_logits`) and llama.cpp's own samplers are applied to them one
+at a time, so every figure is what the chain does, not a re-implementation of it.
+
+What cannot be replayed exactly is said in the stage's note: XTC fires at random, so the X-ray shows
+it firing unless that would have removed the drawn token; mirostat adapts its target as it goes, and
+a recomputed chain starts it afresh. Run with the reply (`Request.xray`), both are exact.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from .base import Candidate, EngineError, Stage, Token, WordProbability, XRay
+from .chain import Candidates, Chain, ChainBuilder, label, plan
+from .llamacpp import LlamaSession
+from .params import DEFAULT_ORDER, SamplingParams
+
+_DRAW = "dist"
+_REORDERING = {"logit_bias": "raised or lowered", "penalties": "lowered", "dry": "lowered"}  # the rest cut
+
+
+def position_context(prompt_ids: Sequence[int], tokens: Sequence[Token], index: int) -> tuple[int, ...]:
+    """All the model had read before `tokens[index]` was drawn: the prompt (`Done.prompt_ids`, or the first
+    `PromptProgress.prompt_ids`, which holds a branch's given tokens too) and the drawn tokens before it."""
+    return tuple(prompt_ids) + tuple(t.token_id for t in tokens[:index] if not t.forced)
+
+
+def raw_probability(logits: np.ndarray, token: int) -> tuple[float, int]:
+    """`token`'s probability under the raw distribution (softmax of the logits) and its rank (1 = likeliest)."""
+    row = logits.astype(np.float64)
+    top = row.max()
+    prob = float(np.exp(row[token] - top) / np.exp(row - top).sum())
+    return prob, 1 + int(np.count_nonzero(row > row[token]))
+
+
+def stage_cuts(chain: Chain, logits: np.ndarray, token: int, *, fresh: bool = False) -> tuple[Stage, ...]:
+    """What each element of `chain` left of this position's candidates, and where `token` stood in it.
+
+    The chain's own state is used (its recent tokens; its random generators), so a clone of the live
+    chain taken before the draw replays the draw exactly. `fresh`: a chain built for the X-ray instead,
+    with `xtc_always`: XTC is shown firing unless that would have removed `token`, and mirostat from
+    its starting target; the notes say so.
+    """
+    raw = _softmax(logits)
+    candidates = Candidates(np.arange(len(logits), dtype=np.int32), logits)
+    stages: list[Stage] = []
+    for index, name in enumerate(chain.stages):
+        if name == _DRAW:
+            break
+        before = candidates.copy() if fresh and name == "xtc" else None
+        candidates.apply(chain.element(index))
+        rows = candidates.survivors()
+        note = ""
+        if before is not None:
+            if token in rows["id"]:
+                note = f"shown firing; it fires on {chain.params.xtc_probability:.0%} of tokens"
+            else:
+                candidates, rows = before, before.survivors()
+                note = "did not fire here: firing would have removed this token"
+        if name == "greedy":
+            rows = rows[np.argmax(rows["logit"])][None]
+        if name == "mirostat_v2" and fresh:
+            note = "its adaptive target is shown at its starting value"
+        stages.append(_cut(name, label(name, chain.params), rows, raw, token, note))
+    return tuple(stages)
+
+
+def explain(builder: ChainBuilder, logits: np.ndarray, token: int, piece: str, params: SamplingParams,
+            history: Sequence[int]) -> tuple[float, int, tuple[Stage, ...], str]:
+    """Raw probability, raw rank, stages and verdict for `token` drawn from `logits` under `params`,
+    after `history` (what the penalties and DRY look at)."""
+    prob, rank = raw_probability(logits, token)
+    stages = _cuts(builder, logits, token, params, history)
+    default_cut = None
+    default = params.with_changes(sampler_order=DEFAULT_ORDER)
+    if rank > 1 and plan(default) != plan(params):
+        default_cut = next((s for s in _cuts(builder, logits, token, default, history) if s.rank is None), None)
+    return prob, rank, stages, verdict(piece, prob, rank, stages, default_cut)
+
+
+def xray_at(session: LlamaSession, context: Sequence[int], token: int, params: SamplingParams) -> XRay:
+    """The X-ray of `token` drawn after `context`, recomputing that position's logits (see module doc)."""
+    started = time.perf_counter()
+    logits = session.scratch_logits(context)[0]
+    piece = session.piece(token).decode("utf-8", errors="replace")
+    prob, rank, stages, line = explain(session.chains, logits, token, piece, params, context)
+    return XRay(token, piece, prob, rank, stages, line, time.perf_counter() - started)
+
+
+def word_probability(session: LlamaSession, context: Sequence[int], text: str) -> WordProbability:
+    """The probability that the model writes `text` next after `context`: its tokens as they would be
+    written mid-sentence (`continuation`), each one's conditional probability read after feeding the
+    ones before it, multiplied."""
+    tokens = session.continuation(text)
+    if not tokens:
+        raise EngineError("type a word or phrase to ask about")
+    rows = session.scratch_logits(context, tokens[:-1])
+    parts = []
+    for row, token in zip(rows, tokens):
+        prob, _ = raw_probability(row, token)
+        parts.append(Candidate(token, session.piece(token).decode("utf-8", errors="replace"), prob))
+    _, rank = raw_probability(rows[0], tokens[0])
+    return WordProbability(text, tuple(parts), float(np.prod([part.prob for part in parts])), rank)
+
+
+def verdict(piece: str, prob: float, rank: int, stages: Sequence[Stage], default_cut: Stage | None = None) -> str:
+    """One line on why this token was drawn, from the stage figures.
+
+    `default_cut`: the stage that removes the token when the chain runs in llama.cpp's default order,
+    if one does: then the order is the reason (llama.cpp #7498).
+    """
+    head = f"{_shown(piece)} drawn at rank {rank} with p = {prob:.2g}"
+    removed = next((s for s in stages if s.rank is None), None)
+    if removed is not None:
+        return (f"{head}, though {removed.label} removes it with these settings: it was drawn with "
+                "other settings, or another state of the chain")
+    if stages and stages[-1].name == "greedy":
+        if rank == 1:
+            return f"{head}: temperature 0 takes the likeliest token"
+        mover = next(s for s in stages if s.rank == 1)
+        return f"{head} because {mover.label} pushed the likelier tokens below it, and temperature 0 takes the likeliest"
+    if rank == 1:
+        return f"{head}: the likeliest token" + (f", a {stages[-1].prob:.0%} chance among the {stages[-1].kept} left"
+                                                  if stages else "")
+    if default_cut is not None:
+        return f"{head} because {_order_reason(stages, default_cut)}"
+    mover, was = _biggest_rise(stages, rank)
+    if mover is not None:
+        if mover.name not in _REORDERING:
+            return f"{head} because {mover.label} removed the {was - mover.rank} likelier tokens"
+        return f"{head} because {mover.label} {_REORDERING[mover.name]} the likelier tokens (rank {was} → {mover.rank})"
+    if not stages:
+        return f"{head}: a {prob:.1%} chance, nothing cut the pool"
+    cutter = _last_cut(stages)
+    where = f"the {stages[-1].kept} candidates {cutter.label} left" if cutter else "all candidates"
+    return f"{head}: a {stages[-1].prob:.1%} chance among {where}"
+
+
+def _cuts(builder: ChainBuilder, logits: np.ndarray, token: int, params: SamplingParams,
+          history: Sequence[int]) -> tuple[Stage, ...]:
+    chain = builder.build(params, 0, history, xtc_always=True)
+    try:
+        return stage_cuts(chain, logits, token, fresh=True)
+    finally:
+        chain.free()
+
+
+def _cut(name: str, text: str, rows: np.ndarray, raw: np.ndarray, token: int, note: str) -> Stage:
+    ids = rows["id"]
+    logits = rows["logit"].astype(np.float64)
+    mass = float(raw[ids].sum())
+    hit = np.flatnonzero(ids == token)
+    if not hit.size:
+        return Stage(name, text, len(ids), mass, None, None, note)
+    mine = logits[hit[0]]
+    shares = np.exp(logits - logits.max())
+    return Stage(name, text, len(ids), mass, 1 + int(np.count_nonzero(logits > mine)),
+                 float(shares[hit[0]] / shares.sum()), note)
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    row = np.exp(logits.astype(np.float64) - logits.max())
+    return row / row.sum()
+
+
+def _order_reason(stages: Sequence[Stage], cut: Stage) -> str:
+    """Which stage, run before `cut` here but after it in llama.cpp's order, let the token through."""
+    names = [s.name for s in stages]
+    if cut.name not in names:
+        return f"{cut.label} is left out of the order (in llama.cpp's order it removes it)"
+    earlier = [s for s in stages[: names.index(cut.name)]
+               if s.name in DEFAULT_ORDER and DEFAULT_ORDER.index(s.name) > DEFAULT_ORDER.index(cut.name)]
+    pick = next((s for s in earlier if s.name == "temperature"), earlier[0] if earlier else None)
+    if pick is None:
+        return f"the order is not llama.cpp's, where {cut.label} removes it"
+    return f"{pick.label} ran before {cut.label} (in llama.cpp's order {cut.label} removes it)"
+
+
+def _biggest_rise(stages: Sequence[Stage], rank: int) -> tuple[Stage | None, int]:
+    """The stage that moved the token up the most (penalties lowering others; XTC or typical-p removing them)."""
+    best, best_was, was = None, rank, rank
+    for stage in stages:
+        if stage.rank < was and (best is None or was - stage.rank > best_was - best.rank):
+            best, best_was = stage, was
+        was = stage.rank
+    return best, best_was
+
+
+def _last_cut(stages: Sequence[Stage]) -> Stage | None:
+    """The last stage that removed candidates (the share of the raw distribution left went down)."""
+    cutter, mass = None, 1.0
+    for stage in stages:
+        if stage.mass < mass:
+            cutter = stage
+        mass = stage.mass
+    return cutter
+
+
+def _shown(piece: str) -> str:
+    return repr(piece)
