@@ -49,6 +49,7 @@ class Request:
     # A branch: the tokens the reply must start with (those kept before the cut, then the chosen
     # alternative). The engine rewinds its KV cache to them instead of reading the chat again.
     forced: tuple[int, ...] = ()
+    continuing: bool = False  # the forced tokens are a whole reply going on: max tokens counts after them
     # The chat this turn belongs to (the history's ID; "" when none): the KV state saved after the reply
     # is filed under it, so deleting the chat can delete it.
     conversation: str = ""
@@ -82,7 +83,7 @@ class ModelInfo:
         if self.remote_host:
             return f"server {self.remote_host}"
         if self.gpu_layers <= 0:
-            return " · ".join(filter(None, ["CPU", self.cpu]))
+            return f"CPU {self.cpu}" if self.cpu else "CPU"
         return f"GPU {self.gpu_layers}/{self.n_layers} layers"
 
 

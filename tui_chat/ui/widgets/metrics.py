@@ -139,7 +139,7 @@ class MetricsPanel(Vertical):
             title.update(Content(terminal_safe(info.name)))
             threads = m.threads or info.threads
             hardware = f"{info.offload} · {threads} thread{'s' if threads != 1 else ''}" if threads else info.offload
-            facts.update(Content(terminal_safe(f"{info.quantization} · {hardware} · {info.backend}\n{info.description}")))
+            facts.update(Content(terminal_safe(f"{info.quantization} · {hardware}\n{info.description}")))
         self.query_one("#speed", Static).update(
             Content(
                 f"TTFT     {_seconds(m.ttft_s)}\n"
