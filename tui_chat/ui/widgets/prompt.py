@@ -14,8 +14,9 @@ class PromptInput(TextArea):
     DEFAULT_CSS = """
     PromptInput {
         height: auto; min-height: 3; max-height: 10; margin: 0 1;
-        border: round $primary 50% !important;  /* over TextArea's compact `border: none !important` */
-        &:focus { border: round $primary !important; }
+        /* as specific as TextArea's compact `border: none !important`, and later, so it wins */
+        &.-textual-compact { border: round $primary 50% !important; }
+        &.-textual-compact:focus { border: round $primary !important; }
     }
     """
     BINDINGS = [
