@@ -52,6 +52,8 @@ def test_stop_sequence_from_the_command_line(tiny_model):
         (["--model", "llama-9000"], "unknown model 'llama-9000'"),
         (["--n-ctx", "10"], "n_ctx must be a whole number between 256"),
         (["--gpu-layers", "-3"], "gpu-layers must be -1 (all), 0 (CPU) or a layer count"),
+        (["-p", ""], "--prompt must not be empty"),
+        (["-p", " \n "], "--prompt must not be empty"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message):

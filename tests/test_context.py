@@ -8,6 +8,7 @@ from conftest import GREEDY, ask, open_backend, run_cli
 from tui_chat.engine.base import EngineError, Error, Message, Request
 from tui_chat.engine.context import fit_context, left_out, reply_reserve, split_turns
 from tui_chat.engine.params import LiveParams
+from tui_chat.session import reply_footer
 
 LONG = "Hello world " * 30
 
@@ -50,9 +51,14 @@ def test_the_fewest_oldest_turns_go_and_the_system_prompt_stays():
     assert tight.dropped_turns == 2 and [m.content[0] for m in tight.messages] == ["s", "e"]
 
 
-def test_the_newest_turn_goes_ahead_without_its_full_reserve():
-    fitted = fit_context(chat("a " * 10, "b " * 10, "c " * 25), words, n_ctx=30, max_tokens=10)  # room for 23
-    assert fitted.dropped_turns == 1 and words(fitted.messages) == 28
+def test_a_newest_turn_that_leaves_no_room_for_the_reply_is_a_clear_error():
+    """28 tokens fit a 30-token context, but only 2 would be left for a reply promised 7 (max tokens 10,
+    at most a quarter of the context): said, instead of a reply cut after two tokens."""
+    with pytest.raises(EngineError, match="the newest message needs 28 tokens with the system prompt and the reply "
+                                          "7 more .* the context holds 30: shorten the message, lower max tokens"):
+        fit_context(chat("a " * 10, "b " * 10, "c " * 25), words, n_ctx=30, max_tokens=10)
+    fitted = fit_context(chat("a " * 10, "b " * 10, "c " * 20), words, n_ctx=30, max_tokens=10)  # 23: just fits
+    assert fitted.dropped_turns == 1 and words(fitted.messages) == 23
 
 
 def test_a_message_larger_than_the_context_is_a_clear_error():
@@ -114,6 +120,31 @@ def test_one_huge_message_is_an_error_and_the_model_still_answers(tiny_model):
         assert ask(backend, "Hello").text
     finally:
         backend.close()
+
+
+def test_a_prompt_that_fills_the_context_is_refused_not_cut_short(tiny_model):
+    """The issue's case: a paste that leaves the reply a few tokens. `run` says why in one line."""
+    backend = open_backend(tiny_model, n_ctx=256)
+    try:
+        filling = [Message("user", "Hello world " * 110)]
+        result = backend.generate(Request(filling, LiveParams(GREEDY.with_changes(max_tokens=1024)))).result()
+        assert isinstance(result, Error) and "and the reply 64 more" in result.message
+        assert ask(backend, "Hello").text, "the backend goes on"
+    finally:
+        backend.close()
+    cli = run_cli("run", "-m", str(tiny_model), "--n-ctx", "256", "-p", "Hello world " * 110)
+    assert cli.returncode == 1 and cli.stderr.count("\n") == 1 and "lower max tokens or raise n_ctx" in cli.stderr
+
+
+def test_a_reply_that_fills_the_context_stops_with_its_own_reason(tiny_model):
+    """Max tokens past the reserve: the reply runs until the KV cache is full, and says so."""
+    backend = open_backend(tiny_model, n_ctx=256)
+    try:
+        done = ask(backend, "Hello", GREEDY.with_changes(max_tokens=5000, repeat_penalty=1.0))
+    finally:
+        backend.close()
+    assert done.stop_reason == "context" and done.metrics.context_tokens == 255
+    assert reply_footer(done.stop_reason, done.metrics.as_dict()).startswith("context full · ")
 
 
 def test_headless_run_says_when_turns_were_left_out(tiny_model):

@@ -72,7 +72,7 @@ def test_export_markdown_and_json_then_import(tiny_model, tmp_path):
     markdown = run("export", "1")
     assert markdown.returncode == 0
     assert markdown.stdout.startswith("# Hello there\n") and "## System prompt\n\nBe brief." in markdown.stdout
-    assert "· stop: length ·" in markdown.stdout
+    assert "· max tokens · $0.000" in markdown.stdout, "the stop reason and the cost as the app shows them"
     target = tmp_path / "chat.json"
     written = run("export", "1", "--format", "json", "-o", str(target))
     assert written.returncode == 0 and written.stderr == f"wrote conversation 1 to {target}\n"

@@ -61,3 +61,14 @@ def test_unwritable_models_dir_is_a_clear_error(tmp_path):
     with pytest.raises(EngineError, match="cannot unpack the starter model into"):
         starter_path(blocker / "models")
     assert os.listdir(tmp_path) == ["file"]
+
+
+def test_an_imported_model_named_anything_still_shows_its_quantisation(tiny_model, tmp_path):
+    from tui_chat.hub.local import import_model, list_local
+
+    renamed = tmp_path / "my-model.gguf"
+    renamed.write_bytes(tiny_model.read_bytes())
+    models = tmp_path / "models"
+    import_model(models, renamed)
+    [local] = list_local(models)
+    assert local.quant == "F16", "from the file's metadata: its name does not say"

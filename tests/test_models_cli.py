@@ -172,3 +172,10 @@ def test_offline_start_lists_and_loads_local_models_without_a_socket(hub, models
     assert script.returncode == 0, script.stderr
     assert script.stdout.splitlines()[1].split()[:4] == [REF, "Q4_K_M", "398.9", "KB"]
     assert script.stdout.splitlines()[-2:] == [f"loaded {FILE}", "connects [] hub imported False"]
+
+
+def test_models_list_marks_the_starter_as_the_default_when_none_is_configured(starter_model):
+    listing = run_cli("models", "list")
+    assert listing.returncode == 0, listing.stderr
+    [line] = [line for line in listing.stdout.splitlines() if starter_model.stem in line]
+    assert line.split()[0] == f"{starter_model.name}" and line.split()[1] == "*" and "Q4_K_M" in line

@@ -7,8 +7,8 @@ import pytest
 
 from conftest import run_cli
 from tui_chat.config import ConfigError, load_config
-from tui_chat.pricing import Estimate
 from tui_chat.pricing import (
+    Estimate,
     PRESETS,
     PricingError,
     find_preset,
@@ -32,9 +32,17 @@ def test_output_costs_four_times_input_and_cached_input_half():
     assert GPT_4O.cost(1_000_000) == Decimal("2.50")
     assert GPT_4O.cost(0, 1_000_000) == Decimal("1.25")
     assert GPT_4O.cost(0, 0, 1_000_000) == Decimal("10.00")
-    turn = turn_cost(GPT_4O, prompt_tokens=1000, cached_tokens=800, completion_tokens=100)
-    assert turn.input == Decimal("0.0005") and turn.cached_input == Decimal("0.001") and turn.output == Decimal("0.001")
-    assert turn.total == Decimal("0.0025")
+    turn = turn_cost(GPT_4O, prompt_tokens=2000, cached_tokens=1800, completion_tokens=100)
+    assert turn.input == Decimal("0.0005") and turn.cached_input == Decimal("0.00225") and turn.output == Decimal("0.001")
+    assert turn.total == Decimal("0.00375")
+
+
+def test_a_prompt_below_the_providers_caching_minimum_is_all_fresh_input():
+    """OpenAI caches only prompts of 1,024 tokens or more: a 45-token prompt is billed in full."""
+    short = turn_cost(GPT_4O, prompt_tokens=45, cached_tokens=40, completion_tokens=10)
+    assert short.cached_input == 0 and short.input == GPT_4O.cost(45)
+    assert turn_cost(PRESETS["Claude Haiku 3.5"], 2047, 2000, 0).cached_input == 0
+    assert turn_cost(PRESETS["Claude Haiku 3.5"], 2048, 2000, 0).cached_input > 0
 
 
 def test_many_tiny_amounts_do_not_drift():

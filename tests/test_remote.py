@@ -157,7 +157,8 @@ def test_usage_and_timings_fill_the_metrics_and_turn_two_reports_reuse(fake):
         assert backend.count_tokens("one two three") == 3
         question = [Message("user", "What is the capital of France?")]
         tokens, first = reply(backend, question)
-        conversation = [*question, Message("assistant", first.text), Message("user", "And of Germany?")]
+        conversation = [*question, Message("assistant", first.text),
+                        Message("user", "And what are the capitals of Germany, Italy and Spain?")]
         _, second = reply(backend, conversation)
     finally:
         backend.close()

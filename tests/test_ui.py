@@ -292,7 +292,7 @@ async def test_help_lists_rebound_keys(tiny_model):
         await pilot.pause()
         assert isinstance(app.screen, HelpScreen)
         text = str(app.screen.query_one("Static").render())
-        assert "f5" in text and "Regenerate" in text and "ctrl+j,shift+enter" in text
+        assert "f5" in text and "Regenerate" in text and "ctrl+j, shift+enter" in text
         await pilot.press("escape")
         await send(pilot, "Hello")
         await reply_done(pilot)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from decimal import Decimal
 from typing import Any
 
+from .engine.base import STOP_LABELS
 from .engine.context import left_out
+from .pricing import format_usd
 from .history import STATES, Conversation, HistoryError, StoredMessage, active_path, sampling_from
 
 FORMAT = "tui-chat conversation"
@@ -120,7 +123,8 @@ def _time(data: dict, where: str, name: str = "created_at") -> float:
 
 
 def metrics_line(metrics: dict[str, Any], stop_reason: str | None) -> str:
-    """`TTFT 0.21 s · 48.3 tok/s · 12 prompt + 80 reply tokens · stop: eos · $0.000812`"""
+    """`TTFT 0.21 s · 48.3 tok/s · 12 prompt + 80 reply tokens · end of text · $0.000812`: money as the
+    app shows it everywhere (cents, or six decimals below a cent)."""
     parts = []
     if metrics.get("ttft_s") is not None:
         parts.append(f"TTFT {metrics['ttft_s']:.2f} s")
@@ -131,9 +135,9 @@ def metrics_line(metrics: dict[str, Any], stop_reason: str | None) -> str:
     if metrics.get("dropped_turns"):
         parts.append(left_out(metrics["dropped_turns"]))
     if stop_reason:
-        parts.append(f"stop: {stop_reason}")
+        parts.append(STOP_LABELS.get(stop_reason, stop_reason))
     if "cost_usd" in metrics:
-        parts.append(f"${metrics['cost_usd']}")
+        parts.append(format_usd(Decimal(metrics["cost_usd"])))
     return " · ".join(parts)
 
 

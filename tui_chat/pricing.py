@@ -26,6 +26,7 @@ class Price:
     cached_input: Decimal
     output: Decimal
     read_on: str
+    cache_min_tokens: int = 0  # a prompt shorter than this is never cached by the provider: all fresh input
 
     def cost(self, input_tokens: int, cached_tokens: int = 0, output_tokens: int = 0) -> Decimal:
         """`input_tokens` are billed as fresh input, `cached_tokens` at the cached-input rate."""
@@ -48,6 +49,9 @@ class TurnCost:
 
 
 def turn_cost(price: Price, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> TurnCost:
+    """The provider's rule decides what counts as cached: below its minimum prompt, nothing does."""
+    if prompt_tokens < price.cache_min_tokens:
+        cached_tokens = 0
     return TurnCost(
         input=price.cost(prompt_tokens - cached_tokens),
         cached_input=price.cost(0, cached_tokens),
@@ -55,21 +59,22 @@ def turn_cost(price: Price, prompt_tokens: int, cached_tokens: int, completion_t
     )
 
 
-def _preset(name: str, input_: str, cached: str, output: str, read_on: str) -> Price:
-    return Price(name, Decimal(input_), Decimal(cached), Decimal(output), read_on)
+def _preset(name: str, input_: str, cached: str, output: str, read_on: str, cache_min_tokens: int) -> Price:
+    return Price(name, Decimal(input_), Decimal(cached), Decimal(output), read_on, cache_min_tokens)
 
 
-# List prices per 1M tokens (input, cached input, output).
+# List prices per 1M tokens (input, cached input, output), and the shortest prompt each provider caches:
+# OpenAI 1,024 tokens; Anthropic 1,024 (Sonnet) and 2,048 (Haiku); Gemini 2.0 Flash 4,096.
 PRESETS: dict[str, Price] = {
     price.name: price
     for price in (
-        _preset("GPT-4o", "2.50", "1.25", "10.00", "2025-06-01"),
-        _preset("GPT-4o mini", "0.15", "0.075", "0.60", "2025-06-01"),
-        _preset("GPT-4.1", "2.00", "0.50", "8.00", "2025-06-01"),
-        _preset("GPT-4.1 mini", "0.40", "0.10", "1.60", "2025-06-01"),
-        _preset("Claude Sonnet 4", "3.00", "0.30", "15.00", "2025-06-01"),
-        _preset("Claude Haiku 3.5", "0.80", "0.08", "4.00", "2025-06-01"),
-        _preset("Gemini 2.0 Flash", "0.10", "0.025", "0.40", "2025-06-01"),
+        _preset("GPT-4o", "2.50", "1.25", "10.00", "2025-06-01", 1024),
+        _preset("GPT-4o mini", "0.15", "0.075", "0.60", "2025-06-01", 1024),
+        _preset("GPT-4.1", "2.00", "0.50", "8.00", "2025-06-01", 1024),
+        _preset("GPT-4.1 mini", "0.40", "0.10", "1.60", "2025-06-01", 1024),
+        _preset("Claude Sonnet 4", "3.00", "0.30", "15.00", "2025-06-01", 1024),
+        _preset("Claude Haiku 3.5", "0.80", "0.08", "4.00", "2025-06-01", 2048),
+        _preset("Gemini 2.0 Flash", "0.10", "0.025", "0.40", "2025-06-01", 4096),
     )
 }
 DEFAULT_PRESET = "GPT-4o"
@@ -106,7 +111,7 @@ def presets_with(overrides: dict[str, Any]) -> dict[str, Price]:
     for name, table in overrides.items():
         if not isinstance(table, dict):
             raise PricingError(f"[prices.{name}] must be a table of input, cached_input, output")
-        unknown = sorted(set(table) - {"input", "cached_input", "output", "read_on"})
+        unknown = sorted(set(table) - {"input", "cached_input", "output", "read_on", "cache_min_tokens"})
         if unknown:
             raise PricingError(f"[prices.{name}]: unknown field {unknown[0]!r}")
         base = presets.get(name)
@@ -120,6 +125,8 @@ def presets_with(overrides: dict[str, Any]) -> dict[str, Price]:
             else (base.cached_input if base else fresh),
             money(table["output"], f"[prices.{name}] output") if "output" in table else base.output,
             str(table.get("read_on", base.read_on if base else "set in config")),
+            count(table["cache_min_tokens"], f"[prices.{name}] cache_min_tokens") if "cache_min_tokens" in table
+            else (base.cache_min_tokens if base else 0),
         )
     return presets
 

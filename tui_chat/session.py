@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
 from .engine.base import Candidate, Done, Error, Event, Message, Metrics, PromptProgress, Request, Stream, Token
-from .engine.base import StopReason, TurnMetrics, restore_note
+from .engine.base import STOP_LABELS, StopReason, TurnMetrics, restore_note
 from .engine.context import left_out
 from .engine.params import LiveParams
 from .history import Conversation, HistoryError, ReplyWriter, StoredMessage
@@ -22,18 +22,13 @@ from .recording import SavedChat, Saving
 T = TypeVar("T")
 Generate = Callable[[Request], Stream]
 
-STOP_LABELS: dict[str, str] = {
-    "eos": "end of text",
-    "stop": "stop sequence",
-    "length": "max tokens",
-    "cancelled": "stopped",
-}
 
 
 def reply_footer(reason: StopReason, metrics: Mapping[str, Any]) -> str:
     """Stop reason, tokens, speed, TTFT and what came from disk: from a live `TurnMetrics.as_dict()` or a
     stored reply's metrics."""
-    parts = [STOP_LABELS.get(reason, reason), f"{metrics.get('completion_tokens', 0)} tokens"]
+    tokens = metrics.get("completion_tokens", 0)
+    parts = [STOP_LABELS.get(reason, reason), f"{tokens} token{'' if tokens == 1 else 's'}"]
     if metrics.get("decode_tok_s"):
         parts.append(f"{metrics['decode_tok_s']:.1f} tok/s")
     if metrics.get("ttft_s") is not None:
@@ -86,6 +81,7 @@ class Writing:
     tokens: list[Token] = field(default_factory=list)
     text: str = ""
     visible: bool = False
+    metrics: TurnMetrics | None = None  # the latest figures the engine sent
 
     @property
     def is_branch(self) -> bool:
@@ -199,6 +195,18 @@ class ChatSession:
         if self.writing is not None:
             self.writing.stream.cancel()
 
+    def abandon(self) -> None:
+        """The user moved on mid-reply (a new chat, another chat, quit): the engine is told to stop, and
+        the reply ends at once as stopped, with what was written and the latest figures, in the turn and
+        in the history (a record left "streaming" would reopen as interrupted)."""
+        writing = self.writing
+        if writing is None:
+            return
+        writing.stream.cancel()
+        metrics = writing.metrics or TurnMetrics(completion_tokens=len(writing.tokens))
+        self._finish(writing, Done("cancelled", writing.text, replace(metrics, completion_tokens=len(writing.tokens))),
+                     keep_empty=True)
+
     def why_not_branch(self, turn: Turn) -> str | None:
         if self.writing is not None:
             return "A reply is being written: Esc stops it first."
@@ -235,7 +243,7 @@ class ChatSession:
             elif isinstance(event, PromptProgress):
                 update.status = progress_line(event)
             elif isinstance(event, Metrics):
-                update.metrics = event.metrics
+                update.metrics = writing.metrics = event.metrics
             elif isinstance(event, (Done, Error)):
                 self._append(writing, "".join(pending), update)
                 update.ending = self._finish(writing, event) if isinstance(event, Done) else self._fail(writing, event)
@@ -254,9 +262,9 @@ class ChatSession:
         if writing.writer is not None:
             self._save(lambda: writing.writer.append(text))
 
-    def _finish(self, writing: Writing, done: Done) -> Ending:
+    def _finish(self, writing: Writing, done: Done, keep_empty: bool = False) -> Ending:
         self.writing = None
-        if done.stop_reason == "cancelled" and not done.text.strip():
+        if done.stop_reason == "cancelled" and not done.text.strip() and not keep_empty:
             return replace(self._take_back(writing), done=done)
         footer, notes = reply_footer(done.stop_reason, done.metrics.as_dict()), []
         if writing.forced:

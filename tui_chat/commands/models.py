@@ -136,19 +136,21 @@ def _remove(args: argparse.Namespace, config: Config) -> int:
     caches = KvStore(kv_cache_dir()).forget_model(model.path)
     print(f"removed {terminal_safe(model.name)} ({format_size(model.size)})"
           + (f" and its {caches} saved KV cache{'' if caches == 1 else 's'}" if caches else ""))
-    if model.path == _default_path(config):
-        print("it was the default model: set another with default_model in the config", file=sys.stderr)
+    if model.path == _default_path(config) and config.default_model:
+        print("it was the default model: the starter model opens instead from the next start "
+              "(default_model in the config chooses another)", file=sys.stderr)
     return 0
 
 
 def _default_path(config: Config) -> Path | None:
-    """The configured default model's file, when it can be found without any work (no unpacking, no network)."""
+    """The default model's file, when it can be found without any work (no unpacking, no network): the
+    configured one, or the starter when none is configured or it is named."""
     from ..engine.base import EngineError
     from ..engine.factory import model_file
-    from ..engine.models import is_starter
+    from ..engine.models import is_starter, starter_file
 
     if not config.default_model or is_starter(config.default_model):
-        return None
+        return starter_file(models_dir())
     try:
         return model_file(config.default_model, None, models_dir())
     except EngineError:

@@ -16,7 +16,7 @@ from typing import TextIO
 from ..config import Config, history_path, log_dir
 from ..engine.base import Backend, Done, EngineError, Error, Token
 from ..engine.context import left_out
-from ..engine.params import MAX_TOP_LOGPROBS, PARAMS, LiveParams, check_top_logprobs
+from ..engine.params import MAX_TOP_LOGPROBS, PARAMS, InvalidParameter, LiveParams, check_top_logprobs
 from ..guard import watch
 from ..history import Conversation, History
 from ..pricing import find_preset
@@ -48,6 +48,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run_command(args: argparse.Namespace, config: Config) -> int:
+    if any(not prompt.strip() for prompt in args.prompt):
+        raise InvalidParameter("--prompt must not be empty: give the text of a user turn")
     given = {spec.name: getattr(args, spec.name) for spec in PARAMS if getattr(args, spec.name) is not None}
     if args.stop:
         given["stop"] = args.stop

@@ -17,7 +17,17 @@ from .formats import TEXT, OutputFormat
 from .params import LiveParams
 
 Role = Literal["system", "user", "assistant"]
-StopReason = Literal["eos", "stop", "length", "cancelled"]
+StopReason = Literal["eos", "stop", "length", "context", "cancelled"]  # context: the KV cache is full
+STOP_LABELS: dict[str, str] = {  # how a reply's end is said everywhere a person reads it
+    "eos": "end of text",
+    "stop": "stop sequence",
+    "length": "max tokens",
+    "context": "context full",
+    "cancelled": "stopped",
+}
+
+
+PREFILL_RATE_MIN_TOKENS = 8  # below this a prompt-reading rate says nothing
 
 
 class EngineError(Exception):
@@ -101,9 +111,15 @@ class TurnMetrics:
     prompt_estimated: bool = False
 
     @property
+    def read_tokens(self) -> int:
+        """Prompt tokens evaluated this turn (the rest came from the cache)."""
+        return self.prompt_tokens - self.cached_tokens
+
+    @property
     def prefill_tok_s(self) -> float | None:
-        evaluated = self.prompt_tokens - self.cached_tokens
-        return evaluated / self.prefill_s if self.prefill_s > 0 and evaluated > 0 else None
+        """None for a read of a few tokens: one token's time is a decode step, not a prompt-reading rate."""
+        evaluated = self.read_tokens
+        return evaluated / self.prefill_s if self.prefill_s > 0 and evaluated >= PREFILL_RATE_MIN_TOKENS else None
 
     @property
     def grammar_ms_per_token(self) -> float | None:

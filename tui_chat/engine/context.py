@@ -50,11 +50,12 @@ def fit_context(
     """The messages to send, leaving out the fewest oldest turns so that the prompt plus the reply
     reserve fits `n_ctx`. `prompt_tokens` counts the rendered prompt of a message list.
 
-    When even the system prompt and the newest turn leave no reserve, they go ahead anyway with what
-    room there is; only a prompt that fills the whole context is an error.
+    When even the system prompt and the newest turn leave no room for the reserve, that is an error:
+    a reply cut after a few tokens with no word of why is worse than being told.
     """
     system, turns = split_turns(messages)
-    budget = n_ctx - reply_reserve(max_tokens, n_ctx)
+    reserve = reply_reserve(max_tokens, n_ctx)
+    budget = n_ctx - reserve
 
     def keep_from(first_turn: int) -> list[Message]:
         return system + [m for turn in turns[first_turn:] for m in turn]
@@ -79,5 +80,11 @@ def fit_context(
         raise EngineError(
             f"the newest message needs {size} tokens with the system prompt, but the context holds {n_ctx}: "
             "shorten it or raise n_ctx"
+        )
+    if size > budget:
+        raise EngineError(
+            f"the newest message needs {size:,} tokens with the system prompt and the reply {reserve:,} more "
+            f"(max tokens, at most a quarter of the context), but the context holds {n_ctx}: shorten the message, "
+            "lower max tokens or raise n_ctx"
         )
     return Fitted(keep_from(dropped), dropped)

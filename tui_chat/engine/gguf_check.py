@@ -25,6 +25,16 @@ _MIN_ENTRY_BYTES = 13  # a key/value entry: key length, value type, a one-byte v
 _MIN_TENSOR_BYTES = 24  # a tensor's entry: name length, dimension count, type, offset
 
 
+# `general.file_type`: how most of the weights are quantised (llama.cpp's llama_ftype)
+FILE_TYPES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
+    12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K",
+    19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL",
+    26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0",
+    37: "TQ2_0", 38: "MXFP4_MOE",
+}
+
+
 class GgufProblem(ValueError):
     """Why a file cannot be loaded; the message reads after the file's name."""
 
@@ -46,6 +56,14 @@ def read_metadata(path: Path) -> dict[str, Any]:
             raise GgufProblem("is damaged: it ends inside its header (an incomplete download?)")
         with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
             return _Reader(data).metadata()
+
+
+def quantization(path: Path) -> str:
+    """The file type its metadata names (`Q4_K_M`), or "" when it names none or cannot be read."""
+    try:
+        return FILE_TYPES.get(read_metadata(path).get("general.file_type"), "")
+    except (OSError, GgufProblem):
+        return ""
 
 
 def read_tensor_types(path: Path) -> set[int]:

@@ -435,8 +435,10 @@ class _Turn:
                                  stages=stages, grammar=mask))
                 if scanner.stopped:
                     return "stop"
-                if len(self.generated) >= params.max_tokens or len(session.tokens) + 1 >= session.n_ctx:
+                if len(self.generated) >= params.max_tokens:
                     return "length"
+                if len(session.tokens) + 1 >= session.n_ctx:
+                    return "context"
                 if quick:
                     self.backend._run_quick()
                 session.step(token)

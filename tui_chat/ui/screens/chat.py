@@ -19,6 +19,7 @@ from textual.widgets import Footer, Input, Select
 
 from ...config import Config, data_dir, history_path
 from ...engine.base import Backend, Event, ModelInfo
+from ...engine.models import STARTER_NAME, starter_installed
 from ...engine.params import LiveParams
 from ...history import History, HistoryError
 from ...recording import Saving
@@ -71,9 +72,10 @@ class ChatScreen(Screen):
         self.history: History | None = None
         self.session = self._new_session()
         self.memory = ReplyMemory(self)
-        self.loader = ModelLoader(self, open_backend, status=lambda text: self.view.set_status(text),
-                                  loaded=self._model_loaded, failed=self._model_failed)
+        self.loader = ModelLoader(self, open_backend, status=self._load_status, loaded=self._model_loaded,
+                                  failed=self._model_failed)
         self._writing: Writing | None = None
+        self._queued: str | None = None  # sent before the model was ready: sent when it is
         self._panel_refreshed = 0.0
 
     def compose(self) -> ComposeResult:
@@ -86,7 +88,7 @@ class ChatScreen(Screen):
 
     def on_mount(self) -> None:
         self.view.prompt.focus()
-        self.load_model(self.initial_model)
+        self._load_first_model()
         try:
             self.history = History(history_path())
         except HistoryError as error:
@@ -95,6 +97,7 @@ class ChatScreen(Screen):
         self.view.session = self.session
 
     def on_unmount(self) -> None:
+        self.session.abandon()  # quitting mid-reply: the reply is kept as stopped, not left "streaming"
         if self.history is not None:
             self.history.close()
 
@@ -138,9 +141,18 @@ class ChatScreen(Screen):
         """Open and load `name` in the background; the current model stays until the new one is ready."""
         self.loader.load(name)
 
-    def _model_loaded(self, job: LoadJob, info: ModelInfo) -> None:
+    def _load_first_model(self) -> None:
+        """At start: a configured default that is gone (deleted in F5, moved) gives way to the starter."""
+        lost_default = self.initial_model is None and self.config.default_model and starter_installed()
+        self.loader.load(self.initial_model, fallback=STARTER_NAME if lost_default else None)
+
+    def _load_status(self, text: str) -> None:
+        waiting = " · your message is sent as soon as it is ready" if self._queued is not None else ""
+        self.view.set_status(text + waiting)
+
+    async def _model_loaded(self, job: LoadJob, info: ModelInfo) -> None:
         if self.backend is not None:
-            self.action_stop()
+            self.action_stop()  # the reply ends as stopped when the old backend closes
             self.loader.close(self.backend)
         self.backend = job.backend
         self.session.model = job.name or self.config.default_model or info.path
@@ -148,12 +160,23 @@ class ChatScreen(Screen):
         self.query_one(SamplingPanel).show_backend(info)
         self.view.set_status("")
         self._recount_draft()
+        if job.note:
+            self.notify(job.note, title="Default model", severity="warning", timeout=10, markup=False)
+        if self._queued is not None:
+            text, self._queued = self._queued, None
+            await self._ask(text)
 
     def _model_failed(self, job: LoadJob, message: str) -> None:
-        self.view.set_status(f"Model not loaded: {message}  (Ctrl+O opens another)", error=True)
+        """A failed load leaves the model in use answering: only with none at all is the failure the status."""
         self.notify(message, title="Model not loaded", severity="error", timeout=8, markup=False)
-        if self.backend is None:
-            self.query_one(MetricsPanel).show_model(None, "No model loaded")
+        if self.backend is not None:
+            self.view.set_status("")
+            return
+        self.view.set_status(f"Model not loaded: {message}  (Ctrl+O opens another)", error=True)
+        self.query_one(MetricsPanel).show_model(None, "No model loaded")
+        if self._queued is not None:
+            self.view.prompt.set_draft(self._queued)
+            self._queued = None
 
     # --- sending and streaming -----------------------------------------------------------------
 
@@ -161,13 +184,20 @@ class ChatScreen(Screen):
     async def _send(self, event: PromptInput.Submitted) -> None:
         if self.writing:
             self.notify("A reply is still being written: Esc stops it.", timeout=3)
-            return
-        if self.backend is None:
-            self.notify("No model is loaded yet: Ctrl+O opens one.", severity="warning", timeout=4)
-            return
-        self.view.prompt.clear()
-        turn = self.session.ask(event.text, self.backend.generate)
-        await self._started(turn)
+        elif self.backend is not None:
+            self.view.prompt.clear()
+            await self._ask(event.text)
+        elif self.loader.loading and self._queued is None:
+            self.view.prompt.clear()
+            self._queued = event.text
+            self._load_status(f"Loading {self.loader.loading.shown}…")
+        elif self.loader.loading:
+            self.notify("A message is already waiting for the model.", timeout=3)
+        else:
+            self.notify("No model is loaded: Ctrl+O opens one.", severity="warning", timeout=4)
+
+    async def _ask(self, text: str) -> None:
+        await self._started(self.session.ask(text, self.backend.generate))
 
     async def _started(self, turn: Turn) -> None:
         self._writing = self.session.writing
@@ -185,7 +215,7 @@ class ChatScreen(Screen):
     async def _on_engine_batch(self, message: EngineBatch) -> None:
         try:
             if isinstance(message.job, LoadJob):
-                self.loader.take(message.job, message.events)
+                await self.loader.take(message.job, message.events)
             elif message.job is self.session.writing:
                 await self._on_reply_events(message.job.turn, message.events)
         finally:
@@ -300,7 +330,9 @@ class ChatScreen(Screen):
     # --- chats, the system prompt and navigation -----------------------------------------------
 
     async def action_new_chat(self) -> None:
+        """A new chat starts from the config's settings, not from those of the chat before it."""
         self._abandon_reply()
+        self.query_one(SamplingPanel).set_values(self.config.sampling.as_dict())
         self.query_one(MetricsPanel).forget_turns()
         self.session = self._new_session(self.session.model)
         await self.view.show(self.session)
@@ -308,8 +340,7 @@ class ChatScreen(Screen):
 
     def _abandon_reply(self) -> None:
         if self.writing:
-            self.session.stop()
-            self.session.writing = None
+            self.session.abandon()
             self._writing = None
             self.writing = False
             self.memory.reply_ended()

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
+from textual.keys import key_to_character
 from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Static
@@ -32,12 +33,21 @@ def chat_sections(chat_bindings: Sequence[Binding]) -> list[Section]:
     ]
 
 
+def shown_key(key: str) -> str:
+    """A key as a person reads it: `[`, not `left_square_bracket`; modifiers and named keys stay words."""
+    *modifiers, name = key.strip().split("+")
+    character = key_to_character(name)
+    printable = character is not None and character.isprintable() and not character.isspace()
+    return "+".join([*modifiers, character if printable else name])
+
+
 def key_lines(sections: Sequence[Section], keymap: dict[str, str]) -> list[str]:
     lines: list[str] = []
     for title, bindings in sections:
         lines.append(title)
         for binding in bindings:
             keys = keymap.get(binding.id, binding.key) if binding.id else binding.key
+            keys = ", ".join(shown_key(key) for key in keys.split(","))
             lines.append(f"  {keys:<22} {binding.tooltip or binding.description}")
         lines.append("")
     lines += [

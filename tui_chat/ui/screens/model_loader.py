@@ -4,7 +4,7 @@ model in use keeps answering until the new one is ready (a failed load leaves it
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from textual.screen import Screen
@@ -20,7 +20,9 @@ class LoadJob:
     """One load; the bridge's batches say which job their events belong to."""
 
     name: str | None
+    fallback: str | None = None  # opened instead when `name` cannot be opened (the starter, for a lost default)
     backend: Backend | None = None
+    note: str = ""  # what the user should know about this load (a fallback taken)
 
     @property
     def shown(self) -> str:
@@ -31,36 +33,53 @@ class ModelLoader:
     """`loaded` and `failed` are the screen's: what it shows when a load ends."""
 
     def __init__(self, screen: Screen, open_backend: BackendOpener, *, status: Callable[[str], None],
-                 loaded: Callable[[LoadJob, ModelInfo], None], failed: Callable[[LoadJob, str], None]) -> None:
+                 loaded: Callable[[LoadJob, ModelInfo], Awaitable[None]], failed: Callable[[LoadJob, str], None]) -> None:
         self.screen = screen
         self.open_backend = open_backend
         self.status = status
         self.loaded = loaded
         self.failed = failed
+        self.loading: LoadJob | None = None
 
-    def load(self, name: str | None) -> None:
-        job = LoadJob(name)
+    def load(self, name: str | None, fallback: str | None = None) -> None:
+        job = self.loading = LoadJob(name, fallback)
         self.status(f"Loading {job.shown}…")
         self.screen.run_worker(lambda: self._open_and_load(job), thread=True, group="load", exclusive=True)
 
     def _open_and_load(self, job: LoadJob) -> None:
         try:
-            job.backend = self.open_backend(job.name)
+            job.backend = self._open(job)
         except EngineError as error:
             self.screen.post_message(EngineBatch(job, [Error(str(error))], threading.Event()))
             return
         forward_events(job.backend.load(), self.screen, job)
 
-    def take(self, job: LoadJob, batch: list[Event]) -> None:
+    def _open(self, job: LoadJob) -> Backend:
+        try:
+            return self.open_backend(job.name)
+        except EngineError as error:
+            if job.fallback is None:
+                raise
+            job.note = f"The default model did not open ({error}): the starter model opens instead."
+            job.name = job.fallback
+            return self.open_backend(job.fallback)
+
+    async def take(self, job: LoadJob, batch: list[Event]) -> None:
         for event in batch:
             if isinstance(event, LoadProgress):
                 self.status(f"Loading {job.shown}… {event.stage or f'{event.fraction:.0%}'}")
             elif isinstance(event, Loaded):
-                self.loaded(job, event.info)
+                self._ended(job)
+                await self.loaded(job, event.info)
             elif isinstance(event, Error):
+                self._ended(job)
                 if job.backend is not None:
                     self.close(job.backend)
                 self.failed(job, event.message)
+
+    def _ended(self, job: LoadJob) -> None:
+        if self.loading is job:
+            self.loading = None
 
     def close(self, backend: Backend) -> None:
         """Closing waits for the worker thread to end a reply in flight: never on the UI thread."""

@@ -183,6 +183,8 @@ class ReplyMessage(ChatMessage, Vertical):
             return Static(Group(body, footer), classes="chunk last heatmap")
         if text is None:
             text = self.text
+        if not self.text.strip():  # said, so an empty reply is not mistaken for a missing one
+            return Static(Group(Text("(no text)", style="dim italic"), footer), classes="chunk last")
         return Static(Group(rendered_markdown(text.strip()), footer), classes="chunk last")
 
     def _branch_label(self) -> str:

@@ -12,7 +12,7 @@ from textual.content import Content
 from textual.widgets import Select, Sparkline, Static
 
 from ...config import save_setting
-from ...engine.base import ModelInfo, TurnMetrics, restore_note
+from ...engine.base import PREFILL_RATE_MIN_TOKENS, ModelInfo, TurnMetrics, restore_note
 from ...pricing import Price, format_usd, turn_cost
 from ...safetext import terminal_safe
 
@@ -25,6 +25,12 @@ def _seconds(value: float | None) -> str:
 
 def _rate(value: float | None) -> str:
     return "–" if value is None else f"{value:,.1f} tok/s"
+
+
+def _prefill(m: TurnMetrics) -> str:
+    if m.prefill_tok_s is None and 0 < m.read_tokens < PREFILL_RATE_MIN_TOKENS:
+        return f"{m.read_tokens} token{'' if m.read_tokens == 1 else 's'} read"
+    return _rate(m.prefill_tok_s)
 
 
 def kv_bar(used: int, total: int, width: int = BAR_WIDTH) -> str:
@@ -138,7 +144,7 @@ class MetricsPanel(Vertical):
         self.query_one("#speed", Static).update(
             Content(
                 f"TTFT     {_seconds(m.ttft_s)}\n"
-                f"Prefill  {_rate(m.prefill_tok_s)}\n"
+                f"Prefill  {_prefill(m)}\n"
                 f"Decode   {_rate(m.decode_tok_s)}{server}"
             )
         )
