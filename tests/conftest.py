@@ -14,7 +14,7 @@ import pytest
 # hub tests point HF_ENDPOINT at their own fake hub. No token of the user's is read or sent.
 os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="tui-chat-hf-home-")
-for _name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+for _name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TMUX"):
     os.environ.pop(_name, None)
 
 from fake_hub import FakeHub  # noqa: E402

@@ -18,7 +18,7 @@ def test_loaded_model_is_described(tiny):
     assert info.n_ctx == 1024 and info.n_layers == 2
     assert info.chat_format == "plain"
     assert info.quantization == "F16"
-    assert info.gpu_layers == 0 and info.offload == " · ".join(filter(None, ["CPU", info.cpu])) and info.threads >= 1
+    assert info.gpu_layers == 0 and info.offload == f"CPU {info.cpu}".strip() and info.threads >= 1
 
 
 def test_greedy_is_deterministic_across_backends(tiny, tiny_model):
@@ -103,7 +103,7 @@ def test_sampling_change_applies_to_the_next_token(tiny):
                 new_version = live.update(temperature=0.0) and live.version
         elif isinstance(event, Done):
             done = event
-    assert done.stop_reason == "length"
+    assert done.stop_reason in ("length", "context"), "it ran on until it was cut"
     late_old = [t for t in tokens if t.at > changed_at and t.params_version != new_version]
     assert len(late_old) <= 1, "at most the token already being sampled keeps the old settings"
     greedy_part = [t for t in tokens if t.params_version == new_version]
@@ -196,7 +196,7 @@ def test_prompt_larger_than_context_is_a_clear_error(tiny_model):
         assert isinstance(result, Error)
         assert "but the context holds 256" in result.message
         still = ask(backend, PROMPT, GREEDY.with_changes(max_tokens=1000))
-        assert still.stop_reason == "length" and still.metrics.context_tokens <= 256
+        assert still.stop_reason == "context" and still.metrics.context_tokens <= 256
     finally:
         backend.close()
 

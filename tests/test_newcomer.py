@@ -11,14 +11,17 @@ import pytest
 
 from conftest import GREEDY
 from test_history_ui import chats_open
-from test_ui import SIZE, loaded, make_app, reply_done, said, send, wait_for
+from test_ui import SIZE, loaded, make_app, reply_done, said, screen_open, send, wait_for
 from tui_chat.commands.common import opener_for
-from tui_chat.config import Config, history_path
+from textual.widgets import Input, OptionList
+
+from tui_chat.config import Config, history_path, load_config
 from tui_chat.engine.models import STARTER_NAME
 from tui_chat.engine.base import TurnMetrics
 from tui_chat.history import History
 from tui_chat.session import Branch, Turn, reply_footer
 from tui_chat.ui.app import ChatApp
+from tui_chat.ui.screens.open_model import OpenModelScreen
 from tui_chat.ui.widgets.messages import UserMessage
 from tui_chat.ui.widgets.prompt import PromptInput
 
@@ -179,3 +182,82 @@ async def test_an_empty_reply_says_so(tiny_model):
         await pilot.pause()
         text = "\n".join(strip.text for strip in app.screen._compositor.render_strips())
         assert "(no text)" in text and "end of text · 0 tokens" in text
+
+
+@pytest.mark.starter
+async def test_ctrl_o_lists_local_models_and_sets_context_and_gpu_layers(tiny_model, starter_model):
+    app = make_app(str(tiny_model), n_ctx=1024)
+    async with app.run_test(size=(100, 40)) as pilot:
+        screen = await loaded(pilot)
+        await pilot.press("ctrl+o")
+        opened = await screen_open(pilot, OpenModelScreen)
+        names = [str(option.prompt) for option in opened.query_one(OptionList).options]
+        assert any(starter_model.name in name for name in names), names
+        context = opened.query_one("#n-ctx", Input)
+        assert context.value == "1024"
+        context.value = "2048"
+        opened.query_one("#gpu-layers", Input).value = "0"
+        await pilot.press("down")
+        starter = next(i for i, name in enumerate(names) if starter_model.name in name)
+        opened.query_one(OptionList).highlighted = starter
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: screen.backend is not None and screen.backend.info.n_ctx == 2048)
+        assert screen.backend.info.gpu_layers == 0
+    saved = load_config()
+    assert saved.n_ctx == 2048 and saved.gpu_layers == 0
+
+
+async def test_an_earlier_message_can_be_edited_and_the_chat_goes_on_from_it(tiny_model):
+    app = make_app(str(tiny_model), sampling=GREEDY.with_changes(max_tokens=6))
+    async with app.run_test(size=(100, 40)) as pilot:
+        screen = await loaded(pilot)
+        for text in ("First question", "Second question", "Third question"):
+            await send(pilot, text)
+            await reply_done(pilot)
+        second = screen.query(UserMessage)[1]
+        second.focus()
+        await pilot.press("e")
+        await wait_for(pilot, lambda: len(screen.query(UserMessage)) == 1)
+        prompt = screen.query_one(PromptInput)
+        assert prompt.text == "Second question" and [t.question for t in screen.session.turns] == ["First question"]
+        prompt.text = "Second, edited"
+        await pilot.press("enter")
+        await reply_done(pilot)
+        assert [m.content for m in said(screen) if m.role == "user"] == ["First question", "Second, edited"]
+    with History(history_path()) as history:
+        path = history.load(history.conversations()[0].id).path
+    assert [m.content for m in path if m.role == "user"] == ["First question", "Second, edited"]
+
+
+async def test_deleting_an_earlier_message_asks_once_more_then_deletes_it_and_what_follows(tiny_model):
+    app = make_app(str(tiny_model), sampling=GREEDY.with_changes(max_tokens=6))
+    async with app.run_test(size=(100, 40), notifications=True) as pilot:
+        screen = await loaded(pilot)
+        for text in ("First question", "Second question"):
+            await send(pilot, text)
+            await reply_done(pilot)
+        first = screen.query(UserMessage)[0]
+        first.focus()
+        await pilot.press("delete")
+        await pilot.pause()
+        assert len(screen.session.turns) == 2
+        assert any("Press Delete again" in n.message for n in app._notifications)
+        await pilot.press("delete")
+        await wait_for(pilot, lambda: not screen.query(UserMessage))
+        assert screen.session.turns == []
+    with History(history_path()) as history:
+        assert history.load(history.conversations()[0].id).messages == ()
+
+
+async def test_a_cut_reply_continues_where_it_stopped(tiny_model):
+    app = make_app(str(tiny_model), sampling=GREEDY.with_changes(max_tokens=8))
+    async with app.run_test(size=(100, 40), notifications=True) as pilot:
+        screen = await loaded(pilot)
+        await send(pilot, "Hello there")
+        reply = await reply_done(pilot)
+        cut = reply.text
+        await pilot.press("f8")
+        await wait_for(pilot, lambda: screen.reply is None and len(reply.branches) == 2)
+        assert reply.text.startswith(cut) and len(reply.text) > len(cut)
+        assert "continued at token 8, 1 token read" in reply.footer and len(reply.tokens) == 16
+        assert said(screen)[-1].content == reply.text, "the chat goes on from the continued reply"

@@ -94,13 +94,14 @@ def test_a_reply_stopped_before_its_first_token_gives_the_question_back(tiny, hi
     assert history.conversations() == [] or history.load(session.conversation_id).path == ()
 
 
-def test_take_back_last_for_editing_leaves_the_history_off_the_active_path(tiny, history):
+def test_rewinding_to_edit_leaves_the_history_off_the_active_path(tiny, history):
     session = new_session(history)
     session.ask("First", tiny.generate)
     finish(session)
     session.ask("Second", tiny.generate)
     finish(session)
-    assert session.take_back_last() == "Second"
+    [gone] = session.rewind(session.turns[-1])
+    assert gone.question == "Second"
     session.ask("Second, edited", tiny.generate)
     finish(session)
     path = history.load(session.conversation_id).path

@@ -313,16 +313,22 @@ async def test_preset_from_the_panel(tiny_model):
         assert screen.query_one("#temperature", Slider).value == pytest.approx(1.1)
 
 
-async def test_panel_toggles_and_fits_80x24(tiny_model):
+async def test_at_80x24_the_chat_has_the_width_and_the_panel_comes_on_f2(tiny_model):
     app = make_app(str(tiny_model))
     async with app.run_test(size=(80, 24)) as pilot:
         screen = await loaded(pilot)
         side = screen.query_one("#side")
-        assert side.display and screen.query_one(PromptInput).size.width >= 40
-        await pilot.press("f2")
-        assert not side.display
+        assert not side.display and screen.query_one(PromptInput).size.width >= 70
+        footer = "\n".join(strip.text for strip in app.screen._compositor.render_strips()[-1:])
+        assert "f1 Help" in footer and "f2 Panel" in footer, "the footer keeps what a newcomer needs"
         await send(pilot, "Hi")
         await reply_done(pilot)
+        title = str(screen.query_one("#chat-title").render())
+        assert title.startswith("Hi · tiny · ") and "tok/s · KV " in title, "the panel's key figures on top"
+        await pilot.press("f2")
+        await pilot.pause()
+        assert side.display
+        assert "KV" not in str(screen.query_one("#chat-title").render())
 
 
 async def test_model_output_renders_literally(tiny_model):
@@ -522,7 +528,7 @@ async def test_regenerate_and_edit_wait_for_the_reply_and_the_footer_says_so(tin
     app = make_app(str(tiny_model), sampling=GREEDY.with_changes(max_tokens=3000), n_ctx=4096)
     async with app.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
-        assert not app.active_bindings["escape"].enabled, "nothing to stop"
+        assert "escape" not in app.active_bindings, "nothing to stop: not offered"
         await send(pilot, "Hello there")
         await wait_for(pilot, lambda: screen.reply is not None and len(screen.reply.tokens) > 10)
         bindings = app.active_bindings

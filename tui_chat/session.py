@@ -16,7 +16,7 @@ from .engine.base import Candidate, Done, Error, Event, Message, Metrics, Prompt
 from .engine.base import STOP_LABELS, StopReason, TurnMetrics, restore_note
 from .engine.context import left_out
 from .engine.params import LiveParams
-from .history import Conversation, HistoryError, ReplyWriter, StoredMessage
+from .history import Conversation, HistoryError, ReplyWriter, StoredMessage, title_from
 from .recording import SavedChat, Saving
 
 T = TypeVar("T")
@@ -53,6 +53,7 @@ class Branch:
     tokens: list[Token] = field(default_factory=list)
     cut: int | None = None
     message_id: int | None = None  # in the history
+    stop_reason: StopReason | None = None  # how it ended, when it was written in this session
 
 
 @dataclass(eq=False)
@@ -78,6 +79,7 @@ class Writing:
     stream: Stream
     forced: list[Token]  # a branch's given tokens, with what was known of them
     writer: ReplyWriter | None
+    how: str = "branched"  # or "continued": what the footer says of the given tokens
     tokens: list[Token] = field(default_factory=list)
     text: str = ""
     visible: bool = False
@@ -133,6 +135,7 @@ class ChatSession:
         self.turns: list[Turn] = []
         self.writing: Writing | None = None
         self.saved: SavedChat | None = SavedChat(saving) if saving else None
+        self.saved_title = ""  # the title in the history, for a reopened chat (it may have been renamed)
 
     # --- what the model sees --------------------------------------------------------------------
 
@@ -145,6 +148,12 @@ class ChatSession:
             if turn.reply is not None and turn is not answering:
                 messages.append(Message("assistant", turn.reply.text))
         return messages
+
+    @property
+    def title(self) -> str:
+        if self.saved_title:
+            return self.saved_title
+        return title_from(self.turns[0].question) if self.turns else "New chat"
 
     @property
     def conversation_id(self) -> int | None:
@@ -184,12 +193,44 @@ class ChatSession:
         if turn.reply.message_id is not None:
             self._save(lambda: self.saved.choose(turn.reply.message_id))
 
-    def take_back_last(self) -> str:
-        """Remove the last turn to edit it: returns its question. The history keeps it, off the active path."""
-        turn = self.turns.pop()
+    def rewind(self, turn: Turn) -> list[Turn]:
+        """Take `turn` and the ones after it off the conversation, to edit its question: the next message
+        follows what came before it. The history keeps them, off the active path. Returns them."""
+        gone = self.turns[self.turns.index(turn):]
+        del self.turns[self.turns.index(turn):]
         if self.saved is not None:
             self.saved.last_id = turn.parent_id
-        return turn.question
+        return gone
+
+    def delete_from(self, turn: Turn) -> list[Turn]:
+        """Delete `turn` and the ones after it, from the history too. Returns them."""
+        gone = self.rewind(turn)
+        if turn.question_id is not None:
+            self._save(lambda: self.saved.take_back(turn.question_id, turn.parent_id))
+        return gone
+
+    def continue_reply(self, generate: Generate) -> Turn:
+        """The last reply goes on where it stopped (max tokens, Esc, a full context): its tokens are given
+        back to the engine, which finds them in its cache, and the continuation is a new branch."""
+        turn = self.turns[-1]
+        self._start(turn, generate, list(turn.reply.tokens), continuing=True)
+        self.writing.how = "continued"
+        return turn
+
+    def why_not_continue(self) -> str | None:
+        if self.writing is not None:
+            return "A reply is being written: Esc stops it first."
+        reply = self.turns[-1].reply if self.turns else None
+        if reply is None:
+            return "There is no reply to continue yet."
+        if reply.stop_reason in ("eos", "stop"):
+            return f"It ended at its {STOP_LABELS[reply.stop_reason]}: regenerate it, or branch from a token."
+        if reply.stop_reason == "context":
+            return "The context is full: a bigger one (Ctrl+O) or a new chat."
+        if not reply.tokens or any(token.token_id < 0 for token in reply.tokens):
+            return ("This reply's tokens were not kept (it was reopened from the history, or a server sent no "
+                    "token ids): regenerate it instead.")
+        return None
 
     def stop(self) -> None:
         if self.writing is not None:
@@ -216,11 +257,12 @@ class ChatSession:
 
     # --- the reply being written ----------------------------------------------------------------
 
-    def _start(self, turn: Turn, generate: Generate, forced: list[Token] | None = None) -> None:
+    def _start(self, turn: Turn, generate: Generate, forced: list[Token] | None = None,
+               continuing: bool = False) -> None:
         forced = forced or []
         request = Request(self.messages(turn), self.live, top_logprobs=self.top_logprobs,
                           forced=tuple(token.token_id for token in forced),
-                          forced_text=tuple(token.piece or token.text for token in forced),
+                          forced_text=tuple(token.piece or token.text for token in forced), continuing=continuing,
                           conversation="" if self.conversation_id is None else str(self.conversation_id))
         stream = generate(request)
         writer = None
@@ -269,14 +311,14 @@ class ChatSession:
         footer, notes = reply_footer(done.stop_reason, done.metrics.as_dict()), []
         if writing.forced:
             read = done.metrics.prompt_tokens - done.metrics.cached_tokens
-            footer += f" · branched at token {len(writing.forced)}, {read} token{'s' if read != 1 else ''} read"
+            footer += f" · {writing.how} at token {len(writing.forced)}, {read} token{'s' if read != 1 else ''} read"
         if done.metrics.dropped_turns:
             footer += f" · {left_out(done.metrics.dropped_turns)}"
             notes.append(f"{left_out(done.metrics.dropped_turns)} of the prompt to fit the "
                          f"{done.metrics.n_ctx:,}-token context (they stay in the chat).")
         if writing.writer is not None and self.saved is not None:
             self._save(lambda: self.saved.end_reply(writing.writer, done))
-        self._add_branch(writing, done.text, footer)
+        self._add_branch(writing, done.text, footer, done.stop_reason)
         return Ending("finished", " ".join(notes), done)
 
     def _fail(self, writing: Writing, error: Error) -> Ending:
@@ -290,10 +332,11 @@ class ChatSession:
         self._add_branch(writing, error.text, f"cut short: {error.message}")
         return Ending("failed", error.message)
 
-    def _add_branch(self, writing: Writing, text: str, footer: str) -> None:
+    def _add_branch(self, writing: Writing, text: str, footer: str, stop_reason: StopReason | None = None) -> None:
         cut = len(writing.forced) - 1 if writing.forced else None
         turn = writing.turn
-        turn.branches.append(Branch(text, footer, writing.tokens, cut, writing.writer.id if writing.writer else None))
+        turn.branches.append(Branch(text, footer, writing.tokens, cut, writing.writer.id if writing.writer else None,
+                                    stop_reason))
         turn.active = len(turn.branches) - 1
 
     def _take_back(self, writing: Writing) -> Ending:
@@ -347,4 +390,5 @@ def opened(conversation: Conversation, live: LiveParams, saving: Saving | None, 
     if saving is not None:
         session.saved = SavedChat(saving, conversation.id, conversation.last_id)
     session.turns = turns_of(conversation)
+    session.saved_title = conversation.title
     return session

@@ -51,6 +51,7 @@ class Request:
     forced: tuple[int, ...] = ()
     # Their text, one each: a server continues a reply from text (it may not have sent ids: then they are -1).
     forced_text: tuple[str, ...] = ()
+    continuing: bool = False  # the forced tokens are a whole reply going on: max tokens counts after them
     # The chat this turn belongs to (the history's ID; "" when none): the KV state saved after the reply
     # is filed under it, so deleting the chat can delete it.
     conversation: str = ""
@@ -86,7 +87,7 @@ class ModelInfo:
         if self.remote_host:
             return f"server {self.remote_host}"
         if self.gpu_layers <= 0:
-            return " · ".join(filter(None, ["CPU", self.cpu]))
+            return f"CPU {self.cpu}" if self.cpu else "CPU"
         return f"GPU {self.gpu_layers}/{self.n_layers} layers"
 
 

@@ -8,7 +8,7 @@ Wherever a model is named (`--model`, `default_model`, Ctrl+O, a saved chat), `@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -60,6 +60,10 @@ class BackendOpener:
     def __init__(self, local: LocalOptions, servers: Mapping[str, ServerProfile] | None = None) -> None:
         self.local = local
         self.servers = dict(servers or {})
+
+    def reconfigured(self, **changes: object) -> BackendOpener:
+        """The same opener with other local options (a context size or GPU layers chosen in the app)."""
+        return BackendOpener(replace(self.local, **changes), self.servers)
 
     def __call__(self, name: str | None) -> Backend:
         name = name or self.local.default_model

@@ -300,6 +300,7 @@ class _Turn:
         self.stream = stream
         self.implicit_stops = backend._format.implicit_stops
         self.forced = list(request.forced)
+        self.allowance = len(self.forced) if request.continuing else 0  # tokens beyond max tokens
         self.prompt_text, self.prompt, self.dropped_turns = self._fitted_prompt()
         self.context = self.prompt + self.forced  # all the model reads before its first new token
         self.cached = 0
@@ -413,7 +414,7 @@ class _Turn:
                     seed = params.seed if params.seed >= 0 else random.getrandbits(32)
                     sampler = session.new_sampler(params, seed)
                     scanner.stops = params.stop + self.implicit_stops
-                if len(self.generated) >= params.max_tokens:
+                if len(self.generated) >= params.max_tokens + self.allowance:
                     return "length"
                 token, seen, stages = self._draw(sampler, params)
                 now = time.perf_counter()
@@ -435,7 +436,7 @@ class _Turn:
                                  stages=stages, grammar=mask))
                 if scanner.stopped:
                     return "stop"
-                if len(self.generated) >= params.max_tokens:
+                if len(self.generated) >= params.max_tokens + self.allowance:
                     return "length"
                 if len(session.tokens) + 1 >= session.n_ctx:
                     return "context"

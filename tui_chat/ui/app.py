@@ -11,7 +11,8 @@ from textual.screen import Screen
 from ..config import Config, config_dir, save_setting
 from ..engine.params import PRESETS, LiveParams
 from ..safetext import terminal_safe
-from .screens.chat import BackendOpener, ChatScreen
+from .screens.chat import ChatScreen
+from .screens.model_loader import OpenBackend
 from .themes import load_themes
 
 
@@ -21,7 +22,7 @@ DEFAULT_THEME = "tui-chat-dusk"
 class ChatApp(App[None]):
     TITLE = "tui-chat"
 
-    def __init__(self, config: Config, open_backend: BackendOpener, model: str | None = None) -> None:
+    def __init__(self, config: Config, open_backend: OpenBackend, model: str | None = None) -> None:
         super().__init__()
         self.config = config
         self.open_backend = open_backend

@@ -273,7 +273,7 @@ class OpenAIBackend:
             "stream_options": {"include_usage": True},
             "temperature": params.temperature,
             "top_p": params.top_p,
-            "max_tokens": max(1, params.max_tokens - len(request.forced)),
+            "max_tokens": max(1, params.max_tokens - (0 if request.continuing else len(request.forced))),
         }
         if params.seed >= 0:
             body["seed"] = params.seed

@@ -8,62 +8,47 @@ request → the backend's worker thread → events, batched → session → the 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from textual import events, on, work
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Select
 
-from ...config import Config, data_dir, history_path
+from ...config import Config, data_dir, history_path, save_setting
 from ...engine.base import Backend, Event, ModelInfo
+from ...engine.factory import BackendOpener
 from ...engine.models import STARTER_NAME, starter_installed
-from ...engine.params import LiveParams
-from ...history import History, HistoryError
+from ...engine.params import LiveParams, SamplingParams
+from ...history import History, HistoryError, model_label
 from ...recording import Saving
 from ...session import ChatSession, Ending, Turn, Writing, opened
 from ..bridge import EngineBatch, forward_events
+from ..keys import CHAT_KEYS
 from ..memory import ReplyMemory
 from ..widgets.conversation import ConversationView
 from ..widgets.draft_meter import DraftCosts
-from ..widgets.messages import ReplyMessage
+from ..widgets.messages import ReplyMessage, UserMessage
 from ..widgets.metrics import MetricsPanel
 from ..widgets.prompt import PromptInput
 from ..widgets.sampling import SamplingPanel
-from .model_loader import BackendOpener, LoadJob, ModelLoader
+from .model_loader import LoadJob, ModelLoader, OpenBackend
+from .open_model import ModelChoice
 
 PANEL_REFRESH_S = 0.15
-NARROW_BELOW = 72  # columns; a narrower screen hides the side panel until F2 asks for it
-IDLE_ONLY = frozenset({"regenerate", "edit_last"})  # actions that cannot run while a reply is written
+NARROW_BELOW = 100  # columns; a narrower screen gives the chat the width and shows the panel on F2
+IDLE_ONLY = frozenset({"regenerate", "edit_last", "continue_reply"})  # actions that cannot run while a reply is written
 
 
 class ChatScreen(Screen):
     CSS_PATH = "chat.tcss"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]
-    BINDINGS = [
-        Binding("escape", "stop", "Stop", id="stop", tooltip="Stop the reply (keeps what was written)"),
-        Binding("ctrl+r", "regenerate", "Regenerate", id="regenerate", tooltip="Regenerate the last reply"),
-        Binding("ctrl+g", "edit_last", "Edit last", id="edit_last", tooltip="Edit and resend the last message"),
-        Binding("f3", "copy_last", "Copy reply", id="copy_last", tooltip="Copy the last reply"),
-        Binding("f4", "show_earlier", "Earlier", id="show_earlier", show=False, tooltip="Show earlier messages"),
-        Binding("f2", "toggle_panel", "Panel", id="toggle_panel", tooltip="Show or hide the side panel"),
-        Binding("ctrl+t", "toggle_heatmap", "Heatmap", id="toggle_heatmap",
-                tooltip="Colour each token by its probability"),
-        Binding("ctrl+n", "new_chat", "New chat", id="new_chat", tooltip="Start a new chat"),
-        Binding("ctrl+l", "conversations", "Chats", id="conversations",
-                tooltip="Saved chats: open, search, rename, delete, export"),
-        Binding("f6", "system_prompt", "System", id="system_prompt", show=False, priority=True,
-                tooltip="Edit this chat's system prompt"),
-        Binding("ctrl+o", "open_model", "Model", id="open_model", tooltip="Open another model"),
-        Binding("f5", "models", "Models", id="models", show=False,
-                tooltip="Models: local ones, and GGUF models to download from the hub"),
-        Binding("f1", "help", "Help", id="help", tooltip="Show all keys"),
-    ]
+    BINDINGS = CHAT_KEYS
     writing = reactive(False, bindings=True)  # a reply is being written: some actions wait for it
 
-    def __init__(self, open_backend: BackendOpener, model: str | None, live: LiveParams, config: Config) -> None:
+    def __init__(self, open_backend: OpenBackend, model: str | None, live: LiveParams, config: Config) -> None:
         super().__init__()
         self.config = config
         self.initial_model = model
@@ -72,10 +57,9 @@ class ChatScreen(Screen):
         self.history: History | None = None
         self.session = self._new_session()
         self.memory = ReplyMemory(self)
-        self.loader = ModelLoader(self, open_backend, status=self._load_status, loaded=self._model_loaded,
-                                  failed=self._model_failed)
+        self.loader = ModelLoader(self, open_backend, status=lambda line: self.view.set_status(line),
+                                  loaded=self._model_loaded, failed=self._model_failed)
         self._writing: Writing | None = None
-        self._queued: str | None = None  # sent before the model was ready: sent when it is
         self._panel_refreshed = 0.0
 
     def compose(self) -> ComposeResult:
@@ -116,7 +100,7 @@ class ChatScreen(Screen):
         if action in IDLE_ONLY and self.writing:
             return None
         if action == "stop" and not self.writing:
-            return None
+            return False  # out of the footer while there is nothing to stop: room for what there is
         return True
 
     def _new_session(self, model: str = "") -> ChatSession:
@@ -146,9 +130,12 @@ class ChatScreen(Screen):
         lost_default = self.initial_model is None and self.config.default_model and starter_installed()
         self.loader.load(self.initial_model, fallback=STARTER_NAME if lost_default else None)
 
-    def _load_status(self, text: str) -> None:
-        waiting = " · your message is sent as soon as it is ready" if self._queued is not None else ""
-        self.view.set_status(text + waiting)
+    def _show_title(self) -> None:
+        """Where the side panel is hidden, the title line carries its key figures."""
+        model = model_label(self.session.model) if self.session.model else "no model yet"
+        hidden = self.has_class("-panel-hidden") or (self.has_class("-narrow") and not self.has_class("-panel-shown"))
+        metrics = self.query_one(MetricsPanel).metrics
+        self.view.show_title(model, metrics if hidden and metrics.n_ctx else None)
 
     async def _model_loaded(self, job: LoadJob, info: ModelInfo) -> None:
         if self.backend is not None:
@@ -159,12 +146,12 @@ class ChatScreen(Screen):
         self.query_one(MetricsPanel).show_model(info)
         self.query_one(SamplingPanel).show_backend(info)
         self.view.set_status("")
+        self._show_title()
         self._recount_draft()
         if job.note:
             self.notify(job.note, title="Default model", severity="warning", timeout=10, markup=False)
-        if self._queued is not None:
-            text, self._queued = self._queued, None
-            await self._ask(text)
+        if (held := self.loader.release()) is not None:
+            await self._ask(held)
 
     def _model_failed(self, job: LoadJob, message: str) -> None:
         """A failed load leaves the model in use answering: only with none at all is the failure the status."""
@@ -174,9 +161,8 @@ class ChatScreen(Screen):
             return
         self.view.set_status(f"Model not loaded: {message}  (Ctrl+O opens another)", error=True)
         self.query_one(MetricsPanel).show_model(None, "No model loaded")
-        if self._queued is not None:
-            self.view.prompt.set_draft(self._queued)
-            self._queued = None
+        if (held := self.loader.release()) is not None:
+            self.view.prompt.set_draft(held)
 
     # --- sending and streaming -----------------------------------------------------------------
 
@@ -187,10 +173,8 @@ class ChatScreen(Screen):
         elif self.backend is not None:
             self.view.prompt.clear()
             await self._ask(event.text)
-        elif self.loader.loading and self._queued is None:
+        elif self.loader.hold(event.text):
             self.view.prompt.clear()
-            self._queued = event.text
-            self._load_status(f"Loading {self.loader.loading.shown}…")
         elif self.loader.loading:
             self.notify("A message is already waiting for the model.", timeout=3)
         else:
@@ -237,6 +221,7 @@ class ChatScreen(Screen):
         if update.metrics is not None and update.ending is None and now - self._panel_refreshed >= PANEL_REFRESH_S:
             self._panel_refreshed = now
             self.query_one(MetricsPanel).update_metrics(update.metrics)
+            self._show_title()
 
     def _ended(self, ending: Ending) -> None:
         """The reply counts as being written until its widget has settled: actions wait for that."""
@@ -245,6 +230,7 @@ class ChatScreen(Screen):
         self.memory.reply_ended()
         if ending.kind in ("finished", "failed") and ending.done is not None:
             self.query_one(MetricsPanel).finish_reply(ending.done.metrics)
+        self._show_title()
         if ending.kind == "failed":
             self.notify(ending.message, title="Reply cut short", severity="error", timeout=8, markup=False)
         elif ending.kind != "finished" and ending.message:
@@ -272,9 +258,14 @@ class ChatScreen(Screen):
         if not self.session.turns:
             self.notify("There is no message to edit yet.", timeout=3)
             return
-        turn = self.session.turns[-1]
-        self.session.take_back_last()
-        await self.view.remove_last(turn)
+        self.view.post_message(UserMessage.Edit(self.session.turns[-1]))
+
+    async def action_continue_reply(self) -> None:
+        reason = self.session.why_not_continue() or (None if self.backend else "No model is loaded.")
+        if reason:
+            self.notify(reason, severity="warning", timeout=5, markup=False)
+            return
+        await self._started(self.session.continue_reply(self.backend.generate))
 
     def action_copy_last(self) -> None:
         replies = self.query(ReplyMessage)
@@ -285,6 +276,7 @@ class ChatScreen(Screen):
         shown = self.query_one("#side").display
         self.set_class(shown, "-panel-hidden")
         self.set_class(not shown, "-panel-shown")
+        self._show_title()
 
     async def action_toggle_heatmap(self) -> None:
         await self.view.set_heatmap(not self.view.heatmap)
@@ -331,19 +323,21 @@ class ChatScreen(Screen):
 
     async def action_new_chat(self) -> None:
         """A new chat starts from the config's settings, not from those of the chat before it."""
-        self._abandon_reply()
-        self.query_one(SamplingPanel).set_values(self.config.sampling.as_dict())
-        self.query_one(MetricsPanel).forget_turns()
-        self.session = self._new_session(self.session.model)
-        await self.view.show(self.session)
+        await self._switch_to(self._new_session(self.session.model), self.config.sampling)
         self.view.prompt.focus()
 
-    def _abandon_reply(self) -> None:
+    async def _switch_to(self, session: ChatSession, settings: SamplingParams) -> None:
+        """Another conversation on screen; a reply still being written ends as stopped."""
         if self.writing:
             self.session.abandon()
             self._writing = None
             self.writing = False
             self.memory.reply_ended()
+        self.query_one(SamplingPanel).set_values(settings.as_dict())
+        self.query_one(MetricsPanel).forget_turns()
+        self.session = session
+        await self.view.show(session)
+        self._show_title()
 
     def action_conversations(self) -> None:
         if self.history is None:
@@ -364,13 +358,10 @@ class ChatScreen(Screen):
         except HistoryError as error:
             self.notify(str(error), severity="error", markup=False)
             return
-        self._abandon_reply()
-        self.query_one(SamplingPanel).set_values(conversation.sampling.as_dict())
-        self.query_one(MetricsPanel).forget_turns()
         previous_model = self.session.model
-        self.session = opened(conversation, self.live, Saving(self.history, self._price()),
-                              top_logprobs=self.config.inspector_top, warn=self._warn_saving)
-        await self.view.show(self.session)
+        await self._switch_to(opened(conversation, self.live, Saving(self.history, self._price()),
+                                     top_logprobs=self.config.inspector_top, warn=self._warn_saving),
+                              conversation.sampling)
         if conversation.model and conversation.model != previous_model:
             self.load_model(conversation.model)
         else:
@@ -392,9 +383,31 @@ class ChatScreen(Screen):
         self._recount_draft()
 
     def action_open_model(self) -> None:
-        from .open_model import OpenModelScreen
+        from .open_model import OpenModelScreen, server_names
 
-        self.app.push_screen(OpenModelScreen(), self._model_chosen)
+        local = getattr(self.loader.open_backend, "local", None)  # a BackendOpener; a test's may have none
+        n_ctx, gpu_layers = (local.n_ctx, local.gpu_layers) if local else (self.config.n_ctx, self.config.gpu_layers)
+        screen = OpenModelScreen(server_names(self.config.remotes), Path(self.session.model).stem, n_ctx, gpu_layers)
+        self.app.push_screen(screen, self._model_opened)
+
+    def _model_opened(self, choice: ModelChoice | None) -> None:
+        """Another context size or GPU layer count reopens with them, and they become the defaults."""
+        if choice is None:
+            return
+        opener = self.loader.open_backend
+        if isinstance(opener, BackendOpener) and (choice.n_ctx, choice.gpu_layers) != (
+                opener.local.n_ctx, opener.local.gpu_layers):
+            self.loader.open_backend = opener.reconfigured(n_ctx=choice.n_ctx, gpu_layers=choice.gpu_layers)
+            self._save_settings(n_ctx=choice.n_ctx, gpu_layers=choice.gpu_layers)
+        self.load_model(choice.name)
+
+    def _save_settings(self, **settings: int | None) -> None:
+        try:
+            for key, value in settings.items():
+                if value is not None:
+                    save_setting(key, value)
+        except OSError as error:
+            self.notify(f"cannot save the settings: {error.strerror}", severity="warning", markup=False)
 
     def action_models(self) -> None:
         """One models screen for the whole session, so a download keeps going while the user chats."""

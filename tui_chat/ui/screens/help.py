@@ -12,7 +12,7 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from ..widgets.messages import ChatMessage, ReplyMessage
+from ..widgets.messages import ChatMessage, ReplyMessage, UserMessage
 from ..widgets.prompt import PromptInput
 from ..widgets.slider import Slider
 
@@ -28,6 +28,7 @@ def chat_sections(chat_bindings: Sequence[Binding]) -> list[Section]:
         ("Models screen", ModelsScreen.BINDINGS),
         ("Message box", PromptInput.BINDINGS),
         ("A focused message", ChatMessage.BINDINGS),
+        ("A focused message of yours", UserMessage.BINDINGS),
         ("A focused reply (or click one of its tokens)", ReplyMessage.BINDINGS),
         ("A focused slider (or click and drag it)", Slider.BINDINGS),
     ]

@@ -12,7 +12,7 @@ from textual.screen import Screen
 from ...engine.base import Backend, EngineError, Error, Event, LoadProgress, Loaded, ModelInfo
 from ..bridge import EngineBatch, forward_events
 
-BackendOpener = Callable[[str | None], Backend]
+OpenBackend = Callable[[str | None], Backend]  # a BackendOpener, or a test's own
 
 
 @dataclass(eq=False)
@@ -32,19 +32,36 @@ class LoadJob:
 class ModelLoader:
     """`loaded` and `failed` are the screen's: what it shows when a load ends."""
 
-    def __init__(self, screen: Screen, open_backend: BackendOpener, *, status: Callable[[str], None],
-                 loaded: Callable[[LoadJob, ModelInfo], Awaitable[None]], failed: Callable[[LoadJob, str], None]) -> None:
+    def __init__(self, screen: Screen, open_backend: OpenBackend, *, status: Callable[[str], None],
+                 loaded: Callable[[LoadJob, ModelInfo], Awaitable[None]],
+                 failed: Callable[[LoadJob, str], None]) -> None:
         self.screen = screen
         self.open_backend = open_backend
         self.status = status
         self.loaded = loaded
         self.failed = failed
         self.loading: LoadJob | None = None
+        self.queued: str | None = None  # a message sent before the model was ready: sent when it is
 
     def load(self, name: str | None, fallback: str | None = None) -> None:
         job = self.loading = LoadJob(name, fallback)
-        self.status(f"Loading {job.shown}…")
+        self._say(f"Loading {job.shown}…")
         self.screen.run_worker(lambda: self._open_and_load(job), thread=True, group="load", exclusive=True)
+
+    def hold(self, text: str) -> bool:
+        """Keep a message for the model being loaded; False when none is on its way or one is already held."""
+        if self.loading is None or self.queued is not None:
+            return False
+        self.queued = text
+        self._say(f"Loading {self.loading.shown}…")
+        return True
+
+    def release(self) -> str | None:
+        text, self.queued = self.queued, None
+        return text
+
+    def _say(self, line: str) -> None:
+        self.status(line + (" · your message is sent as soon as it is ready" if self.queued is not None else ""))
 
     def _open_and_load(self, job: LoadJob) -> None:
         try:
@@ -67,7 +84,7 @@ class ModelLoader:
     async def take(self, job: LoadJob, batch: list[Event]) -> None:
         for event in batch:
             if isinstance(event, LoadProgress):
-                self.status(f"Loading {job.shown}… {event.stage or f'{event.fraction:.0%}'}")
+                self._say(f"Loading {job.shown}… {event.stage or f'{event.fraction:.0%}'}")
             elif isinstance(event, Loaded):
                 self._ended(job)
                 await self.loaded(job, event.info)

@@ -4,6 +4,7 @@ changed; it holds no conversation of its own."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from textual import on
@@ -13,7 +14,7 @@ from textual.content import Content
 from textual.message import Message
 from textual.widgets import Static
 
-from ...engine.base import Backend, Candidate
+from ...engine.base import Backend, Candidate, TurnMetrics
 from ...safetext import terminal_safe
 from ...session import ChatSession, Turn, Update
 from ..screens.inspector import InspectorScreen
@@ -24,9 +25,13 @@ from .messages import ReplyMessage, UserMessage
 from .prompt import PromptInput
 
 
+CONFIRM_WITHIN_S = 3.0
+
+
 class ConversationView(Vertical):
     DEFAULT_CSS = """
     ConversationView { width: 1fr; }
+    ConversationView #chat-title { height: 1; padding: 0 1; color: $text-muted; }
     ConversationView #status { height: auto; padding: 0 1; color: $text-muted; display: none; }
     ConversationView #status.-error { color: $error; }
     ConversationView #legend { height: auto; padding: 0 1; display: none; }
@@ -37,8 +42,11 @@ class ConversationView(Vertical):
         self.session = session
         self.heatmap = False
         self._costs = costs
+        self._title: tuple[str, TurnMetrics | None] = ("", None)
+        self._delete_asked: tuple[Turn, float] | None = None
 
     def compose(self) -> ComposeResult:
+        yield Static(id="chat-title")
         yield ChatLog(id="log")
         yield Static(id="status")
         yield Static(id="legend")
@@ -55,6 +63,22 @@ class ConversationView(Vertical):
     @property
     def prompt(self) -> PromptInput:
         return self.query_one(PromptInput)
+
+    def show_title(self, model: str, metrics: TurnMetrics | None = None) -> None:
+        """The chat's title and model at the top; the side panel's key figures too, where it is hidden.
+        The title gives way first when the line is short."""
+        self._title = (model, metrics)
+        figures = ""
+        if metrics is not None:
+            rate = f"{metrics.decode_tok_s:,.1f} tok/s · " if metrics.decode_tok_s else ""
+            figures = f"{rate}KV {metrics.context_tokens:,}/{metrics.n_ctx:,}"
+        tail = " · ".join(part for part in (model, figures) if part)
+        room = max(8, self.size.width - 2 - len(tail) - 3)
+        title = self.session.title if len(self.session.title) <= room else self.session.title[: room - 1] + "…"
+        self.query_one("#chat-title", Static).update(Content(terminal_safe(f"{title} · {tail}")))
+
+    def on_resize(self) -> None:
+        self.show_title(*self._title)
 
     def set_status(self, text: str, error: bool = False) -> None:
         status = self.query_one("#status", Static)
@@ -110,10 +134,29 @@ class ConversationView(Vertical):
             await self.log_view.remove_turn(turn)
             self.prompt.set_draft(turn.question)
 
-    async def remove_last(self, turn: Turn) -> None:
-        """The last turn went back to the message box to be edited."""
-        await self.log_view.remove_turn(turn)
-        self.prompt.set_draft(turn.question)
+    @on(UserMessage.Edit)
+    async def _edit(self, event: UserMessage.Edit) -> None:
+        """Editing a message takes it and what follows off the chat (they stay in the history, off the
+        active path); deleting removes them from the history too, after a second press."""
+        if self.session.writing is not None:
+            self.notify("A reply is being written: Esc stops it first.", severity="warning", timeout=4)
+            return
+        if event.delete and not self._confirmed(event.turn):
+            later = len(self.session.turns) - self.session.turns.index(event.turn) - 1
+            self.notify(f"Delete this message{f' and the {later} turns after it' if later else ''}? "
+                        "Press Delete again.", timeout=CONFIRM_WITHIN_S, markup=False)
+            return
+        gone = self.session.delete_from(event.turn) if event.delete else self.session.rewind(event.turn)
+        for turn in gone:
+            await self.log_view.remove_turn(turn)
+        if not event.delete:
+            self.prompt.set_draft(event.turn.question)
+        self.prompt.focus()
+        self.query_one(DraftMeter).recount()
+
+    def _confirmed(self, turn: Turn) -> bool:
+        asked, self._delete_asked = self._delete_asked, (turn, time.monotonic())
+        return asked is not None and asked[0] is turn and time.monotonic() - asked[1] < CONFIRM_WITHIN_S
 
     # --- the token inspector and branches ------------------------------------------------------
 

@@ -24,9 +24,11 @@ from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Markdown, Static
 
+from ...config import data_dir
 from ...engine.base import Token
 from ...safetext import terminal_safe
 from ...session import Branch, Turn, Writing
+from ..clipboard import copy
 from .heatmap import band_styles, has_probabilities, heatmap_text
 
 FREEZE_AFTER_CHARS = 3000
@@ -66,17 +68,36 @@ class ChatMessage(Widget):
     text: str
 
     def action_copy(self) -> None:
-        self.app.copy_to_clipboard(self.text)
-        self.notify("Copied to the clipboard", timeout=2)
+        said = copy(self.app, self.text, data_dir() / "exports" / "copied.txt")
+        self.notify(said, timeout=2 if said.startswith("Copied") else 8, markup=False)
 
 
 class UserMessage(ChatMessage, Static):
     DEFAULT_CSS = "UserMessage { border-left: thick $primary; background: $surface; }"
+    BINDINGS = [
+        Binding("e", "edit", "Edit", id="edit_message", tooltip="Edit this message (the chat goes on from it)"),
+        Binding("delete", "delete", "Delete", id="delete_message",
+                tooltip="Delete this message and what follows it (press twice)"),
+    ]
+
+    class Edit(Message):
+        """Edit from this turn: it and the ones after it leave the chat, its text goes to the box."""
+
+        def __init__(self, turn: Turn, delete: bool = False) -> None:
+            super().__init__()
+            self.turn = turn
+            self.delete = delete  # from the history too
 
     def __init__(self, turn: Turn, **kwargs) -> None:
         super().__init__(Content(terminal_safe(turn.question)), **kwargs)
         self.turn = turn
         self.text = turn.question
+
+    def action_edit(self) -> None:
+        self.post_message(self.Edit(self.turn))
+
+    def action_delete(self) -> None:
+        self.post_message(self.Edit(self.turn, delete=True))
 
 
 class ReplyMessage(ChatMessage, Vertical):

@@ -139,7 +139,7 @@ class MetricsPanel(Vertical):
             title.update(Content(terminal_safe(info.name)))
             threads = m.threads or info.threads
             hardware = f"{info.offload} · {threads} thread{'s' if threads != 1 else ''}" if threads else info.offload
-            facts.update(Content(terminal_safe(f"{info.quantization} · {hardware} · {info.backend}\n{info.description}")))
+            facts.update(Content(terminal_safe(f"{info.quantization} · {hardware}\n{info.description}")))
         server = f"\n  server {_rate(m.server_decode_tok_s)}" if m.server_decode_tok_s else ""  # by its own clock
         self.query_one("#speed", Static).update(
             Content(
