@@ -291,3 +291,22 @@ def test_formats_through_the_backend_against_llama_cpp_server(tiny_remote):
         check(done.text)
     _, cut = answer(tiny_remote, "Hi", GREEDY.with_changes(max_tokens=2), format=json_schema(json.dumps(SCHEMA)))
     assert cut.stop_reason == "length" and cut.incomplete
+
+
+def test_a_reply_cut_at_max_tokens_goes_on_on_llama_server(fake):
+    """F8 on a server's reply: its tokens (ids from llama-server) are the start the server continues, and max
+    tokens counts after them, as in the in-process engine."""
+    backend = connect(fake.base_url, "words")
+    try:
+        session = ChatSession(LiveParams(GREEDY.with_changes(max_tokens=3)), top_logprobs=2)
+        session.ask(QUESTION, backend.generate)
+        finish(session)
+        assert session.why_not_continue() is None
+        session.continue_reply(backend.generate)
+        ending = finish(session)
+    finally:
+        backend.close()
+    sent = fake.requests[-1]
+    assert sent["messages"][-1] == {"role": "assistant", "content": "Paris is the"} and sent["max_tokens"] == 3
+    assert ending.kind == "finished" and session.turns[-1].reply.text == "Paris is the capital of France"
+    assert session.turns[-1].reply.footer.startswith("max tokens · 3 tokens")

@@ -108,7 +108,8 @@ class TurnMetrics:
     restore_s: float = 0.0  # finding, checking and loading that state
     restore_avoided_s: float | None = None  # how long reading those tokens would have taken, at the measured rate
     grammar_s: float = 0.0  # time an output format's grammar took (checks, masks, draws again)
-    # prompt_tokens is the client's count with the server's tokenizer: the server has not reported it (yet)
+    # prompt_tokens is the client's estimate (4 characters a token, or the server's tokenizer on the messages):
+    # the server has not reported it (yet)
     prompt_estimated: bool = False
 
     @property
