@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
 from .engine.base import Candidate, Done, Error, Event, Message, Metrics, PromptProgress, Request, Stream, Token
-from .engine.base import STOP_LABELS, StopReason, TurnMetrics
+from .engine.base import STOP_LABELS, StopReason, TurnMetrics, restore_note
 from .engine.context import left_out
 from .engine.params import LiveParams
 from .history import Conversation, HistoryError, ReplyWriter, StoredMessage, title_from
@@ -25,14 +25,15 @@ Generate = Callable[[Request], Stream]
 
 
 def reply_footer(reason: StopReason, metrics: Mapping[str, Any]) -> str:
-    """Stop reason, tokens, speed, TTFT: from a live `TurnMetrics.as_dict()` or a stored reply's metrics."""
+    """Stop reason, tokens, speed, TTFT and what came from disk: from a live `TurnMetrics.as_dict()` or a
+    stored reply's metrics."""
     tokens = metrics.get("completion_tokens", 0)
     parts = [STOP_LABELS.get(reason, reason), f"{tokens} token{'' if tokens == 1 else 's'}"]
     if metrics.get("decode_tok_s"):
         parts.append(f"{metrics['decode_tok_s']:.1f} tok/s")
     if metrics.get("ttft_s") is not None:
         parts.append(f"TTFT {metrics['ttft_s']:.2f} s")
-    return " · ".join(parts)
+    return " · ".join(filter(None, [*parts, restore_note(metrics)]))
 
 
 def stored_footer(message: StoredMessage) -> str:
@@ -260,7 +261,9 @@ class ChatSession:
                continuing: bool = False) -> None:
         forced = forced or []
         request = Request(self.messages(turn), self.live, top_logprobs=self.top_logprobs,
-                          forced=tuple(token.token_id for token in forced), continuing=continuing)
+                          forced=tuple(token.token_id for token in forced),
+                          forced_text=tuple(token.piece or token.text for token in forced), continuing=continuing,
+                          conversation="" if self.conversation_id is None else str(self.conversation_id))
         stream = generate(request)
         writer = None
         if self.saved is not None and turn.question_id is not None:

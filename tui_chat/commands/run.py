@@ -1,7 +1,8 @@
 """`tui-chat run`: one conversation without the UI, for scripts, benchmarks and CI.
 
 It drives the same `ChatSession` as the chat screen: each `--prompt` is a turn, saved as it streams
-with `--save`.
+with `--save`; `--continue ID` appends the turns to a saved conversation, as reopening it in the app
+would (its KV cache comes back from disk).
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ from ..engine.base import Backend, Done, EngineError, Error, Token
 from ..engine.context import left_out
 from ..engine.params import MAX_TOP_LOGPROBS, PARAMS, InvalidParameter, LiveParams, check_top_logprobs
 from ..guard import watch
+from ..history import Conversation, History
 from ..pricing import find_preset
-from ..session import ChatSession
+from ..recording import Saving
+from ..session import ChatSession, opened
 from .common import INTERRUPTED, RUNTIME_ERROR, add_model_options, opener_for, writer
+
+MODEL_FLAGS = ("model", "backend", "base_url", "remote")  # any of these opens another model than a continued chat's
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -36,6 +41,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                      help=f"with --json: each token's probability and the N likeliest (at most {MAX_TOP_LOGPROBS})")
     run.add_argument("--json", action="store_true", help="print one JSON report at the end instead of the text")
     run.add_argument("--save", action="store_true", help="keep the conversation in the history")
+    run.add_argument("--continue", dest="continue_id", type=int, metavar="ID",
+                     help="append the turns to saved conversation ID (see tui-chat history), with its model, system "
+                          "prompt and settings (flags change them); implies --save")
     run.set_defaults(run=run_command)
 
 
@@ -45,28 +53,42 @@ def run_command(args: argparse.Namespace, config: Config) -> int:
     given = {spec.name: getattr(args, spec.name) for spec in PARAMS if getattr(args, spec.name) is not None}
     if args.stop:
         given["stop"] = args.stop
-    params = config.sampling.with_changes(**given)
     check_top_logprobs(args.top_logprobs)
     opener, model = opener_for(config, args)
     if args.watched:
         watch(log_dir())
-    backend = opener(model)
+    saving = _saving(config) if args.save or args.continue_id is not None else None
+    try:
+        continued = saving.history.load(args.continue_id) if args.continue_id is not None else None
+        if continued is not None and not any(getattr(args, flag, None) for flag in MODEL_FLAGS):
+            model = continued.model or model
+        params = (continued.sampling if continued else config.sampling).with_changes(**given)
+        return _run_opened(opener(model), args, config, model, continued, LiveParams(params), saving)
+    finally:
+        if saving is not None:
+            saving.history.close()
+
+
+def _run_opened(backend: Backend, args: argparse.Namespace, config: Config, model: str | None,
+                continued: Conversation | None, live: LiveParams, saving: Saving | None) -> int:
+    """Load the model and answer the prompts: in a new conversation, or going on with `continued`."""
     try:
         loaded = backend.load().result()
         if isinstance(loaded, Error):
             raise EngineError(loaded.message)
-        saving = _saving(config) if args.save else None
-        system = config.system_prompt if args.system is None else args.system
-        session = ChatSession(LiveParams(params), saving=saving, system_prompt=system, model=backend.info.name,
-                              top_logprobs=args.top_logprobs, warn=_warn)
+        if continued is not None:
+            session = opened(continued, live, saving, top_logprobs=args.top_logprobs, warn=_warn)
+            if args.system is not None:
+                session.set_system_prompt(args.system)
+        else:
+            system = config.system_prompt if args.system is None else args.system
+            session = ChatSession(live, saving=saving, system_prompt=system, top_logprobs=args.top_logprobs, warn=_warn)
+        session.model = model or config.default_model or backend.info.path  # what opens this model again
         try:
             return run_conversation(backend, session, args.prompt, as_json=args.json)
         except EngineError as error:
             print(f"tui-chat: error: {error}", file=sys.stderr)
             return RUNTIME_ERROR
-        finally:
-            if saving is not None:
-                saving.history.close()
     finally:
         backend.close()
 
@@ -77,9 +99,11 @@ def run_conversation(backend: Backend, session: ChatSession, prompts: list[str],
     write = writer(out)
     turns: list[dict] = []
     for index, prompt in enumerate(prompts):
+        continuing = session.conversation_id
         session.ask(prompt, backend.generate)
         if index == 0 and session.conversation_id is not None:
-            print(f"tui-chat: saving as conversation {session.conversation_id}", file=sys.stderr)
+            saved = "continuing" if continuing else "saving as"
+            print(f"tui-chat: {saved} conversation {session.conversation_id}", file=sys.stderr)
         done, tokens = _stream_turn(session, write, as_json)
         if done.metrics.dropped_turns:
             print(f"tui-chat: note: {left_out(done.metrics.dropped_turns)} to fit the "
@@ -149,10 +173,7 @@ def _show(write: Callable[[str], None], shown: str, text: str) -> str:
     return seen
 
 
-def _saving(config: Config):
-    from ..history import History
-    from ..recording import Saving
-
+def _saving(config: Config) -> Saving:
     return Saving(History(history_path()), find_preset(config.prices, config.price))
 
 

@@ -49,6 +49,8 @@ class Request:
     # A branch: the tokens the reply must start with (those kept before the cut, then the chosen
     # alternative). The engine rewinds its KV cache to them instead of reading the chat again.
     forced: tuple[int, ...] = ()
+    # Their text, one each: a server continues a reply from text (it may not have sent ids: then they are -1).
+    forced_text: tuple[str, ...] = ()
     continuing: bool = False  # the forced tokens are a whole reply going on: max tokens counts after them
     # The chat this turn belongs to (the history's ID; "" when none): the KV state saved after the reply
     # is filed under it, so deleting the chat can delete it.
@@ -75,6 +77,8 @@ class ModelInfo:
     remote_host: str = ""  # host:port of the server a remote backend talks to
     params_per_token: bool = True  # False: sampling changes apply from the next reply on
     ignored_params: tuple[str, ...] = ()  # sampling settings this backend cannot pass on
+    ignored_formats: tuple[str, ...] = ()  # output formats (`OutputFormat.kind`) it cannot be asked for
+    notes: tuple[str, ...] = ()  # where it reads a setting or a format otherwise than tui-chat, a line each
     cpu: str = ""  # the CPU path llama.cpp runs on, e.g. "AVX-512 · AMX off (crashed its self-test)"
     threads: int = 0  # decode threads when it loaded (they follow the load: TurnMetrics.threads)
 
@@ -104,6 +108,9 @@ class TurnMetrics:
     restore_s: float = 0.0  # finding, checking and loading that state
     restore_avoided_s: float | None = None  # how long reading those tokens would have taken, at the measured rate
     grammar_s: float = 0.0  # time an output format's grammar took (checks, masks, draws again)
+    # prompt_tokens is the client's estimate (4 characters a token, or the server's tokenizer on the messages):
+    # the server has not reported it (yet)
+    prompt_estimated: bool = False
 
     @property
     def read_tokens(self) -> int:
@@ -144,6 +151,7 @@ class TurnMetrics:
             "restore_s": self.restore_s,
             "restore_avoided_s": self.restore_avoided_s,
             "grammar_ms_per_token": self.grammar_ms_per_token,
+            "prompt_estimated": self.prompt_estimated,
         }
 
 
@@ -285,6 +293,12 @@ class Token:
     forced: bool = False
     stages: tuple[Stage, ...] = ()
     grammar: GrammarMask | None = None
+
+    def is_candidate(self, candidate: Candidate) -> bool:
+        """Whether `candidate` is this token: by id, or by text where a server sent no ids (-1)."""
+        if self.token_id >= 0 and candidate.token_id >= 0:
+            return candidate.token_id == self.token_id
+        return candidate.text == self.piece
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,7 +60,7 @@ def candidate_lines(token: Token, params: SamplingParams) -> list[Text]:
     lines, cumulative = [], 0.0
     for rank, candidate in enumerate(token.top):
         cumulative += candidate.prob
-        chosen = candidate.token_id == token.token_id
+        chosen = token.is_candidate(candidate)
         line = Text(f"{rank + 1}.".ljust(4))  # no leading blank: option lists trim it
         line.append("▶ " if chosen else "  ", style="bold")
         line.append(f"{shown_token(candidate.text):<16.16}", style="bold" if chosen else "")
@@ -126,7 +126,7 @@ class InspectorScreen(ModalScreen[BranchChoice | None]):
         candidates.clear_options()
         candidates.add_options([Option(line, id=str(rank)) for rank, line in
                                 enumerate(candidate_lines(token, self.params))])
-        chosen = next((rank for rank, c in enumerate(token.top) if c.token_id == token.token_id), 0)
+        chosen = next((rank for rank, c in enumerate(token.top) if token.is_candidate(c)), 0)
         candidates.highlighted = chosen if token.top else None
         self.query_one("#pool", Static).update(Text(
             f"{pool_line(token.pool)}\nKept/cut: what the current settings would keep of these "
@@ -152,7 +152,7 @@ class InspectorScreen(ModalScreen[BranchChoice | None]):
         candidate = token.top[event.option_index]
         if self.cannot_branch:
             self.notify(self.cannot_branch, severity="warning", timeout=4, markup=False)
-        elif candidate.token_id == token.token_id:
+        elif token.is_candidate(candidate):
             self.notify("That is the token already there: pick another to branch.", timeout=3)
         else:
             self.dismiss(BranchChoice(self.index, candidate))
