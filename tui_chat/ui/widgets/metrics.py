@@ -134,11 +134,13 @@ class MetricsPanel(Vertical):
             threads = m.threads or info.threads
             hardware = f"{info.offload} · {threads} thread{'s' if threads != 1 else ''}" if threads else info.offload
             facts.update(Content(terminal_safe(f"{info.quantization} · {hardware} · {info.backend}\n{info.description}")))
+        grammar = m.grammar_ms_per_token
         self.query_one("#speed", Static).update(
             Content(
                 f"TTFT     {_seconds(m.ttft_s)}\n"
                 f"Prefill  {_rate(m.prefill_tok_s)}\n"
                 f"Decode   {_rate(m.decode_tok_s)}"
+                + ("" if grammar is None else f"\nGrammar  {grammar:.2f} ms/token")
             )
         )
         n_ctx = m.n_ctx or (info.n_ctx if info else 0)
