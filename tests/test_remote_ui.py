@@ -50,7 +50,7 @@ async def test_settings_a_plain_server_ignores_are_greyed_out_and_apply_per_repl
             assert not screen.query_one("#temperature", Slider).disabled
             screen.query_one("#temperature", Slider).focus()
             await pilot.press("right")
-            assert "next reply" in str(screen.query_one("#applied").render())
+            assert "next reply" in str(screen.query_one("#note-temperature").render())
             assert "unknown" in str(screen.query_one(MetricsPanel).query_one("#tokens").render())
 
 

@@ -29,7 +29,7 @@ from ...engine.base import Token
 from ...safetext import terminal_safe
 from ...session import Branch, Turn, Writing
 from ..clipboard import copy
-from .heatmap import band_styles, has_probabilities, heatmap_text
+from .heatmap import band_styles, grammar_line, has_probabilities, heatmap_text
 
 FREEZE_AFTER_CHARS = 3000
 _FENCE = "```"
@@ -201,7 +201,8 @@ class ReplyMessage(ChatMessage, Vertical):
         if self.heatmap and has_probabilities(self.tokens):
             styles = band_styles(self.app.get_css_variables())
             body = heatmap_text(self.tokens, self.text, styles, self.selected if self.has_focus else None)
-            return Static(Group(body, footer), classes="chunk last heatmap")
+            mask = grammar_line(self.tokens, self.selected) if self.has_focus else None
+            return Static(Group(body, *filter(None, [mask]), footer), classes="chunk last heatmap")
         if text is None:
             text = self.text
         if not self.text.strip():  # said, so an empty reply is not mistaken for a missing one

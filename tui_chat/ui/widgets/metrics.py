@@ -141,11 +141,13 @@ class MetricsPanel(Vertical):
             hardware = f"{info.offload} · {threads} thread{'s' if threads != 1 else ''}" if threads else info.offload
             facts.update(Content(terminal_safe(f"{info.quantization} · {hardware}\n{info.description}")))
         server = f"\n  server {_rate(m.server_decode_tok_s)}" if m.server_decode_tok_s else ""  # by its own clock
+        grammar = m.grammar_ms_per_token
         self.query_one("#speed", Static).update(
             Content(
                 f"TTFT     {_seconds(m.ttft_s)}\n"
                 f"Prefill  {_prefill(m)}\n"
                 f"Decode   {_rate(m.decode_tok_s)}{server}"
+                + ("" if grammar is None else f"\nGrammar  {grammar:.2f} ms/token")
             )
         )
         n_ctx = m.n_ctx or (info.n_ctx if info else 0)
