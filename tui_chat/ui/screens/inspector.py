@@ -231,6 +231,9 @@ class InspectorScreen(ModalScreen[BranchChoice | None]):
             shown = self.query_one("#asked", Static)
             top = self.tokens[index].top
             shown.update(word_text(result, top) if isinstance(result, WordProbability) else self._failed(text, result))
+        else:
+            return
+        self.call_after_refresh(shown.scroll_visible)  # on a short terminal the answer lands below the fold
 
     @staticmethod
     def _failed(what: str, result: Event) -> Text:
