@@ -154,12 +154,12 @@ def test_a_streaming_reply_reaches_the_file_within_the_flush_interval(db):
 def test_migrations_run_in_order_and_keep_the_data(db, monkeypatch):
     with History(db) as history:
         conversation, _ = two_turns(history)
-        assert history.schema_version() == len(history_module.MIGRATIONS) == 1
+        assert history.schema_version() == len(history_module.MIGRATIONS) == 2
     pinned = ("ALTER TABLE conversations ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0",
               "UPDATE conversations SET pinned = 1")
     monkeypatch.setattr(history_module, "MIGRATIONS", [*history_module.MIGRATIONS, pinned])
     with History(db) as history:
-        assert history.schema_version() == 2
+        assert history.schema_version() == 3
         assert history._db.execute("SELECT pinned FROM conversations").fetchall() == [(1,)]
         assert len(history.load(conversation).path) == 4
 
@@ -172,7 +172,7 @@ def test_a_failed_migration_leaves_the_old_schema_untouched(db, monkeypatch):
     with pytest.raises(HistoryError, match="no such table"):
         History(db)
     raw = sqlite3.connect(db)
-    assert raw.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
     assert "pinned" not in [row[1] for row in raw.execute("PRAGMA table_info(conversations)")]
     raw.close()
     monkeypatch.undo()
@@ -196,6 +196,7 @@ def test_a_hand_made_version_1_database_opens(db):
         assert loaded.title == "Old chat" and loaded.sampling.temperature == 0.1
         assert [m.content for m in loaded.path] == ["hello"]
         assert history._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert history.schema_version() == 2 and loaded.thinking and loaded.path[0].reasoning == ""
 
 
 def test_newer_schema_and_foreign_files_are_clear_errors(db, tmp_path):

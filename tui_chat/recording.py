@@ -28,11 +28,11 @@ class SavedChat:
         self.id = conversation_id
         self.last_id = last_id  # the message the next one follows on the active path
 
-    def add_user(self, prompt: str, model: str, system: str, params: SamplingParams) -> int:
+    def add_user(self, prompt: str, model: str, system: str, params: SamplingParams, thinking: bool = True) -> int:
         if self.id is None:
-            self.id = self.history.create(model=model, system_prompt=system, sampling=params)
+            self.id = self.history.create(model=model, system_prompt=system, sampling=params, thinking=thinking)
         else:
-            self.history.update(self.id, model=model, sampling=params)
+            self.history.update(self.id, model=model, sampling=params, thinking=thinking)
         self.last_id = self.history.add_user_message(self.id, prompt, self.last_id)
         return self.last_id
 
@@ -47,7 +47,7 @@ class SavedChat:
             return
         m = final.metrics
         cost = turn_cost(self.price, m.prompt_tokens, m.cached_tokens, m.completion_tokens).total
-        reply.finish(final.text, final.stop_reason, m, cost)
+        reply.finish(final.text, final.stop_reason, m, cost, final.reasoning)
         self.last_id = reply.id
 
     def choose(self, message_id: int) -> None:

@@ -106,7 +106,8 @@ class ChatScreen(Screen):
     def _new_session(self, model: str = "") -> ChatSession:
         saving = Saving(self.history, self._price()) if self.history is not None else None
         return ChatSession(self.live, saving=saving, system_prompt=self.config.system_prompt, model=model,
-                           top_logprobs=self.config.inspector_top, warn=self._warn_saving)
+                           top_logprobs=self.config.inspector_top, thinking=self.config.thinking,
+                           warn=self._warn_saving)
 
     def _price(self):
         return self.query_one(MetricsPanel).price if self.is_mounted else self.config.prices[self.config.price]

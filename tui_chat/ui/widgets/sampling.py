@@ -17,8 +17,8 @@ from .slider import Slider
 
 
 def format_value(spec: ParamSpec, value: float) -> str:
-    if spec.name == "seed" and value < 0:
-        return "random"
+    if value < 0 and spec.below_zero:
+        return spec.below_zero
     return str(value) if spec.kind is int else f"{value:.2f}"
 
 
