@@ -79,12 +79,13 @@ def token_of(vocab: Vocab, text: str) -> int:
     return vocab.pieces.index(encoded if encoded in vocab.pieces else text)
 
 
-def _scripted_weights(vocab: Vocab, script: Sequence[str], n_layer: int) -> dict[str, np.ndarray]:
-    ids = [token_of(vocab, piece) for piece in script]
+def _scripted_weights(vocab: Vocab, scripts: Sequence[Sequence[str]], n_layer: int) -> dict[str, np.ndarray]:
     successor: dict[int, int] = {}
-    for current, following in zip(ids, ids[1:]):
-        assert successor.setdefault(current, following) == following, f"{script}: a token with two successors"
-    successor.setdefault(ids[-1], vocab.eos)
+    for script in scripts:
+        ids = [token_of(vocab, piece) for piece in script]
+        for current, following in zip(ids, ids[1:]):
+            assert successor.setdefault(current, following) == following, f"{script}: a token with two successors"
+        successor.setdefault(ids[-1], vocab.eos)
     slots = {token: slot for slot, token in enumerate(successor, start=1)}
     assert len(slots) < N_EMBD, "more scripted tokens than the embedding has axes"
     n_vocab, head_dim = len(vocab.pieces), N_EMBD // N_HEAD
@@ -113,8 +114,11 @@ def _scripted_weights(vocab: Vocab, script: Sequence[str], n_layer: int) -> dict
 def write_scripted_model(path: pathlib.Path, chat_template: str | None, script: Sequence[str], *,
                          specials: dict[str, TokenType] = QWEN_SPECIALS, bos: str | None = "<|endoftext|>",
                          eos: str = "<|im_end|>", add_bos: bool = False, pre: str = "qwen2",
-                         n_layer: int = N_LAYER, words: Sequence[str] = ()) -> pathlib.Path:
+                         n_layer: int = N_LAYER, words: Sequence[str] = (),
+                         also: Sequence[Sequence[str]] = ()) -> pathlib.Path:
     """A model that, after `script[0]` (the prompt's last token), says the rest of `script`, then `eos`
-    unless the script loops. `words`: more tokens for the vocabulary (what prompts will hold)."""
-    vocab = bpe_vocab([*script, *words], specials, bos, eos, add_bos, pre)
-    return write_gguf(path, vocab, _scripted_weights(vocab, script, n_layer), chat_template, n_layer)
+    unless the script loops. `also`: more scripts, followed wherever their first token comes (one the engine
+    writes, say). `words`: more tokens for the vocabulary (what prompts will hold)."""
+    vocab = bpe_vocab([*script, *(piece for more in also for piece in more), *words], specials, bos, eos, add_bos,
+                      pre)
+    return write_gguf(path, vocab, _scripted_weights(vocab, [script, *also], n_layer), chat_template, n_layer)

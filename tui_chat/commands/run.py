@@ -32,6 +32,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     for spec in PARAMS:
         run.add_argument(f"--{spec.name.replace('_', '-')}", type=spec.kind, metavar="N", help=spec.hint)
     run.add_argument("--stop", action="append", metavar="STR", help="stop sequence (repeatable); not shown")
+    run.add_argument("--thinking", choices=("on", "off"),
+                     help="let a reasoning model think before it answers (default: thinking in the config)")
     run.add_argument("--top-logprobs", type=int, default=0, metavar="N",
                      help=f"with --json: each token's probability and the N likeliest (at most {MAX_TOP_LOGPROBS})")
     run.add_argument("--json", action="store_true", help="print one JSON report at the end instead of the text")
@@ -58,7 +60,8 @@ def run_command(args: argparse.Namespace, config: Config) -> int:
         saving = _saving(config) if args.save else None
         system = config.system_prompt if args.system is None else args.system
         session = ChatSession(LiveParams(params), saving=saving, system_prompt=system, model=backend.info.name,
-                              top_logprobs=args.top_logprobs, warn=_warn)
+                              top_logprobs=args.top_logprobs, warn=_warn,
+                              thinking=config.thinking if args.thinking is None else args.thinking == "on")
         try:
             return run_conversation(backend, session, args.prompt, as_json=args.json)
         except EngineError as error:
@@ -123,7 +126,10 @@ def _stream_turn(session: ChatSession, write: Callable[[str], None], as_json: bo
 
 
 def _turn_report(prompt: str, done: Done, tokens: list[dict], top_logprobs: int) -> dict:
-    turn = {"prompt": prompt, "text": done.text.strip(), "stop_reason": done.stop_reason, **done.metrics.as_dict()}
+    """`text` is the reply exactly as it entered the conversation (a script rebuilding the chat from it gets
+    the same prompt); `reasoning` the thinking before it."""
+    turn = {"prompt": prompt, "text": done.text, "reasoning": done.reasoning, "stop_reason": done.stop_reason,
+            **done.metrics.as_dict()}
     if top_logprobs:
         turn |= {"prompt_ids": list(done.prompt_ids), "tokens": tokens}
     return turn
