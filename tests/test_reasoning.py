@@ -16,21 +16,13 @@ from tui_chat.engine.llamacpp import builtin_template_names
 from tui_chat.engine.params import LiveParams
 from tui_chat.engine.prompts import BUILTIN_EQUIVALENTS, PromptFormat
 
-# After the generation prompt's "\n" the model opens its thinking, thinks four tokens and answers.
-THOUGHT = ["\n", "<think>", "Hmm", ",", " let", " me", "</think>", "Hello", " world", " "]
 LOOP = ["\n", "<think>", "Hmm", ",", "Hmm"]  # thinks until it is stopped ...
 ANSWER = ["</think>", "Hello", " world"]  # ... and answers once its thinking is ended
 
 
 @pytest.fixture(scope="module")
-def qwen3_path(tmp_path_factory):
-    return write_scripted_model(tmp_path_factory.mktemp("think") / "qwen3.gguf", template("Qwen-Qwen3-0.6B"),
-                                THOUGHT, words=["Hi", "Again"])
-
-
-@pytest.fixture(scope="module")
-def qwen3(qwen3_path):
-    backend = open_backend(qwen3_path, n_ctx=512)
+def qwen3(thinker_model):
+    backend = open_backend(thinker_model, n_ctx=512)
     yield backend
     backend.close()
 
@@ -126,8 +118,8 @@ def test_a_prompt_that_opens_the_thinking_starts_the_reply_inside_it(tmp_path):
     assert [t.thinking for t in tokens] == [True, True, False, False]
 
 
-def test_run_json_reports_reasoning_and_the_reply_as_the_conversation_holds_it(qwen3_path):
-    common = ("run", "-m", str(qwen3_path), "-p", "Hi", "--temperature", "0", "--n-ctx", "512", "--json")
+def test_run_json_reports_reasoning_and_the_reply_as_the_conversation_holds_it(thinker_model):
+    common = ("run", "-m", str(thinker_model), "-p", "Hi", "--temperature", "0", "--n-ctx", "512", "--json")
     full = json.loads(run_cli(*common).stdout)["turns"][0]
     assert full["text"] == "Hello world " and full["reasoning"] == "Hmm, let me"
     assert full["reasoning_tokens"] == 6 and full["completion_tokens"] == 10

@@ -28,6 +28,8 @@ QWEN_SPECIALS = {"<|endoftext|>": TokenType.CONTROL, "<|im_start|>": TokenType.C
 DEEPSEEK_SPECIALS = {"<｜begin▁of▁sentence｜>": TokenType.CONTROL, "<｜end▁of▁sentence｜>": TokenType.CONTROL,
                      "<｜User｜>": TokenType.USER_DEFINED, "<｜Assistant｜>": TokenType.USER_DEFINED,
                      "<think>": TokenType.USER_DEFINED, "</think>": TokenType.USER_DEFINED}
+# Qwen3's generation prompt ends with "\n": then the model opens its thinking, thinks four tokens and answers.
+THOUGHT = ["\n", "<think>", "Hmm", ",", " let", " me", "</think>", "Hello", " world", " "]
 LOGIT = 2.0  # times 8 after the RMS norm: the scripted successor leads every other token by 16
 TEMPLATES = pathlib.Path(__file__).parent / "templates"
 
@@ -109,6 +111,12 @@ def _scripted_weights(vocab: Vocab, scripts: Sequence[Sequence[str]], n_layer: i
         tensors[f"blk.{layer}.ffn_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
         tensors |= {f"blk.{layer}.{name}": np.zeros(shape, dtype=np.float16) for name, shape in zeros.items()}
     return tensors
+
+
+def write_thinker(path: pathlib.Path) -> pathlib.Path:
+    """Qwen3's template and vocabulary; it thinks "Hmm, let me", then answers "Hello world " (trailing blank
+    included, so a reply's exact text can be told from a stripped one)."""
+    return write_scripted_model(path, template("Qwen-Qwen3-0.6B"), THOUGHT, words=["Hi", "Again"])
 
 
 def write_scripted_model(path: pathlib.Path, chat_template: str | None, script: Sequence[str], *,

@@ -135,8 +135,9 @@ class ChatScreen(Screen):
         """Where the side panel is hidden, the title line carries its key figures."""
         model = model_label(self.session.model) if self.session.model else "no model yet"
         hidden = self.has_class("-panel-hidden") or (self.has_class("-narrow") and not self.has_class("-panel-shown"))
-        metrics = self.query_one(MetricsPanel).metrics
-        self.view.show_title(model, metrics if hidden and metrics.n_ctx else None)
+        panel = self.query_one(MetricsPanel)
+        panel.show_thinking(self.session.thinking)
+        self.view.show_title(model, panel.metrics if hidden and panel.metrics.n_ctx else None)
 
     async def _model_loaded(self, job: LoadJob, info: ModelInfo) -> None:
         if self.backend is not None:
@@ -284,6 +285,12 @@ class ChatScreen(Screen):
         if self.view.heatmap and not self.config.inspector_top:
             self.notify("The inspector is off (inspector_top = 0 in the config): replies carry no probabilities.",
                         severity="warning", timeout=6)
+
+    def action_toggle_thinking(self) -> None:
+        self.session.set_thinking(not self.session.thinking)
+        self._show_title()
+        self.notify(f"Thinking {'on' if self.session.thinking else 'off'} in this chat, from the next reply",
+                    timeout=3)
 
     async def action_show_earlier(self) -> None:
         await self.view.log_view.show_earlier()

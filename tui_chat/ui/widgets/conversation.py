@@ -119,6 +119,9 @@ class ConversationView(Vertical):
             return
         if update.status is not None:
             widget.show_status(update.status)
+        writing = self.session.writing
+        if update.reasoning or (writing is not None and writing.tokens and writing.tokens[-1].thinking):
+            await widget.think()
         if update.text:
             await widget.append(update.text)
         ending = update.ending
