@@ -1,9 +1,13 @@
 """A small OpenAI-compatible server on 127.0.0.1 that misbehaves on request, for the remote backend's faults.
 
-The model id picks the behaviour (see `BEHAVIOURS`). The well-behaved model, "words", answers in the
-wire format of llama.cpp's llama-server: `/props`, `/tokenize`, and a final chunk with `usage`
-(cached tokens included) and `timings`. Its tokens are words, and its prompt cache is the common
-word prefix with the previous request, so its reports can be checked by hand.
+The model id picks the behaviour (see `BEHAVIOURS`; a path such as `/models/words.gguf`, as llama-server
+names its model, picks the behaviour of its file's stem). The well-behaved model, "words", answers in the
+wire format of llama.cpp's llama-server (`family`, the default): `/props`, `/tokenize`, token ids with
+the logprobs, `prompt_progress` and `timings` with every chunk when asked (`return_progress`,
+`timings_per_token`), a final chunk with `usage` (cached tokens included), and a last assistant message
+continued rather than answered (its text sent back first, without probabilities). `family="vllm"` answers as vLLM does (`owned_by`, usage with every chunk
+when asked), `family="openai"` as a plain OpenAI-compatible server. Its tokens are words, and its prompt
+cache is the common word prefix with the previous request, so its reports can be checked by hand.
 
 Every wait is bounded, so a test that forgets to stop it cannot hang the suite.
 """
@@ -14,6 +18,7 @@ import json
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,20 +26,25 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from hostile import CANDIDATES, HOSTILE
 
 REPLY = "Paris is the capital of France and its largest city ."
+CHATML = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+FTYPE = "Q4_K - Medium"
+ALTERNATIVE = " Lyon"  # the second likeliest token everywhere, when logprobs are asked for
 SLOW_TOKEN_S = 0.2
 MAX_WAIT_S = 10.0
 BEHAVIOURS = ("words", "slow", "cut", "cut-chunked", "malformed", "server-error", "error-event", "hang", "silent-end",
-              "hostile", "hostile-error")
+              "hostile", "hostile-error", "interrupted")
 
 
 class FakeServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, api_key: str | None = None, llama_server: bool = True, served: tuple[str, ...] = BEHAVIOURS) -> None:
+    def __init__(self, api_key: str | None = None, family: str = "llama-server", served: tuple[str, ...] = BEHAVIOURS,
+                 chat_template: str = CHATML) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.api_key = api_key
-        self.llama_server = llama_server  # False: a plain OpenAI-compatible server, without /props or /tokenize
+        self.family = family  # llama-server, vllm, or openai (a plain server, without /props or /tokenize)
         self.served = served  # the ids /v1/models lists: a hostile server may name its models anything
+        self.chat_template = chat_template  # what llama-server's /props says it renders chats with
         self.requests: list[dict] = []
         self.previous_prompt: list[str] = []
         self.stopping = threading.Event()
@@ -43,6 +53,10 @@ class FakeServer(ThreadingHTTPServer):
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.server_port}/v1"
 
+    @property
+    def llama_server(self) -> bool:
+        return self.family == "llama-server"
+
     def handle_error(self, request, client_address) -> None:
         """A client hanging up mid-stream is what the cancel tests do: not worth a traceback."""
         if not isinstance(sys.exc_info()[1], ConnectionError):
@@ -50,9 +64,9 @@ class FakeServer(ThreadingHTTPServer):
 
 
 @contextmanager
-def fake_server(api_key: str | None = None, llama_server: bool = True,
-                served: tuple[str, ...] = BEHAVIOURS) -> Iterator[FakeServer]:
-    server = FakeServer(api_key, llama_server, served)
+def fake_server(api_key: str | None = None, family: str = "llama-server", served: tuple[str, ...] = BEHAVIOURS,
+                chat_template: str = CHATML) -> Iterator[FakeServer]:
+    server = FakeServer(api_key, family, served, chat_template)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -64,11 +78,22 @@ def fake_server(api_key: str | None = None, llama_server: bool = True,
 
 
 def prompt_words(messages: list[dict]) -> list[str]:
-    """The fake's tokenization of a conversation: a role marker, then the words of each message."""
+    """The fake's tokenization of a conversation: a role marker, then the words of each message; a last
+    assistant message is continued, so no new turn follows it."""
     words: list[str] = []
     for message in messages:
         words += [f"<{message['role']}>", *message["content"].split()]
-    return words + ["<assistant>"]
+    return words if messages and messages[-1]["role"] == "assistant" else words + ["<assistant>"]
+
+
+def token_id(word: str) -> int:
+    """The fake's vocabulary: a word's id, the same in every run."""
+    return zlib.crc32(word.strip().encode()) % 32_000
+
+
+def behaviour(model: str) -> str:
+    """The behaviour a model id picks: itself, or for a GGUF path, its file's stem."""
+    return model.rsplit("/", 1)[-1].removesuffix(".gguf") if model.endswith(".gguf") else model
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -84,9 +109,9 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._authorized():
             return
         if self.path == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": name, "object": "model"} for name in self.server.served]})
+            self._json(200, {"object": "list", "data": [self._model(name) for name in self.server.served]})
         elif self.path == "/props" and self.server.llama_server:
-            self._json(200, {"default_generation_settings": {"n_ctx": 4096}})
+            self._json(200, {"default_generation_settings": {"n_ctx": 4096}, "chat_template": self.server.chat_template})
         else:
             self._json(404, {"error": {"message": f"no route {self.path}"}})
 
@@ -94,13 +119,20 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         if not self._authorized():
             return
-        if self.path == "/tokenize" and self.server.llama_server:
-            self._json(200, {"tokens": list(range(len(body.get("content", "").split())))})
+        if self.path == "/tokenize" and self.server.family != "openai":
+            self._json(200, {"tokens": list(range(len(body.get("content", body.get("prompt", "")).split())))})
         elif self.path == "/v1/chat/completions":
             self.server.requests.append(body)
             self._chat(body)
         else:
             self._json(404, {"error": {"message": f"no route {self.path}"}})
+
+    def _model(self, name: str) -> dict:
+        if self.server.family == "vllm":
+            return {"id": name, "object": "model", "owned_by": "vllm", "max_model_len": 8192}
+        if self.server.llama_server:
+            return {"id": name, "object": "model", "owned_by": "llamacpp", "meta": {"n_ctx": 4096, "ftype": FTYPE}}
+        return {"id": name, "object": "model"}
 
     def _authorized(self) -> bool:
         key = self.server.api_key
@@ -122,7 +154,7 @@ class _Handler(BaseHTTPRequestHandler):
     # --- streamed chat --------------------------------------------------------------------------
 
     def _chat(self, body: dict) -> None:
-        model = body.get("model")
+        model = behaviour(str(body.get("model")))
         if model not in BEHAVIOURS:
             self._json(404, {"error": {"message": f"The model `{model}` does not exist."}})
             return
@@ -149,33 +181,66 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(_event(payload))
         self.wfile.flush()
 
-    def _stream_words(self, body: dict) -> None:
+    def _read_prompt(self, body: dict) -> tuple[list[str], int]:
+        """The prompt's words and how many of them the cache held; says so first where asked (llama-server)."""
         prompt = prompt_words(body["messages"])
         previous = self.server.previous_prompt
         cached = next((i for i, (a, b) in enumerate(zip(prompt, previous)) if a != b), min(len(prompt), len(previous)))
-        words = REPLY.split()[: body.get("max_tokens", 100)]
-        self.server.previous_prompt = prompt + words
+        self.server.previous_prompt = list(prompt)
+        if self.server.llama_server and body.get("return_progress"):
+            for processed, elapsed in ((cached, 0), (len(prompt), 12)):
+                progress = {"total": len(prompt), "cache": cached, "processed": processed, "time_ms": elapsed}
+                started = {"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}
+                self._send({"object": "chat.completion.chunk", "choices": [started], "prompt_progress": progress})
+        return prompt, cached
+
+    def _timings(self, prompt: list[str], cached: int, written: int) -> dict:
+        return {"cache_n": cached, "prompt_n": len(prompt) - cached, "prompt_ms": 12.5,
+                "predicted_n": written, "predicted_ms": 40.0, "predicted_per_second": 250.0}
+
+    def _usage(self, prompt: list[str], cached: int, written: int) -> dict:
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": written, "total_tokens": len(prompt) + written}
+        return usage if self.server.family == "openai" else usage | {"prompt_tokens_details": {"cached_tokens": cached}}
+
+    def _word(self, body: dict, piece: str, prompt: list[str], cached: int, written: int) -> None:
+        """One token's chunk, with what the server was asked to report along with it."""
+        chunk = _chunk(piece)
+        if body.get("logprobs"):
+            top = [{"token": piece, "logprob": -0.1}, {"token": ALTERNATIVE, "logprob": -2.5}]
+            if self.server.llama_server:
+                top = [entry | {"id": token_id(entry["token"])} for entry in top]
+            chunk["choices"][0]["logprobs"] = {"content": [top[0] | {"top_logprobs": top}]}
+        if self.server.llama_server and body.get("timings_per_token"):
+            chunk["timings"] = self._timings(prompt, cached, written)
+        if self.server.family == "vllm" and body.get("stream_options", {}).get("continuous_usage_stats"):
+            chunk["usage"] = self._usage(prompt, cached, written)
+        self._send(chunk)
+
+    def _stream_words(self, body: dict) -> None:
+        prompt, cached = self._read_prompt(body)
+        messages = body["messages"]
+        given = len(messages[-1]["content"].split()) if messages[-1]["role"] == "assistant" else 0
+        words = REPLY.split()[given : given + body.get("max_tokens", 100)]
+        self.server.previous_prompt += words
         self._send(": ping")
+        if given and self.server.llama_server:  # as llama-server does, the continued message comes back first
+            self._send(_chunk(messages[-1]["content"]))
         for index, word in enumerate(words):
-            self._send(_chunk(("" if index == 0 else " ") + word))
-        finish = "length" if len(words) < len(REPLY.split()) else "stop"
+            self._word(body, ("" if index + given == 0 else " ") + word, prompt, cached, index + 1)
+        finish = "length" if given + len(words) < len(REPLY.split()) else "stop"
         self._send(_chunk(None, finish))
-        timings = {"cache_n": cached, "prompt_n": len(prompt) - cached, "prompt_ms": 12.5,
-                   "predicted_n": len(words), "predicted_ms": 40.0, "predicted_per_second": 250.0}
-        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(words), "total_tokens": len(prompt) + len(words),
-                 "prompt_tokens_details": {"cached_tokens": cached}}
+        final: dict = {"choices": [], "usage": self._usage(prompt, cached, len(words))}
         if self.server.llama_server:
-            self._send({"choices": [], "usage": usage, "timings": timings})
-        else:
-            del usage["prompt_tokens_details"]
-            self._send({"choices": [], "usage": usage})
+            final["timings"] = self._timings(prompt, cached, len(words))
+        self._send(final)
         self._send("[DONE]")
 
     def _stream_slow(self, body: dict) -> None:
+        prompt, cached = self._read_prompt(body)
         for index in range(int(MAX_WAIT_S / SLOW_TOKEN_S)):
             if self.server.stopping.is_set():
                 return
-            self._send(_chunk(f" word{index}"))
+            self._word(body, f" word{index}", prompt, cached, index + 1)
             time.sleep(SLOW_TOKEN_S)
 
     def _stream_cut(self, body: dict) -> None:
@@ -208,6 +273,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _stream_hostile_error(self, body: dict) -> None:
         self._send(_chunk("Paris"))
         self._send({"error": {"message": HOSTILE}})
+
+    def _stream_interrupted(self, body: dict) -> None:
+        """As llama-cpp-python ends a stream when another request arrives: [DONE], with no finish reason."""
+        self._send(_chunk("Paris"))
+        self._send("[DONE]")
 
     def _stream_silent_end(self, body: dict) -> None:
         self._send(_chunk("Paris"))

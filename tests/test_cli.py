@@ -89,3 +89,79 @@ def test_starter_answers_by_default():
     result = run("run", "-p", "What is the capital of France?", "--temperature", "0")
     assert result.returncode == 0, result.stderr
     assert result.stdout == "The capital of France is Paris.\n"
+
+
+TINY_RUN = ("run", "-p", "Hello there", "--temperature", "0", "--n-ctx", "512")
+
+
+def test_logit_bias_and_sampler_order_flags_reach_the_chain(tiny_model):
+    common = (*TINY_RUN, "-m", str(tiny_model), "--max-tokens", "24", "--json")
+    first = json.loads(run(*common, "--top-logprobs", "1").stdout)["turns"][0]["tokens"]
+    counts = {}
+    for token in first:
+        counts[token["id"]] = counts.get(token["id"], 0) + 1
+    banned = max(counts, key=counts.get)
+    piece = next(t["token"] for t in first if t["id"] == banned)
+    result = run(*common, "--logit-bias", f"{piece}=-inf", "--logit-bias", "zzz=2", "--xray",
+                 "--sampler-order", "temperature,min_p", "--min-p", "0.05", "--temperature", "1.5", "--seed", "3")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["params"]["sampler_order"] == ["temperature", "min_p"]
+    assert report["params"]["logit_bias"] == [[piece, float("-inf")], ["zzz", 2.0]]
+    tokens = report["turns"][0]["tokens"]
+    assert banned not in [t["id"] for t in tokens]
+    assert [s["name"] for s in tokens[0]["stages"]] == ["logit_bias", "temperature", "min_p"]
+    assert all({"name", "kept", "mass", "rank", "prob"} <= set(s) for t in tokens for s in t["stages"])
+
+
+def test_output_format_flags(tiny_model, tmp_path):
+    common = (*TINY_RUN, "-m", str(tiny_model), "--json")
+    schema = '{"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}'
+    report = json.loads(run(*common, "--max-tokens", "100", "--json-schema", schema).stdout)["turns"][0]
+    assert report["format"] == "json_schema" and report["incomplete"] is False
+    assert isinstance(json.loads(report["text"])["ok"], bool)
+    grammar = tmp_path / "yes.gbnf"
+    grammar.write_text('root ::= "yes" | "no"\n')
+    report = json.loads(run(*common, "--grammar", str(grammar), "--top-logprobs", "3").stdout)["turns"][0]
+    assert report["text"] in ("yes", "no") and report["tokens"][0]["grammar"]["removed"] > 0
+    assert all("allowed" in c for c in report["tokens"][0]["top"])
+    endless = run(*TINY_RUN, "-m", str(tiny_model), "--max-tokens", "5", "--grammar", 'root ::= "a" root')
+    assert endless.returncode == 0 and endless.stdout == "aaaaa\n"
+    assert "before its grammar was complete: the output is incomplete" in endless.stderr
+
+
+def test_no_stream_holds_the_reply_and_compares_the_wait(tiny_model):
+    result = run(*TINY_RUN, "-m", str(tiny_model), "--max-tokens", "20", "--no-stream")
+    streamed = run(*TINY_RUN, "-m", str(tiny_model), "--max-tokens", "20")
+    assert result.returncode == 0 and result.stdout == streamed.stdout
+    [line] = result.stderr.splitlines()
+    assert line.startswith("tui-chat: first word after ") and " s when streaming; you waited " in line
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--logit-bias", "Paris"], "logit bias must be TEXT=BIAS, e.g. Paris=-inf (got 'Paris')"),
+        (["--logit-bias", "Paris=lots"], "the logit bias of 'Paris' must be between -100 and 100, or -inf"),
+        (["--sampler-order", "top_k,fast"], "sampler_order takes names from penalties, dry"),
+        (["--xray"], "--xray needs --json"),
+        (["--json-schema", "{not json"], "the JSON schema is not valid JSON"),
+        (["--json-schema", '{"type": "integer", "minimum": 3}'], "JSON schema keyword 'minimum' (the schema) is not"),
+        (["--grammar", "/no/such.gbnf"], "cannot read the grammar file /no/such.gbnf"),
+        (["--format", "json", "--grammar", "x.gbnf"], "argument --grammar: not allowed with argument --format"),
+    ],
+)
+def test_bad_sampling_and_format_flags_are_one_line_and_exit_2(args, message):
+    result = run("run", "-p", "hi", *args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_xray_on_a_server_is_refused_in_one_line():
+    from fake_openai import fake_server
+
+    with fake_server() as server:
+        result = run("run", "--base-url", server.base_url, "-p", "hi", "--xray", "--json")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == "tui-chat: error: --xray needs a local model: a server does not show its sampler chain's stages\n"

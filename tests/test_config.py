@@ -82,3 +82,21 @@ def test_inspector_top_is_validated(tmp_path):
     path.write_text("inspector_top = 21\n")
     with pytest.raises(ConfigError, match="inspector_top must be a whole number between 0 and 20"):
         load_config(path)
+
+
+def test_the_list_settings_and_new_samplers_are_read_from_sampling(tmp_path):
+    """The config keys README's example shows for issue 20: the samplers, the chain's order, the logit bias."""
+    config = load_config(write(
+        tmp_path,
+        "[sampling]\ndry_multiplier = 0.8\nxtc_probability = 0.5\nmirostat_tau = 5.0\n"
+        'sampler_order = ["penalties", "dry", "top_k", "top_p", "min_p", "temperature"]\n'
+        'logit_bias = { " Paris" = -inf, "the" = 2.5 }\n',
+    ))
+    sampling = config.sampling
+    assert (sampling.dry_multiplier, sampling.xtc_probability, sampling.mirostat_tau) == (0.8, 0.5, 5.0)
+    assert sampling.sampler_order == ("penalties", "dry", "top_k", "top_p", "min_p", "temperature")
+    assert sampling.logit_bias == ((" Paris", float("-inf")), ("the", 2.5))
+    with pytest.raises(ConfigError, match=r"the logit bias of 'x' must be between -100 and 100, or -inf"):
+        load_config(write(tmp_path, '[sampling]\nlogit_bias = { "x" = 1000 }\n'))
+    with pytest.raises(ConfigError, match="sampler_order takes names from"):
+        load_config(write(tmp_path, '[sampling]\nsampler_order = ["top_k", "warmth"]\n'))

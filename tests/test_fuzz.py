@@ -118,12 +118,12 @@ def test_sampling_changes_are_applied_within_range_or_refused(changes):
 # --- command line ------------------------------------------------------------------------------
 
 _OPTIONS = ["--help", "-p", "--prompt", "--system", "--temperature", "--top-k", "--seed", "--max-tokens", "--stop",
-            "--top-logprobs", "--json", "--save", "--n-ctx", "--gpu-layers", "--backend", "--base-url",
+            "--top-logprobs", "--json", "--save", "--continue", "clear", "--n-ctx", "--gpu-layers", "--backend", "--base-url",
             "--api-key-env", "--remote", "--text", "--file", "--input-tokens", "--output-tokens", "--output-words",
             "--calls", "--price", "--search", "--format", "--output", "--sort", "--limit", "local", "openai", "md",
             "json", "-1", "0", "1e309", "nan", "http://127.0.0.1:9/v1", "\x00", "a\nb", "../x", "1" * 30]
 _COMMANDS = [["run"], ["estimate"], ["history"], ["export"], ["import"], ["models"], ["models", "list"],
-             ["models", "rm"], ["models", "files"], ["models", "pull"], ["models", "search"]]
+             ["models", "rm"], ["models", "files"], ["models", "pull"], ["models", "search"], ["cache"]]
 
 
 @FUZZ

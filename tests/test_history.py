@@ -17,6 +17,7 @@ import pytest
 from tui_chat import history as history_module
 from tui_chat.config import history_path
 from tui_chat.engine.base import TurnMetrics
+from tui_chat.engine.formats import TEXT, choose, grammar, json_schema
 from tui_chat.engine.params import SamplingParams
 from tui_chat.export import from_json, to_json, to_markdown
 from tui_chat.history import FLUSH_INTERVAL_S, History, HistoryError, title_from
@@ -110,6 +111,34 @@ def test_rename_settings_delete_and_clear_errors(db):
             history.load(conversation)
 
 
+def test_the_output_format_is_kept_with_the_conversation(db):
+    """Free text by default; a chosen format comes back when the chat is reopened, through an export and an
+    import too; a reply that stopped before its format was complete says so after reopening."""
+    schema = json_schema('{"type": "object", "properties": {"city": {"type": "string"}}}')
+    with History(db) as history:
+        conversation, _ = two_turns(history)
+        assert history.load(conversation).output_format == TEXT
+        history.update(conversation, output_format=schema)
+        question = history.add_user_message(conversation, "Where?", None)
+        cut = history.start_reply(conversation, question)
+        cut.finish('{"city": "Pa', "length", TurnMetrics(completion_tokens=5), incomplete=True)
+        loaded = history.load(conversation)
+        assert loaded.output_format == schema
+        assert loaded.path[-1].metrics["incomplete"] is True
+        assert "Output format: JSON schema" in to_markdown(loaded) and "incomplete" in to_markdown(loaded)
+        document = json.loads(json.dumps(to_json(loaded)))
+        assert document["output_format"] == {"kind": "json_schema", "source": schema.source}
+        assert history.load(history.add_conversation(from_json(document))).output_format == schema
+        history.update(conversation, output_format=grammar('root ::= "yes"'))
+        assert history.load(conversation).output_format == choose("grammar", 'root ::= "yes"')
+        history.update(conversation, output_format=TEXT)
+        assert history.load(conversation).output_format == TEXT
+        history._db.execute("UPDATE conversations SET output_format = ? WHERE id = ?",
+                            ('{"kind": "json_schema", "source": "{nope"}', conversation))
+        with pytest.raises(HistoryError, match="output format: the JSON schema is not valid JSON"):
+            history.load(conversation)
+
+
 def test_search_matches_titles_and_text_literally(db):
     with History(db) as history:
         capitals, _ = two_turns(history)
@@ -154,12 +183,13 @@ def test_a_streaming_reply_reaches_the_file_within_the_flush_interval(db):
 def test_migrations_run_in_order_and_keep_the_data(db, monkeypatch):
     with History(db) as history:
         conversation, _ = two_turns(history)
-        assert history.schema_version() == len(history_module.MIGRATIONS) == 2
+        shipped = len(history_module.MIGRATIONS)
+        assert history.schema_version() == shipped
     pinned = ("ALTER TABLE conversations ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0",
               "UPDATE conversations SET pinned = 1")
     monkeypatch.setattr(history_module, "MIGRATIONS", [*history_module.MIGRATIONS, pinned])
     with History(db) as history:
-        assert history.schema_version() == 3
+        assert history.schema_version() == shipped + 1
         assert history._db.execute("SELECT pinned FROM conversations").fetchall() == [(1,)]
         assert len(history.load(conversation).path) == 4
 
@@ -172,7 +202,7 @@ def test_a_failed_migration_leaves_the_old_schema_untouched(db, monkeypatch):
     with pytest.raises(HistoryError, match="no such table"):
         History(db)
     raw = sqlite3.connect(db)
-    assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == len(history_module.MIGRATIONS) - 1
     assert "pinned" not in [row[1] for row in raw.execute("PRAGMA table_info(conversations)")]
     raw.close()
     monkeypatch.undo()
@@ -195,8 +225,9 @@ def test_a_hand_made_version_1_database_opens(db):
         loaded = history.load(7)
         assert loaded.title == "Old chat" and loaded.sampling.temperature == 0.1
         assert [m.content for m in loaded.path] == ["hello"]
+        assert loaded.output_format == TEXT, "migrated: a chat from before output formats writes free text"
         assert history._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert history.schema_version() == 2 and loaded.thinking and loaded.path[0].reasoning == ""
+        assert history.schema_version() == len(history_module.MIGRATIONS) and loaded.thinking and loaded.path[0].reasoning == ""
 
 
 def test_newer_schema_and_foreign_files_are_clear_errors(db, tmp_path):

@@ -26,7 +26,7 @@ def test_run_save_stores_the_conversation_with_its_settings_and_figures(tiny_mod
     assert result.stderr == "tui-chat: saving as conversation 1\n"
     with History(history_path()) as history:
         conversation = history.load(1)
-    assert conversation.title == "Hello there" and conversation.model == "tiny"
+    assert conversation.title == "Hello there" and conversation.model == str(tiny_model)  # what opens it again
     assert conversation.system_prompt == "Be brief."
     assert conversation.sampling.temperature == 0 and conversation.sampling.max_tokens == 12
     user, reply, follow_up, last = conversation.path

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from textual.color import Color
 from textual.widgets import OptionList, Static
@@ -193,7 +195,7 @@ async def test_regenerate_keeps_the_earlier_reply_as_a_branch(tiny_model):
 @pytest.mark.parametrize("keys", [("right", "right"), ("right", "right", "enter")], ids=["heatmap", "inspector"])
 def test_snapshot_heatmap_and_inspector(snap_compare, keys):
     async def pick_a_token(pilot):
-        screen = await loaded(pilot)
+        await loaded(pilot)
         await send(pilot, "Name three colours of the rainbow.")
         reply = await reply_done(pilot)
         await pilot.press("ctrl+t")
@@ -204,3 +206,118 @@ def test_snapshot_heatmap_and_inspector(snap_compare, keys):
         await pilot.pause(0.2)
 
     assert snap_compare(scripted_app(), terminal_size=(100, 32), run_before=pick_a_token)
+
+
+SAMPLED = SamplingParams(temperature=0.8, seed=5, max_tokens=16)
+
+
+async def open_inspector(pilot, reply, keys=()):
+    await pilot.press("ctrl+t")
+    reply.focus()
+    await pilot.press(*keys, "enter")
+    return await screen_open(pilot, InspectorScreen)
+
+
+async def inspect_a_reply(pilot, keys=()):
+    """Send a message, then open the inspector on its reply at the token `keys` pick."""
+    screen = await loaded(pilot)
+    await send(pilot, "Hello there")
+    reply = await reply_done(pilot)
+    return screen, reply, await open_inspector(pilot, reply, keys)
+
+
+async def test_the_xray_shows_each_stage_of_the_chain_and_the_verdict(tiny_model):
+    app = make_app(str(tiny_model), sampling=SAMPLED)
+    async with app.run_test(size=SIZE) as pilot:
+        _, reply, inspector = await inspect_a_reply(pilot, ("right", "right"))
+        shown = inspector.query_one("#xray")
+        assert not shown.display, "computed only when asked"
+        await pilot.press("x")
+        await wait_for(pilot, lambda: "drawn at rank" in str(shown.render()))
+        text = str(shown.render())
+        expected = inspector.probe.xray(2).result()  # the same question, asked again of the engine
+        assert expected.verdict in text
+        rows = [line for line in text.splitlines()[2:] if line and not line.startswith(("  ↳", "'", '"'))]
+        assert [row[:20].strip() for row in rows[: len(expected.stages)]] == [s.label for s in expected.stages]
+        assert [s.name for s in expected.stages] == ["penalties", "top_k", "top_p", "min_p", "temperature"]
+        for row, stage in zip(rows, expected.stages):
+            assert f"{stage.kept:,}" in row and f"{stage.rank} · p" in row
+        await pilot.press("left")  # the X-ray follows the picked token
+        expected = inspector.probe.xray(1).result()
+        await wait_for(pilot, lambda: expected.verdict in str(shown.render()))
+        assert expected.token_id == reply.tokens[1].token_id
+
+
+async def test_ask_about_any_word_shows_its_exact_probability_beside_the_alternatives(tiny_model):
+    app = make_app(str(tiny_model), sampling=SAMPLED)
+    async with app.run_test(size=SIZE) as pilot:
+        _, reply, inspector = await inspect_a_reply(pilot)
+        asked = inspector.query_one("#asked")
+        top = reply.tokens[0].top[0]
+        inspector.query_one("#ask").focus()
+        await pilot.press(*top.text, "enter")
+        await wait_for(pilot, lambda: "rank" in str(asked.render()))
+        assert re.search(r"rank 1\b", str(asked.render())) and f"{top.prob:.1%}" in str(asked.render())
+        for word in (" zebra crossing", "Paris"):
+            inspector.query_one("#ask").value = ""
+            await pilot.press(*word, "enter")
+            await wait_for(pilot, lambda: word.strip()[:5] in str(asked.render()) and "rank" in str(asked.render()))
+            answer = inspector.probe.word(0, word).result()
+            shown = str(asked.render())
+            assert f"rank {answer.rank:,}" in shown
+            assert ("(not top 10)" in shown) == (answer.rank > 10)
+            if len(answer.tokens) > 1:
+                assert " × " in shown, "a phrase is the product of its tokens' probabilities"
+
+
+async def test_on_a_server_the_inspector_says_plainly_it_cannot_recompute():
+    from fake_openai import fake_server
+    from tui_chat.config import RemoteProfile
+
+    with fake_server() as server:
+        app = make_app("@lab:hostile", remotes={"lab": RemoteProfile("lab", server.base_url)})
+        async with app.run_test(size=SIZE) as pilot:
+            await loaded(pilot)
+            await send(pilot, "hi")
+            reply = await reply_done(pilot)
+            inspector = await open_inspector(pilot, reply)
+            await pilot.press("x")
+            host = server.base_url.split("/")[2]
+            assert f"the server {host} gives none on demand" in str(inspector.query_one("#xray").render())
+            inspector.query_one("#ask").focus()
+            await pilot.press("a", "enter")
+            assert "gives none on demand" in str(inspector.query_one("#asked").render())
+
+
+async def test_the_mask_shows_in_the_heatmap_and_the_inspector(tiny_model):
+    from tui_chat.engine.formats import json_schema
+
+    schema = json_schema('{"type": "object", "properties": {"a": {"type": "string", "maxLength": 8}}, '
+                         '"required": ["a"], "additionalProperties": false}')
+    app = make_app(str(tiny_model), sampling=SAMPLED.with_changes(max_tokens=60))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        screen.session.output_format = schema
+        await send(pilot, "Hello there")
+        reply = await reply_done(pilot)
+        forced = [i for i, t in enumerate(reply.tokens) if t.grammar is not None and t.grammar.forced]
+        assert forced and reply.tokens[0].piece.startswith("{")
+        await pilot.press("ctrl+t")
+        reply.focus()
+        await pilot.press("right", "left")
+
+        def drawn() -> str:
+            body = reply.query_one(".heatmap", Static)
+            return "".join(body.render_line(y).text for y in range(body.size.height))
+
+        await wait_for(pilot, lambda: "token 1: the format's grammar removed" in drawn())
+        body = reply.query_one(".heatmap", Static)
+        italic = {s.style.meta.get("token") for y in range(body.size.height) for s in body.render_line(y)
+                  if s.style and s.style.italic and s.text.strip()}
+        assert italic and italic <= set(forced)
+        await pilot.press("enter")
+        inspector = await screen_open(pilot, InspectorScreen)
+        assert "The output format's grammar removed" in str(inspector.query_one("#facts").render())
+        lines = [str(line) for line in candidate_lines(reply.tokens[0], SAMPLED)]
+        marks = [line.rstrip().endswith("forbidden") for line in lines]
+        assert marks == [c.allowed is False for c in reply.tokens[0].top] and any(marks)

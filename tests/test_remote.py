@@ -17,6 +17,7 @@ from llama_server import free_port
 from tui_chat.config import ConfigError, load_config
 from tui_chat.engine.base import Done, Error, Loaded, Message, Request
 from tui_chat.engine.params import LiveParams, SamplingParams
+from tui_chat.engine.server_params import ignored_settings
 from tui_chat.engine.openai import MalformedEvent, OpenAIBackend, RemoteSettings, parse_chunk
 from tui_chat.engine.openai.backend import CHARS_PER_TOKEN
 from tui_chat.engine.openai.sse import SseDecoder
@@ -59,7 +60,9 @@ def test_server_is_described_as_remote(tiny_remote, tiny_server):
     assert info.backend == "openai" and info.name == "tiny"
     assert info.path == tiny_server and info.remote_host == tiny_server.split("/")[2]
     assert info.offload == f"server {info.remote_host}"
-    assert not info.params_per_token and info.ignored_params == ()
+    assert not info.params_per_token and info.ignored_formats == ()
+    assert set(info.ignored_params) == {"typical_p", "top_n_sigma", "xtc_probability", "xtc_threshold", "dry_multiplier",
+                                        "dry_base", "dry_allowed_length", "dry_penalty_last_n", "sampler_order"}
     assert info.description.startswith("llama-cpp-python server")
     assert tiny_remote.list_models() == ["tiny"]
 
@@ -97,12 +100,14 @@ def test_token_probabilities_from_logprobs(tiny_remote):
 
 
 def test_metrics_this_server_gives(tiny_remote, tiny):
-    """llama_cpp.server sends no usage while streaming: prompt and cache counts stay 0 (unknown); the
-    client's own clock still gives TTFT and the decode rate, near the in-process engine's."""
+    """llama_cpp.server sends no usage while streaming: the prompt is counted with its tokenizer once the
+    reply is over (the messages without the template's own tokens: an estimate, marked so), the cache is
+    unknown; the client's own clock still gives TTFT and the decode rate, near the in-process engine's."""
     remote = reply(tiny_remote, PROMPT, GREEDY.with_changes(max_tokens=200))[1].metrics
     local = ask(tiny, PROMPT, GREEDY.with_changes(max_tokens=200)).metrics
     assert remote.completion_tokens == local.completion_tokens == 200
-    assert remote.prompt_tokens == remote.cached_tokens == 0 and remote.prefill_tok_s is None
+    assert remote.prompt_tokens == tiny.count_tokens(PROMPT) < local.prompt_tokens and remote.prompt_estimated
+    assert remote.cached_tokens == 0 and not local.prompt_estimated
     assert 0 < remote.ttft_s < 5
     assert remote.decode_tok_s > 0 and remote.server_decode_tok_s is None
 
@@ -190,11 +195,12 @@ def test_request_carries_the_settings_read_at_its_start(fake):
 
 
 def test_plain_openai_server_gets_only_openai_fields(monkeypatch):
-    with fake_server(llama_server=False) as server:
+    with fake_server(family="openai") as server:
         backend = connect(server.base_url, "words")
         try:
             info = backend.info
-            assert info.ignored_params == ("top_k", "min_p", "repeat_penalty")
+            assert info.ignored_params == ignored_settings("OpenAI-compatible server")
+            assert {"top_k", "min_p", "repeat_penalty", "typical_p"} <= set(info.ignored_params)
             assert "estimated" in info.description
             assert backend.count_tokens("x" * 10) == math.ceil(10 / CHARS_PER_TOKEN)
             done = reply(backend, "hi")[1]
@@ -203,6 +209,7 @@ def test_plain_openai_server_gets_only_openai_fields(monkeypatch):
     assert not {"top_k", "min_p", "repeat_penalty"} & set(server.requests[-1])
     assert done.metrics.prompt_tokens == len(prompt_words([{"role": "user", "content": "hi"}]))
     assert done.metrics.cached_tokens == 0 and done.metrics.server_decode_tok_s is None
+    assert not done.metrics.prompt_estimated
 
 
 # --- faults ------------------------------------------------------------------------------------

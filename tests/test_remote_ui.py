@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from fake_openai import fake_server
+from fake_openai import REPLY, fake_server, prompt_words
 from test_models_screen import open_models
 from test_ui import SIZE, loaded, make_app, reply_done, said, send, wait_for
 from tui_chat.config import RemoteProfile, history_path
+from tui_chat.engine.params import SPECS
 from tui_chat.history import History
+from tui_chat.pricing import turn_cost
 from tui_chat.ui.widgets.messages import ReplyMessage
 from tui_chat.ui.widgets.metrics import MetricsPanel
 from tui_chat.ui.widgets.slider import Slider
@@ -35,19 +37,20 @@ async def test_a_reply_cut_mid_stream_stays_on_screen_and_in_the_history():
 
 
 async def test_settings_a_plain_server_ignores_are_greyed_out_and_apply_per_reply():
-    with fake_server(llama_server=False) as server:
+    with fake_server(family="openai") as server:
         app = make_app("@plain", remotes={"plain": RemoteProfile("plain", server.base_url, model="words")})
         async with app.run_test(size=SIZE) as pilot:
             screen = await loaded(pilot)
             info = screen.backend.info
-            assert set(info.ignored_params) == {"top_k", "min_p", "repeat_penalty"}
-            for name in info.ignored_params:
+            assert {"top_k", "min_p", "repeat_penalty", "typical_p", "dry_multiplier"} <= set(info.ignored_params)
+            assert "frequency_penalty" not in info.ignored_params
+            for name in set(info.ignored_params) & set(SPECS):
                 assert screen.query_one(f"#{name}", Slider).disabled
                 assert "ignores" in str(screen.query_one(f"#hint-{name}").render())
             assert not screen.query_one("#temperature", Slider).disabled
             screen.query_one("#temperature", Slider).focus()
             await pilot.press("right")
-            assert "next reply" in str(screen.query_one("#applied").render())
+            assert "next reply" in str(screen.query_one("#note-temperature").render())
             assert "unknown" in str(screen.query_one(MetricsPanel).query_one("#tokens").render())
 
 
@@ -92,3 +95,34 @@ async def test_the_models_screen_switches_to_a_server_and_back(tiny_model):
             await send(pilot, "hello")
             await reply_done(pilot)
             assert server.requests[-1]["model"] == "words"
+
+
+async def test_the_panel_shows_the_servers_own_figures_and_what_a_stopped_reply_read():
+    """llama-server names its model by its path and says its quantisation; its decode rate reaches the panel;
+    a reply stopped with Esc keeps the prompt the server read, and its input is costed."""
+    with fake_server(served=("/srv/models/words.gguf", "/srv/models/slow.gguf")) as server:
+        app = make_app("@lab", remotes={"lab": RemoteProfile("lab", server.base_url)})
+        async with app.run_test(size=SIZE) as pilot:
+            screen = await loaded(pilot)
+            panel = screen.query_one(MetricsPanel)
+            assert str(panel.query_one("#model-title").render()) == "words"
+            assert str(panel.query_one("#model-facts").render()).startswith("Q4_K_M · server ")
+            await send(pilot, "hi")
+            await reply_done(pilot)
+            assert "Decode" in str(panel.query_one("#speed").render())
+            assert str(panel.query_one("#speed").render()).endswith("\n  server 250.0 tok/s")
+            screen.load_model("@lab:/srv/models/slow.gguf")
+            await wait_for(pilot, lambda: screen.backend.info.name == "slow")
+            spent = panel.session_cost()
+            await send(pilot, "and again")
+            await wait_for(pilot, lambda: screen.reply is not None and len(screen.reply.tokens) >= 2)
+            await pilot.press("escape")
+            reply = await reply_done(pilot)
+            read = len(prompt_words([{"role": "user", "content": "hi"}, {"role": "assistant", "content": REPLY},
+                                     {"role": "user", "content": "and again"}]))
+            assert reply.footer.startswith("stopped")
+            last = panel.turns[-1]
+            assert last.prompt_tokens == read and last.cached_tokens == read - 4, "only `<user> and again <assistant>`"
+            assert f"in {read:,} · out" in str(panel.query_one("#tokens").render())
+            cost = turn_cost(panel.price, read, last.cached_tokens, last.completion_tokens)
+            assert cost.input > 0 and panel.session_cost() - spent == cost.total

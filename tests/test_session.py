@@ -140,3 +140,51 @@ def test_a_saved_chat_reopens_with_its_turns_branches_and_system_prompt(tiny, hi
     assert [(t.question, len(t.branches), t.active) for t in again.turns] == [("Hello there", 2, 1)]
     assert again.messages() == session.messages()
 
+
+
+def test_a_format_and_the_xray_go_with_each_request_and_the_format_is_saved(tiny, history):
+    from tui_chat.engine.formats import grammar
+
+    yes_no = grammar('root ::= "yes" | "no"')
+    session = new_session(history, output_format=yes_no, xray=True)
+    turn = session.ask("Is Paris in France?", tiny.generate)
+    finish(session)
+    assert turn.reply.text in ("yes", "no") and all(t.stages for t in turn.reply.tokens)
+    assert turn.reply.model == "tiny" and turn.reply.prompt_ids, "what the X-ray needs to recompute a position"
+    stored = history.load(session.conversation_id)
+    assert stored.output_format == yes_no
+    again = opened(stored, LiveParams(GREEDY), None)
+    assert again.output_format == yes_no
+
+
+def test_streaming_off_compares_the_wait_and_an_unfinished_format_is_incomplete(tiny, history):
+    from tui_chat.engine.formats import grammar
+
+    session = new_session(history, output_format=grammar('root ::= "a" root'), streaming=False)
+    turn = session.ask("Hello", tiny.generate)
+    ending = finish(session)
+    assert turn.reply.text == "a" * 8
+    footer = turn.reply.footer
+    assert footer.startswith("max tokens · 8 tokens") and "incomplete: it stopped before the output format" in footer
+    assert f"first word after {ending.done.metrics.ttft_s:.2f} s when streaming; you waited " in footer
+    assert ending.waited_s >= ending.done.metrics.ttft_s
+    stored = history.load(session.conversation_id).path[-1]
+    assert stored.metrics["incomplete"] is True
+
+
+def test_the_probe_says_why_a_reply_cannot_be_recomputed(tiny):
+    from tui_chat.probe import TokenProbe
+    from tui_chat.session import Branch
+
+    session = new_session(top_logprobs=2)
+    turn = session.ask("Hello there", tiny.generate)
+    finish(session)
+    live = session.live
+    assert TokenProbe(None, live, turn.reply, "tiny").why_not() == "No model is loaded."
+    assert "another model" in TokenProbe(tiny, live, turn.reply, "other.gguf").why_not()
+    assert "without its prompt recorded" in TokenProbe(tiny, live, Branch("x", "", model="tiny"), "tiny").why_not()
+    probe = TokenProbe(tiny, live, turn.reply, "tiny")
+    assert probe.why_not() is None
+    assert probe.context(3) == turn.reply.prompt_ids + tuple(t.token_id for t in turn.reply.tokens[:3])
+    live.update(temperature=0.5)
+    assert probe.settings(turn.reply.tokens[0]) == (GREEDY.with_changes(max_tokens=8), "")

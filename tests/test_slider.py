@@ -176,3 +176,29 @@ async def test_render_puts_knob_where_the_value_is() -> None:
         slider.value = 1.0
         await pilot.pause()
         assert slider.render_line(0).text == "━" * 20 + "●"
+
+
+class EntryApp(SliderApp):
+    def __init__(self, *sliders: Slider) -> None:
+        super().__init__(*sliders)
+        self.entered: list[str] = []
+
+    def on_slider_entered(self, event: Slider.Entered) -> None:
+        self.entered.append(event.text)
+
+
+async def test_typing_a_number_posts_it_on_enter_or_when_focus_leaves() -> None:
+    app = EntryApp(unit_slider(0.5), Slider(0, 0, 10, 1, integer=True, id="k"))
+    async with app.run_test() as pilot:
+        slider = app.query_one("#s", Slider)
+        slider.focus()
+        await pilot.press("0", ".", "7", "backspace", "3")
+        assert slider.typed == "0.3" and slider.render_line(0).text.startswith("› 0.3▏ Enter sets")
+        await pilot.press("enter")
+        await pilot.press("2", "minus", "escape")  # `-` flips the sign; Esc drops the entry
+        await pilot.press("5", "minus", "minus", "tab")  # leaving the slider sets what was typed
+        await pilot.press("right")  # keys go on to the bindings when no entry is open
+        await pilot.pause()
+        assert app.entered == ["0.3", "5"] and slider.typed is None
+        assert slider.value == 0.5, "the owner decides what a typed number does"
+        assert app.query_one("#k", Slider).value == 1

@@ -218,7 +218,7 @@ async def test_mid_reply_change_reaches_the_engine_before_the_next_token(starter
         await pilot.press("end")
         assert screen.live.snapshot()[1].temperature == 2.0
         new_version = screen.live.version
-        applied = screen.query_one("#applied")
+        applied = screen.query_one("#note-temperature")
         await wait_for(pilot, lambda: "Applied from token" in str(applied.render()))
         drawn = list(screen.reply.tokens)
         after_change = [token for token in drawn if token.at > changed_at[0]]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .commands import chat, estimate, history, info, models, run
+from .commands import cache, chat, estimate, history, info, models, run
 from .commands.common import Parser, add_model_options, fail
 from .config import ConfigError, load_config
 from .engine.base import EngineError
@@ -13,7 +13,7 @@ from .engine.params import InvalidParameter
 from .history import HistoryError
 from .pricing import PricingError
 
-SUBCOMMANDS = (run, estimate, history, models, info)
+SUBCOMMANDS = (run, estimate, history, models, cache, info)
 
 
 class _Version(argparse.Action):

@@ -10,7 +10,7 @@ from typing import Any
 from .engine.base import STOP_LABELS, thinking_line
 from .engine.context import left_out
 from .pricing import format_usd
-from .history import STATES, Conversation, HistoryError, StoredMessage, active_path, sampling_from
+from .history import STATES, Conversation, HistoryError, StoredMessage, active_path, output_format_from, sampling_from
 
 FORMAT = "tui-chat conversation"
 FORMAT_VERSION = 1
@@ -31,6 +31,7 @@ def to_json(conversation: Conversation) -> dict[str, Any]:
         "system_prompt": conversation.system_prompt,
         "sampling": conversation.sampling.as_dict() | {"stop": list(conversation.sampling.stop)},
         "thinking": conversation.thinking,
+        "output_format": conversation.output_format.as_dict(),
         "created_at": _iso(conversation.created_at),
         "updated_at": _iso(conversation.updated_at),
         "messages": [
@@ -107,6 +108,7 @@ def from_json(data: Any) -> Conversation:
         messages=tuple(messages),
         path=active_path(tuple(messages), active),
         thinking=_field(data, "thinking", bool, optional=True) is not False,
+        output_format=output_format_from(data.get("output_format")),
     )
 
 
@@ -142,6 +144,8 @@ def metrics_line(metrics: dict[str, Any], stop_reason: str | None) -> str:
         parts.append(left_out(metrics["dropped_turns"]))
     if stop_reason:
         parts.append(STOP_LABELS.get(stop_reason, stop_reason))
+    if metrics.get("incomplete"):
+        parts.append("incomplete (stopped before the output format was complete)")
     if "cost_usd" in metrics:
         parts.append(format_usd(Decimal(metrics["cost_usd"])))
     return " · ".join(parts)
@@ -157,6 +161,7 @@ def to_markdown(conversation: Conversation) -> str:
         f"- Settings: temperature {settings.temperature:g}, top-p {settings.top_p:g}, top-k {settings.top_k},"
         f" min-p {settings.min_p:g}, repeat penalty {settings.repeat_penalty:g}, seed {settings.seed},"
         f" max tokens {settings.max_tokens}",
+        *([f"- Output format: {conversation.output_format.label}"] if conversation.output_format.constrained else []),
         "",
     ]
     if conversation.system_prompt:

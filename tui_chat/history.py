@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .engine.base import Message, StopReason, TurnMetrics
+from .engine.formats import TEXT, OutputFormat, from_dict
 from .engine.params import InvalidParameter, SamplingParams
 
 BUSY_TIMEOUT_S = 5.0
@@ -67,7 +68,9 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX messages_by_conversation ON messages(conversation_id, parent_id)",
         "CREATE INDEX conversations_by_update ON conversations(updated_at)",
     ),
-    (  # reasoning models: a reply's thinking apart from its answer; each chat's thinking switch
+    # 2: each conversation's output format (formats.py), `{}` for free text
+    ("ALTER TABLE conversations ADD COLUMN output_format TEXT NOT NULL DEFAULT '{}'",),
+    (  # 3, reasoning models: a reply's thinking apart from its answer; each chat's thinking switch
         "ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT ''",
         "ALTER TABLE conversations ADD COLUMN thinking INTEGER NOT NULL DEFAULT 1",
     ),
@@ -116,6 +119,7 @@ class Conversation:
     updated_at: float
     messages: tuple[StoredMessage, ...]  # every branch, oldest first
     path: tuple[StoredMessage, ...]  # the active branch from the first message to the last
+    output_format: OutputFormat = TEXT
     thinking: bool = True  # the chat's thinking switch
     _children: dict[int | None, tuple[StoredMessage, ...]] = field(init=False, repr=False, compare=False)
 
@@ -174,6 +178,20 @@ def sampling_from(settings: Any) -> SamplingParams:
         return SamplingParams().with_changes(**settings)
     except (TypeError, InvalidParameter) as error:
         raise HistoryError(f"sampling settings: {error}") from None
+
+
+def output_format_from(saved: Any) -> OutputFormat:
+    """A stored or imported output format (`{}` or none: free text), checked again like the settings."""
+    if not saved:
+        return TEXT
+    try:
+        return from_dict(saved)
+    except InvalidParameter as error:
+        raise HistoryError(f"output format: {error}") from None
+
+
+def _format_record(output: OutputFormat) -> str:
+    return json.dumps(output.as_dict() if output.constrained else {})
 
 
 _WRITER = f"{socket.gethostname()}:{os.getpid()}"
@@ -281,15 +299,16 @@ class History:
 
     def create(
         self, *, model: str = "", system_prompt: str = "", sampling: SamplingParams | None = None, title: str = "",
+        output_format: OutputFormat = TEXT,
         thinking: bool = True,
     ) -> int:
         now = time.time()
         with self._transaction() as db:
             return db.execute(
-                "INSERT INTO conversations (title, model, system_prompt, sampling, thinking, created_at, updated_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (title, model, system_prompt, json.dumps((sampling or SamplingParams()).as_dict()), int(thinking),
-                 now, now),
+                "INSERT INTO conversations (title, model, system_prompt, sampling, output_format, thinking,"
+                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (title, model, system_prompt, json.dumps((sampling or SamplingParams()).as_dict()),
+                 _format_record(output_format), int(thinking), now, now),
             ).lastrowid
 
     def update(
@@ -300,9 +319,10 @@ class History:
         model: str | None = None,
         system_prompt: str | None = None,
         sampling: SamplingParams | None = None,
+        output_format: OutputFormat | None = None,
         thinking: bool | None = None,
     ) -> None:
-        """Rename, or change the model, system prompt or settings that the next reply will use."""
+        """Rename, or change the model, system prompt, settings or output format that the next reply will use."""
         changes: dict[str, Any] = {}
         if title is not None:
             if not title.strip():
@@ -314,6 +334,8 @@ class History:
             changes["system_prompt"] = system_prompt
         if sampling is not None:
             changes["sampling"] = json.dumps(sampling.as_dict())
+        if output_format is not None:
+            changes["output_format"] = _format_record(output_format)
         if thinking is not None:
             changes["thinking"] = int(thinking)
         changes["updated_at"] = time.time()
@@ -363,10 +385,10 @@ class History:
             ).fetchall()
         messages = tuple(_stored(row) for row in rows)
         rank = {row[0]: row[12] for row in rows}
-        title, model, system_prompt, sampling, created_at, updated_at, thinking = head
+        title, model, system_prompt, sampling, created_at, updated_at, output_format, thinking = head
         return Conversation(
             conversation_id, title, model, system_prompt, sampling_from(json.loads(sampling)), created_at, updated_at,
-            messages, active_path(messages, rank), bool(thinking),
+            messages, active_path(messages, rank), output_format_from(json.loads(output_format)), bool(thinking),
         )
 
     def add_conversation(self, conversation: Conversation) -> int:
@@ -374,11 +396,11 @@ class History:
         on_path = {m.id for m in conversation.path}
         with self._transaction() as db:
             new_id = db.execute(
-                "INSERT INTO conversations (title, model, system_prompt, sampling, thinking, created_at, updated_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO conversations (title, model, system_prompt, sampling, output_format, thinking,"
+                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (conversation.title, conversation.model, conversation.system_prompt,
-                 json.dumps(conversation.sampling.as_dict()), int(conversation.thinking), conversation.created_at,
-                 conversation.updated_at),
+                 json.dumps(conversation.sampling.as_dict()), _format_record(conversation.output_format),
+                 int(conversation.thinking), conversation.created_at, conversation.updated_at),
             ).lastrowid
             ids: dict[int, int] = {}
             for m in conversation.messages:
@@ -455,8 +477,8 @@ class History:
     @staticmethod
     def _require(db: sqlite3.Connection, conversation_id: int) -> tuple:
         row = db.execute(
-            "SELECT title, model, system_prompt, sampling, created_at, updated_at, thinking FROM conversations"
-            " WHERE id = ?",
+            "SELECT title, model, system_prompt, sampling, created_at, updated_at, output_format, thinking"
+            " FROM conversations WHERE id = ?",
             (conversation_id,),
         ).fetchone()
         if row is None:
@@ -523,14 +545,16 @@ class ReplyWriter:
 
     def finish(
         self, text: str, stop_reason: StopReason, metrics: TurnMetrics | None = None, cost: Decimal | None = None,
+        incomplete: bool = False,
         reasoning: str = "",
     ) -> None:
         """The final text and thinking (the engine's, which may differ from the streamed pieces), how it ended
-        and its figures."""
+        and its figures. `incomplete`: it stopped before its output format was complete (kept with the figures)."""
         self.text, self.reasoning = text, reasoning
+        record = metrics_record(metrics, cost) | ({"incomplete": True} if incomplete else {})
         self.history._write_reply(
             self.id, text, reasoning, state="stopped" if stop_reason == "cancelled" else "complete",
-            stop_reason=stop_reason, metrics=json.dumps(metrics_record(metrics, cost)), writer=None,
+            stop_reason=stop_reason, metrics=json.dumps(record), writer=None,
         )
         self._saved = (text, reasoning)
 

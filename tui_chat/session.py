@@ -8,13 +8,15 @@ the backend's events come back through `take`, which updates the conversation an
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
 from .engine.base import Candidate, Done, Error, Event, Message, Metrics, PromptProgress, Request, Stream, Token
-from .engine.base import STOP_LABELS, StopReason, TurnMetrics, thinking_line
+from .engine.base import STOP_LABELS, StopReason, TurnMetrics, restore_note, thinking_line
 from .engine.context import left_out
+from .engine.formats import TEXT, OutputFormat
 from .engine.params import LiveParams
 from .history import Conversation, HistoryError, ReplyWriter, StoredMessage, title_from
 from .recording import SavedChat, Saving
@@ -25,14 +27,23 @@ Generate = Callable[[Request], Stream]
 
 
 def reply_footer(reason: StopReason, metrics: Mapping[str, Any]) -> str:
-    """Stop reason, tokens, speed, TTFT: from a live `TurnMetrics.as_dict()` or a stored reply's metrics."""
+    """Stop reason, tokens, speed, TTFT and what came from disk: from a live `TurnMetrics.as_dict()` or a
+    stored reply's metrics."""
     tokens = metrics.get("completion_tokens", 0)
     parts = [STOP_LABELS.get(reason, reason), f"{tokens} token{'' if tokens == 1 else 's'}"]
     if metrics.get("decode_tok_s"):
         parts.append(f"{metrics['decode_tok_s']:.1f} tok/s")
     if metrics.get("ttft_s") is not None:
         parts.append(f"TTFT {metrics['ttft_s']:.2f} s")
-    return " · ".join(parts)
+    if metrics.get("incomplete"):
+        parts.append("incomplete: it stopped before the output format was complete")
+    return " · ".join(filter(None, [*parts, restore_note(metrics)]))
+
+
+def wait_note(ttft_s: float | None, waited_s: float) -> str:
+    """Streaming off: when the first word would have shown, against the wait for the whole reply."""
+    first = "no word came" if ttft_s is None else f"first word after {ttft_s:.2f} s when streaming"
+    return f"{first}; you waited {waited_s:.1f} s"
 
 
 def stored_footer(message: StoredMessage) -> str:
@@ -53,6 +64,8 @@ class Branch:
     cut: int | None = None
     message_id: int | None = None  # in the history
     stop_reason: StopReason | None = None  # how it ended, when it was written in this session
+    prompt_ids: tuple[int, ...] = ()  # all the model read before the reply (Done.prompt_ids), for the X-ray
+    model: str = ""  # the model that wrote it (ChatSession.model): only that one can recompute its positions
     reasoning: str = ""  # its thinking, before the answer (`text`)
     thought: str = ""  # `thinking_line` of it
     answer_from: int = 0  # tokens[:answer_from] are the thinking's (the markers included)
@@ -89,6 +102,7 @@ class Writing:
     thinking_span: tuple[float, float] | None = None  # the engine's clock at the first and latest of them
     visible: bool = False
     metrics: TurnMetrics | None = None  # the latest figures the engine sent
+    started: float = field(default_factory=time.perf_counter)
 
     def thinking_figures(self) -> dict[str, Any]:
         """The thinking so far, as `thinking_line` reads it (nothing before it starts)."""
@@ -101,6 +115,10 @@ class Writing:
     def is_branch(self) -> bool:
         return bool(self.turn.branches)
 
+    def held_line(self) -> str:
+        """Streaming off: the line that shows the reply being written while it is held back."""
+        return f"Writing, streaming off: {len(self.tokens):,} tokens · {time.perf_counter() - self.started:.1f} s"
+
 
 @dataclass(frozen=True, slots=True)
 class Ending:
@@ -111,6 +129,7 @@ class Ending:
     kind: Literal["finished", "failed", "taken_back", "restored"]
     message: str = ""  # what to tell the user (an error, turns left out)
     done: Done | None = None
+    waited_s: float = 0.0  # from the request to the end of the reply
 
 
 @dataclass(slots=True)
@@ -136,15 +155,22 @@ def progress_line(event: PromptProgress) -> str:
 
 
 class ChatSession:
-    """`warn` tells the user something once (a history that stopped saving, turns left out)."""
+    """`warn` tells the user something once (a history that stopped saving, turns left out).
+    `output_format` belongs to the conversation (saved with it); `streaming` off holds each reply back
+    until it is complete (the views' business; the footer compares the wait); `xray` records each
+    token's stages (costs a pass of the chain per token)."""
 
     def __init__(self, live: LiveParams, *, saving: Saving | None = None, system_prompt: str = "", model: str = "",
-                 top_logprobs: int = 0, thinking: bool = True,
-                 warn: Callable[[str], None] = lambda _message: None) -> None:
+                 top_logprobs: int = 0, warn: Callable[[str], None] = lambda _message: None,
+                 output_format: OutputFormat = TEXT, streaming: bool = True, xray: bool = False,
+                 thinking: bool = True) -> None:
         self.live = live
         self.system_prompt = system_prompt
         self.model = model  # what opens this chat's model again
         self.top_logprobs = top_logprobs
+        self.output_format = output_format
+        self.streaming = streaming
+        self.xray = xray
         self.thinking = thinking  # the chat's thinking switch (its budget is in the sampling settings)
         self.warn = warn
         self.turns: list[Turn] = []
@@ -180,7 +206,8 @@ class ChatSession:
         """A new turn: the question is saved, its reply starts."""
         turn = Turn(text, parent_id=self.saved.last_id if self.saved else None)
         turn.question_id = self._save(lambda: self.saved.add_user(text, self.model, self.system_prompt,
-                                                                  self.live.snapshot()[1], self.thinking))
+                                                                  self.live.snapshot()[1], self.output_format,
+                                                                  self.thinking))
         self.turns.append(turn)
         self._start(turn, generate)
         return turn
@@ -277,8 +304,10 @@ class ChatSession:
                continuing: bool = False) -> None:
         forced = forced or []
         request = Request(self.messages(turn), self.live, top_logprobs=self.top_logprobs,
-                          forced=tuple(token.token_id for token in forced), continuing=continuing,
-                          thinking=self.thinking)
+                          forced=tuple(token.token_id for token in forced),
+                          forced_text=tuple(token.piece or token.text for token in forced), continuing=continuing,
+                          conversation="" if self.conversation_id is None else str(self.conversation_id),
+                          xray=self.xray, format=self.output_format, thinking=self.thinking)
         stream = generate(request)
         writer = None
         if self.saved is not None and turn.question_id is not None:
@@ -340,7 +369,8 @@ class ChatSession:
         self.writing = None
         if done.stop_reason == "cancelled" and not (done.text + done.reasoning).strip() and not keep_empty:
             return replace(self._take_back(writing), done=done)
-        footer, notes = reply_footer(done.stop_reason, done.metrics.as_dict()), []
+        footer = reply_footer(done.stop_reason, done.metrics.as_dict() | {"incomplete": done.incomplete})
+        notes: list[str] = []
         if writing.forced:
             read = done.metrics.prompt_tokens - done.metrics.cached_tokens
             footer += f" · {writing.how} at token {len(writing.forced)}, {read} token{'s' if read != 1 else ''} read"
@@ -348,11 +378,14 @@ class ChatSession:
             footer += f" · {left_out(done.metrics.dropped_turns)}"
             notes.append(f"{left_out(done.metrics.dropped_turns)} of the prompt to fit the "
                          f"{done.metrics.n_ctx:,}-token context (they stay in the chat).")
+        waited = time.perf_counter() - writing.started
+        if not self.streaming:
+            footer += f" · {wait_note(done.metrics.ttft_s, waited)}"
         if writing.writer is not None and self.saved is not None:
             self._save(lambda: self.saved.end_reply(writing.writer, done))
-        self._add_branch(writing, done.text, footer, done.stop_reason, done.reasoning,
+        self._add_branch(writing, done.text, footer, done.stop_reason, done.prompt_ids, done.reasoning,
                          thinking_line(done.metrics.as_dict()), done.answer_from)
-        return Ending("finished", " ".join(notes), done)
+        return Ending("finished", " ".join(notes), done, waited)
 
     def _fail(self, writing: Writing, error: Error) -> Ending:
         """The engine gave up. What it wrote stays (a server's stream cut mid-reply), marked as such."""
@@ -363,16 +396,17 @@ class ChatSession:
             return Ending("restored" if writing.is_branch else "taken_back", error.message)
         if writing.writer is not None and self.saved is not None:
             self._save(lambda: self.saved.end_reply(writing.writer, error))
-        self._add_branch(writing, error.text, f"cut short: {error.message}", None, reasoning,
-                         thinking_line(writing.thinking_figures()), writing.thinking)
+        self._add_branch(writing, error.text, f"cut short: {error.message}", reasoning=reasoning,
+                         thought=thinking_line(writing.thinking_figures()), answer_from=writing.thinking)
         return Ending("failed", error.message)
 
-    def _add_branch(self, writing: Writing, text: str, footer: str, stop_reason: StopReason | None,
-                    reasoning: str, thought: str, answer_from: int) -> None:
+    def _add_branch(self, writing: Writing, text: str, footer: str, stop_reason: StopReason | None = None,
+                    prompt_ids: tuple[int, ...] = (), reasoning: str = "", thought: str = "",
+                    answer_from: int = 0) -> None:
         cut = len(writing.forced) - 1 if writing.forced else None
         turn = writing.turn
         turn.branches.append(Branch(text, footer, writing.tokens, cut, writing.writer.id if writing.writer else None,
-                                    stop_reason, reasoning, thought, answer_from))
+                                    stop_reason, prompt_ids, self.model, reasoning, thought, answer_from))
         turn.active = len(turn.branches) - 1
 
     def _take_back(self, writing: Writing) -> Ending:
@@ -428,9 +462,9 @@ def turns_of(conversation: Conversation) -> list[Turn]:
 
 
 def opened(conversation: Conversation, live: LiveParams, saving: Saving | None, **options: Any) -> ChatSession:
-    """A saved chat to go on with: its turns and branches, system prompt and model."""
+    """A saved chat to go on with: its turns and branches, system prompt, model and output format."""
     session = ChatSession(live, saving=None, system_prompt=conversation.system_prompt, model=conversation.model,
-                          **{**options, "thinking": conversation.thinking})
+                          output_format=conversation.output_format, **{**options, "thinking": conversation.thinking})
     if saving is not None:
         session.saved = SavedChat(saving, conversation.id, conversation.last_id)
     session.turns = turns_of(conversation)

@@ -18,6 +18,7 @@ from ..config import (
     check_extra_buffers,
     check_gpu_layers,
     check_threads,
+    kv_cache_dir,
     log_dir,
     models_dir,
 )
@@ -86,6 +87,7 @@ def opener_for(config: Config, args: argparse.Namespace | None = None) -> tuple[
         default_model=config.default_model, models_dir=models_dir(), log_dir=log_dir(), n_ctx=config.n_ctx,
         gpu_layers=config.gpu_layers, chat_template=config.chat_template, threads=config.threads,
         threads_batch=config.threads_batch, extra_buffers=config.extra_buffers, cache_dir=cache_dir(),
+        kv_dir=kv_cache_dir(), kv_budget_bytes=config.kv_cache_budget_bytes,
     )
     model = getattr(args, "model", None)
     if remote is not None:

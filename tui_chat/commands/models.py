@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..config import Config, models_dir
+from ..config import Config, kv_cache_dir, models_dir
 from ..hub import HubError, HubInputError
 from ..hub.download import Progress
 from ..hub.names import format_size
@@ -129,10 +129,13 @@ def _list(args: argparse.Namespace, config: Config) -> int:
 
 
 def _remove(args: argparse.Namespace, config: Config) -> int:
+    from ..engine.kvstore import KvStore
     from ..hub.local import remove_model
 
     model = remove_model(models_dir(), args.name)
-    print(f"removed {terminal_safe(model.name)} ({format_size(model.size)})")
+    caches = KvStore(kv_cache_dir()).forget_model(model.path)
+    print(f"removed {terminal_safe(model.name)} ({format_size(model.size)})"
+          + (f" and its {caches} saved KV cache{'' if caches == 1 else 's'}" if caches else ""))
     if model.path == _default_path(config) and config.default_model:
         print("it was the default model: the starter model opens instead from the next start "
               "(default_model in the config chooses another)", file=sys.stderr)

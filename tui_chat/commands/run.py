@@ -1,7 +1,8 @@
 """`tui-chat run`: one conversation without the UI, for scripts, benchmarks and CI.
 
 It drives the same `ChatSession` as the chat screen: each `--prompt` is a turn, saved as it streams
-with `--save`.
+with `--save`; `--continue ID` appends the turns to a saved conversation, as reopening it in the app
+would (its KV cache comes back from disk).
 """
 
 from __future__ import annotations
@@ -9,17 +10,33 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable
 from typing import TextIO
 
 from ..config import Config, history_path, log_dir
 from ..engine.base import Backend, Done, EngineError, Error, Token
 from ..engine.context import left_out
-from ..engine.params import MAX_TOP_LOGPROBS, PARAMS, InvalidParameter, LiveParams, check_top_logprobs
+from ..engine.formats import TEXT, OutputFormat, choose
+from ..engine.params import (
+    LIST_PARAMS,
+    MAX_TOP_LOGPROBS,
+    PARAMS,
+    SAMPLER_STAGES,
+    InvalidParameter,
+    LiveParams,
+    check_top_logprobs,
+)
 from ..guard import watch
+from ..history import Conversation, History
 from ..pricing import find_preset
-from ..session import ChatSession
+from ..recording import Saving
+from ..session import ChatSession, Ending, Writing, opened, wait_note
 from .common import INTERRUPTED, RUNTIME_ERROR, add_model_options, opener_for, writer
+
+MODEL_FLAGS = ("model", "backend", "base_url", "remote")  # any of these opens another model than a continued chat's
+LIST_METAVARS = {"stop": "STR", "logit_bias": "TEXT=BIAS", "sampler_order": "A,B,C"}
+HELD_LINE_EVERY_S = 0.25
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -31,13 +48,30 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--system", help="system prompt (default: system_prompt in the config)")
     for spec in PARAMS:
         run.add_argument(f"--{spec.name.replace('_', '-')}", type=spec.kind, metavar="N", help=spec.hint)
-    run.add_argument("--stop", action="append", metavar="STR", help="stop sequence (repeatable); not shown")
+    for listed in LIST_PARAMS:
+        more = " Repeatable." if listed.repeatable else f" Comma-separated, of: {', '.join(SAMPLER_STAGES)}."
+        run.add_argument(f"--{listed.name.replace('_', '-')}", action="append" if listed.repeatable else "store",
+                         metavar=LIST_METAVARS[listed.name], help=listed.hint + more)
+    output = run.add_mutually_exclusive_group()
+    output.add_argument("--format", choices=("text", "json"), default="text",
+                        help="json: the reply is any valid JSON value (a grammar allows nothing else)")
+    output.add_argument("--json-schema", metavar="FILE_OR_JSON", help="the reply is JSON matching this schema")
+    output.add_argument("--grammar", metavar="FILE", help="the reply follows this GBNF grammar (a file, or its text)")
+    run.add_argument("--no-stream", action="store_true",
+                     help="hold each reply until it is complete (a line on stderr shows it being written), then "
+                          "compare the wait with when the first word would have come")
     run.add_argument("--thinking", choices=("on", "off"),
-                     help="let a reasoning model think before it answers (default: thinking in the config)")
+                     help="let a reasoning model think before it answers (default: thinking in the config, or the "
+                          "continued chat's)")
     run.add_argument("--top-logprobs", type=int, default=0, metavar="N",
                      help=f"with --json: each token's probability and the N likeliest (at most {MAX_TOP_LOGPROBS})")
+    run.add_argument("--xray", action="store_true",
+                     help="with --json: each token's `stages`, the sampler chain stage by stage (a local model only)")
     run.add_argument("--json", action="store_true", help="print one JSON report at the end instead of the text")
     run.add_argument("--save", action="store_true", help="keep the conversation in the history")
+    run.add_argument("--continue", dest="continue_id", type=int, metavar="ID",
+                     help="append the turns to saved conversation ID (see tui-chat history), with its model, system "
+                          "prompt and settings (flags change them); implies --save")
     run.set_defaults(run=run_command)
 
 
@@ -45,31 +79,57 @@ def run_command(args: argparse.Namespace, config: Config) -> int:
     if any(not prompt.strip() for prompt in args.prompt):
         raise InvalidParameter("--prompt must not be empty: give the text of a user turn")
     given = {spec.name: getattr(args, spec.name) for spec in PARAMS if getattr(args, spec.name) is not None}
-    if args.stop:
-        given["stop"] = args.stop
-    params = config.sampling.with_changes(**given)
+    for listed in LIST_PARAMS:
+        value = getattr(args, listed.name)
+        if value is not None:
+            given[listed.name] = [listed.parse(item) for item in value] if listed.repeatable else listed.parse(value)
     check_top_logprobs(args.top_logprobs)
+    if args.xray and not args.json:
+        raise InvalidParameter("--xray needs --json: the stages are part of the JSON report")
+    output = _output_format(args)
     opener, model = opener_for(config, args)
     if args.watched:
         watch(log_dir())
-    backend = opener(model)
+    saving = _saving(config) if args.save or args.continue_id is not None else None
+    try:
+        continued = saving.history.load(args.continue_id) if args.continue_id is not None else None
+        if continued is not None and not any(getattr(args, flag, None) for flag in MODEL_FLAGS):
+            model = continued.model or model
+        params = (continued.sampling if continued else config.sampling).with_changes(**given)
+        return _run_opened(opener(model), args, config, model, continued, LiveParams(params), saving, output)
+    finally:
+        if saving is not None:
+            saving.history.close()
+
+
+def _run_opened(backend: Backend, args: argparse.Namespace, config: Config, model: str | None,
+                continued: Conversation | None, live: LiveParams, saving: Saving | None, output: OutputFormat) -> int:
+    """Load the model and answer the prompts: in a new conversation, or going on with `continued`."""
     try:
         loaded = backend.load().result()
         if isinstance(loaded, Error):
             raise EngineError(loaded.message)
-        saving = _saving(config) if args.save else None
-        system = config.system_prompt if args.system is None else args.system
-        session = ChatSession(LiveParams(params), saving=saving, system_prompt=system, model=backend.info.name,
-                              top_logprobs=args.top_logprobs, warn=_warn,
-                              thinking=config.thinking if args.thinking is None else args.thinking == "on")
+        if args.xray and not hasattr(backend, "xray"):
+            raise InvalidParameter("--xray needs a local model: a server does not show its sampler chain's stages")
+        options = {"top_logprobs": args.top_logprobs, "warn": _warn, "streaming": not args.no_stream, "xray": args.xray}
+        if continued is not None:
+            session = opened(continued, live, saving, **options)
+            if args.system is not None:
+                session.set_system_prompt(args.system)
+            if _format_given(args):
+                session.output_format = output
+        else:
+            system = config.system_prompt if args.system is None else args.system
+            session = ChatSession(live, saving=saving, system_prompt=system, output_format=output,
+                                  thinking=config.thinking, **options)
+        if args.thinking is not None:
+            session.set_thinking(args.thinking == "on")
+        session.model = model or config.default_model or backend.info.path  # what opens this model again
         try:
             return run_conversation(backend, session, args.prompt, as_json=args.json)
         except EngineError as error:
             print(f"tui-chat: error: {error}", file=sys.stderr)
             return RUNTIME_ERROR
-        finally:
-            if saving is not None:
-                saving.history.close()
     finally:
         backend.close()
 
@@ -80,16 +140,17 @@ def run_conversation(backend: Backend, session: ChatSession, prompts: list[str],
     write = writer(out)
     turns: list[dict] = []
     for index, prompt in enumerate(prompts):
+        continuing = session.conversation_id
         session.ask(prompt, backend.generate)
         if index == 0 and session.conversation_id is not None:
-            print(f"tui-chat: saving as conversation {session.conversation_id}", file=sys.stderr)
-        done, tokens = _stream_turn(session, write, as_json)
-        if done.metrics.dropped_turns:
-            print(f"tui-chat: note: {left_out(done.metrics.dropped_turns)} to fit the "
-                  f"{done.metrics.n_ctx}-token context", file=sys.stderr)
+            saved = "continuing" if continuing else "saving as"
+            print(f"tui-chat: {saved} conversation {session.conversation_id}", file=sys.stderr)
+        ending, tokens = _stream_turn(session, write, as_json)
+        done = ending.done
         if not as_json:
             write("\n\n" if index < len(prompts) - 1 else "\n")
-        turns.append(_turn_report(prompt, done, tokens, session.top_logprobs))
+        _notes(session, ending)
+        turns.append(_turn_report(prompt, done, tokens, session))
         if done.stop_reason == "cancelled":
             break
     if as_json:
@@ -100,49 +161,111 @@ def run_conversation(backend: Backend, session: ChatSession, prompts: list[str],
     return INTERRUPTED if turns and turns[-1]["stop_reason"] == "cancelled" else 0
 
 
-def _stream_turn(session: ChatSession, write: Callable[[str], None], as_json: bool) -> tuple[Done, list[dict]]:
+def _output_format(args: argparse.Namespace) -> OutputFormat:
+    """--format, --json-schema or --grammar; a schema or grammar that cannot be used is one line (exit 2)."""
+    if args.json_schema is not None:
+        return choose("json_schema", args.json_schema)
+    if args.grammar is not None:
+        return choose("grammar", args.grammar)
+    return TEXT if args.format == "text" else choose(args.format)
+
+
+def _format_given(args: argparse.Namespace) -> bool:
+    """A continued chat keeps its output format unless a flag names another."""
+    return args.format != "text" or args.json_schema is not None or args.grammar is not None
+
+
+def _stream_turn(session: ChatSession, write: Callable[[str], None], as_json: bool) -> tuple[Ending, list[dict]]:
     """One reply as it streams: the text to stdout (without the whitespace around it), Ctrl+C stops it.
+    With streaming off the text waits for the end, and stderr's line shows the reply being written.
     A reply the engine gave up on is an EngineError, after what arrived of it."""
-    stream = session.writing.stream
+    writing = session.writing
+    held = _held_line(writing) if not session.streaming else None
     shown, tokens, ending = "", [], None
     try:
-        for event in stream:
-            if isinstance(event, Token) and session.top_logprobs:
+        for event in writing.stream:
+            if isinstance(event, Token) and (session.top_logprobs or session.xray):
                 tokens.append(_token_entry(event))
             update = session.take([event])
-            if not as_json and update.text:
+            if update.text and held is not None:
+                held()
+            elif not as_json and update.text:
                 shown = _show(write, shown, update.text)
             ending = update.ending or ending
     except KeyboardInterrupt:
-        stream.cancel()
-        ending = session.take([stream.result()]).ending
+        writing.stream.cancel()
+        ending = session.take([writing.stream.result()]).ending
+    if held is not None:
+        held(end=True)
     if ending.done is None:
         if shown and not as_json:
             write("\n")  # the part of the reply that arrived stays, on its own line
         raise EngineError(ending.message)
     if not as_json:
         _show(write, shown, ending.done.text[len(shown):] if ending.done.text.startswith(shown) else "")
-    return ending.done, tokens
+    return ending, tokens
 
 
-def _turn_report(prompt: str, done: Done, tokens: list[dict], top_logprobs: int) -> dict:
+def _held_line(writing: Writing) -> Callable[..., None]:
+    """Streaming off: `Writing, streaming off: 57 tokens · 3.2 s` on a terminal's stderr, redrawn in place
+    a few times a second and cleared at the end; nothing where stderr is a file."""
+    if not sys.stderr.isatty():
+        return lambda end=False: None
+    drawn = [0.0]
+
+    def show(end: bool = False) -> None:
+        now = time.monotonic()
+        if end:
+            sys.stderr.write("\r\x1b[K")
+        elif now - drawn[0] >= HELD_LINE_EVERY_S:
+            drawn[0] = now
+            sys.stderr.write(f"\r\x1b[K{writing.held_line()}")
+        sys.stderr.flush()
+
+    return show
+
+
+def _notes(session: ChatSession, ending: Ending) -> None:
+    """What the reply's text alone does not say, on stderr: turns left out, an incomplete format, the wait."""
+    done = ending.done
+    if done.metrics.dropped_turns:
+        print(f"tui-chat: note: {left_out(done.metrics.dropped_turns)} to fit the "
+              f"{done.metrics.n_ctx}-token context", file=sys.stderr)
+    if done.incomplete:
+        print(f"tui-chat: note: the reply stopped ({done.stop_reason}) before its {session.output_format.label} "
+              "was complete: the output is incomplete", file=sys.stderr)
+    if not session.streaming:
+        print(f"tui-chat: {wait_note(done.metrics.ttft_s, ending.waited_s)}", file=sys.stderr)
+
+
+def _turn_report(prompt: str, done: Done, tokens: list[dict], session: ChatSession) -> dict:
     """`text` is the reply exactly as it entered the conversation (a script rebuilding the chat from it gets
     the same prompt); `reasoning` the thinking before it."""
     turn = {"prompt": prompt, "text": done.text, "reasoning": done.reasoning, "stop_reason": done.stop_reason,
             **done.metrics.as_dict()}
-    if top_logprobs:
+    if session.output_format.constrained:
+        turn |= {"format": session.output_format.kind, "incomplete": done.incomplete}
+    if session.top_logprobs or session.xray:
         turn |= {"prompt_ids": list(done.prompt_ids), "tokens": tokens}
     return turn
 
 
 def _token_entry(token: Token) -> dict:
-    """Probabilities under the model's raw distribution, so a turn can be replayed elsewhere."""
-    return {
+    """Probabilities under the model's raw distribution, so a turn can be replayed elsewhere; under an output
+    format, what its grammar masked and which alternatives it allowed; with --xray, the chain's stages."""
+    entry = {
         "token": token.piece,
         "id": token.token_id,
         "prob": token.prob,
-        "top": [{"token": c.text, "id": c.token_id, "prob": c.prob} for c in token.top],
+        "top": [{"token": c.text, "id": c.token_id, "prob": c.prob}
+                | ({} if c.allowed is None else {"allowed": c.allowed}) for c in token.top],
     }
+    if token.grammar is not None:
+        entry["grammar"] = {"removed": token.grammar.removed, "allowed": token.grammar.allowed,
+                            "forced": token.grammar.forced}
+    if token.stages:
+        entry["stages"] = [stage.as_dict() for stage in token.stages]
+    return entry
 
 
 def _show(write: Callable[[str], None], shown: str, text: str) -> str:
@@ -155,10 +278,7 @@ def _show(write: Callable[[str], None], shown: str, text: str) -> str:
     return seen
 
 
-def _saving(config: Config):
-    from ..history import History
-    from ..recording import Saving
-
+def _saving(config: Config) -> Saving:
     return Saving(History(history_path()), find_preset(config.prices, config.price))
 
 

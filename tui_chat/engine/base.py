@@ -53,6 +53,8 @@ class Request:
     # A branch: the tokens the reply must start with (those kept before the cut, then the chosen
     # alternative). The engine rewinds its KV cache to them instead of reading the chat again.
     forced: tuple[int, ...] = ()
+    # Their text, one each: a server continues a reply from text (it may not have sent ids: then they are -1).
+    forced_text: tuple[str, ...] = ()
     continuing: bool = False  # the forced tokens are a whole reply going on: max tokens counts after them
     # The chat this turn belongs to (the history's ID; "" when none): the KV state saved after the reply
     # is filed under it, so deleting the chat can delete it.
@@ -82,6 +84,8 @@ class ModelInfo:
     remote_host: str = ""  # host:port of the server a remote backend talks to
     params_per_token: bool = True  # False: sampling changes apply from the next reply on
     ignored_params: tuple[str, ...] = ()  # sampling settings this backend cannot pass on
+    ignored_formats: tuple[str, ...] = ()  # output formats (`OutputFormat.kind`) it cannot be asked for
+    notes: tuple[str, ...] = ()  # where it reads a setting or a format otherwise than tui-chat, a line each
     cpu: str = ""  # the CPU path llama.cpp runs on, e.g. "AVX-512 · AMX off (crashed its self-test)"
     threads: int = 0  # decode threads when it loaded (they follow the load: TurnMetrics.threads)
     thinking: str = ""  # the thinking markers recognised, e.g. "<think>…</think>" ("" where it cannot tell)
@@ -115,6 +119,9 @@ class TurnMetrics:
     grammar_s: float = 0.0  # time an output format's grammar took (checks, masks, draws again)
     reasoning_tokens: int = 0  # of completion_tokens, those the model drew while it was thinking
     thinking_s: float | None = None  # from the first reply token to the end of the thinking; None: no thinking
+    # prompt_tokens is the client's estimate (4 characters a token, or the server's tokenizer on the messages):
+    # the server has not reported it (yet)
+    prompt_estimated: bool = False
 
     @property
     def answer_tokens(self) -> int:
@@ -161,6 +168,7 @@ class TurnMetrics:
             "grammar_ms_per_token": self.grammar_ms_per_token,
             "reasoning_tokens": self.reasoning_tokens,
             "thinking_s": self.thinking_s,
+            "prompt_estimated": self.prompt_estimated,
         }
 
 
@@ -322,6 +330,12 @@ class Token:
     reasoning: str = ""
     thinking: bool = False
     inserted: bool = False
+
+    def is_candidate(self, candidate: Candidate) -> bool:
+        """Whether `candidate` is this token: by id, or by text where a server sent no ids (-1)."""
+        if self.token_id >= 0 and candidate.token_id >= 0:
+            return candidate.token_id == self.token_id
+        return candidate.text == self.piece
 
 
 @dataclass(frozen=True, slots=True)

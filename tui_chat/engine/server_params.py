@@ -2,7 +2,7 @@
 in which fields: data for the remote backend, so a server gets what it understands and the model info
 can name the rest.
 
-Keys are `ServerKind.name` in remote.py. OpenAI's own fields (temperature, top_p, seed, max_tokens,
+Keys are `ServerKind.name` in openai/servers.py. OpenAI's own fields (temperature, top_p, seed, max_tokens,
 stop) every server takes and are not listed.
 
 Sources: llama.cpp's tools/server/server-schema.cpp and server-common.cpp, llama-cpp-python's
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .chain import is_on
-from .formats import OutputFormat
+from .formats import KINDS, TEXT, OutputFormat
 from .params import DEFAULT_ORDER, SamplingParams
 
 
@@ -68,7 +68,7 @@ _LLAMA_CPP_PYTHON = _OPENAI | {
     "logit_bias": ServerField("logit_bias", also={"logit_bias_type": "tokens"}, convert=dict, note=_BIAS_NOTE),
 }
 _VLLM = _OPENAI | {
-    "top_k": ServerField("top_k"),
+    "top_k": ServerField("top_k", convert=lambda k: k or -1),  # older versions reject 0 for "off"
     "min_p": ServerField("min_p"),
     "repeat_penalty": ServerField("repetition_penalty"),
 }
@@ -156,6 +156,12 @@ FORMAT_NOTES = {
 }
 
 
+def ignored_formats(server: str) -> tuple[str, ...]:
+    """The output formats this server family cannot be asked for (for `ModelInfo.ignored_formats`)."""
+    known = _FORMAT_FIELDS.get(server, _FORMAT_FIELDS["OpenAI-compatible server"])
+    return tuple(kind for kind in KINDS if kind != TEXT.kind and kind not in known)
+
+
 def format_fields(server: str, output: OutputFormat) -> dict[str, Any] | None:
     """The request fields that ask this server family for `output`; None where it cannot be asked:
     refuse the format for that server (and say so in the model info) rather than send free text."""
@@ -163,3 +169,10 @@ def format_fields(server: str, output: OutputFormat) -> dict[str, Any] | None:
         return {}
     make = _FORMAT_FIELDS.get(server, _FORMAT_FIELDS["OpenAI-compatible server"]).get(output.kind)
     return make(output) if make else None
+
+
+def server_notes(server: str) -> tuple[str, ...]:
+    """Where this family's meaning of a setting or a format differs from ours, a line each (for the model info)."""
+    fields = SERVER_FIELDS.get(server, _OPENAI)
+    notes = [f"{name.replace('_', ' ')}: {spec.note}" for name, spec in fields.items() if spec.note]
+    return tuple(notes + [f"{KINDS[kind]}: {note}" for (family, kind), note in FORMAT_NOTES.items() if family == server])

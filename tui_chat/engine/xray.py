@@ -17,9 +17,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from .base import Candidate, EngineError, Stage, Token, WordProbability, XRay
-from .chain import Candidates, Chain, ChainBuilder, label, plan
+from .chain import Candidates, Chain, ChainBuilder
 from .llamacpp import LlamaSession
 from .params import DEFAULT_ORDER, SamplingParams
+from .stages import label, plan
 
 _DRAW = "dist"
 _REORDERING = {"logit_bias": "raised or lowered", "penalties": "lowered", "dry": "lowered"}  # the rest cut

@@ -22,8 +22,8 @@ CHAT_KEYS = [  # in the footer in this order: what a newcomer needs first, as fa
     Binding("f4", "show_earlier", "Earlier", id="show_earlier", show=False, tooltip="Show earlier messages"),
     Binding("f5", "models", "Models", id="models", show=False,
             tooltip="Models: local ones, and GGUF models to download from the hub"),
-    Binding("f7", "toggle_thinking", "Thinking", id="toggle_thinking", show=False,
-            tooltip="Let a reasoning model think before it answers, or not (this chat, from the next reply)"),
     Binding("f6", "system_prompt", "System", id="system_prompt", show=False, priority=True,
             tooltip="Edit this chat's system prompt"),
+    Binding("f7", "toggle_thinking", "Thinking", id="toggle_thinking", show=False,
+            tooltip="Let a reasoning model think before it answers, or not (this chat, from the next reply)"),
 ]

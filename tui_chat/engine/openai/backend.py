@@ -1,8 +1,11 @@
 """`OpenAIBackend`: one server, the same events as the in-process engine.
 
 Each reply is one streamed `/chat/completions` request on its own thread. Sampling settings are read
-once per reply: a request in flight cannot change them. The API key goes only into the Authorization
-header: never into an event, a message or a log line.
+once per reply: a request in flight cannot change them; each server gets those it takes, in its own
+fields (server_params.py), and an output format it cannot be asked for is refused, not dropped. A branch
+(a reply that must start with given tokens) is the reply so far sent as the last, unfinished assistant
+message, for servers that continue one. The API key goes only into the Authorization header: never into
+an event, a message or a log line.
 """
 
 from __future__ import annotations
@@ -16,9 +19,13 @@ from typing import Any
 import httpx
 
 from ..base import EngineError, Error, Loaded, ModelInfo, Request, Stream
+from ..formats import KINDS, FormatError, OutputFormat
 from ..params import SamplingParams
+from ..prompts import PLAIN
+from ..server_params import format_fields, server_fields, server_notes
 from .connection import Connection, CuttableStream
-from .servers import GENERIC, LLAMA_CPP_PYTHON, LLAMA_SERVER, VLLM, ServerKind
+from .servers import GENERIC, LLAMA_CPP_PYTHON, LLAMA_SERVER, PLAIN_FORMAT, VLLM, Served, is_plain, quantization
+from .servers import shown_name
 from .sse import SseDecoder
 from .streamed import StreamedReply, stop_reason
 from .wire import RemoteError, count, error_text, excerpt
@@ -69,6 +76,7 @@ class OpenAIBackend:
         self.info: ModelInfo | None = None
         self.kind = GENERIC
         self._bos_tokens = 0
+        self._implicit_stops: tuple[str, ...] = ()
         headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
         timeout = httpx.Timeout(settings.read_timeout_s, connect=CONNECT_TIMEOUT_S)
         self._client = httpx.Client(headers=headers, timeout=timeout)
@@ -95,10 +103,11 @@ class OpenAIBackend:
         return stream
 
     def count_tokens(self, text: str) -> int:
-        """The server's own count where it has a tokenize endpoint, else CHARS_PER_TOKEN characters a token."""
+        """The server's own count where it has a tokenize endpoint, else CHARS_PER_TOKEN characters a token
+        (also while a reply streams from a server that a second request would cut short)."""
         if self.info is None:
             raise EngineError("no model is loaded")
-        if self.kind.tokenize_path is None:
+        if self.kind.tokenize_path is None or (self.kind.one_request_at_a_time and self._live):
             return math.ceil(len(text) / CHARS_PER_TOKEN)
         return max(0, self._server_count(text) - self._bos_tokens)
 
@@ -130,29 +139,32 @@ class OpenAIBackend:
             wanted = served[0]
         elif wanted not in served:
             raise RemoteError(f"model {wanted!r} is not served at {self.host}; it serves: {excerpt(', '.join(served))}")
-        entry = entries[served.index(wanted)]
-        self.kind, n_ctx = self._server_kind(entry)
+        facts = self._served(entries[served.index(wanted)])
+        self.kind = facts.kind
+        self._implicit_stops = PLAIN_FORMAT.implicit_stops if facts.plain else ()
         self.settings = replace(self.settings, model=wanted)
         if self.kind.counts_bos:
             self._bos_tokens = self._server_count("")
         counting = "tokens counted by the server" if self.kind.tokenize_path else (
             f"token counts estimated at {CHARS_PER_TOKEN} characters a token")
         return ModelInfo(
-            name=wanted,
+            name=shown_name(wanted),
             path=self.shown_url,
             description=f"{self.kind.name} · settings apply per reply · {counting}",
-            quantization="unknown",
+            quantization=facts.quantization,
             size_bytes=0,
             n_params=0,
             n_layers=0,
             gpu_layers=0,
-            n_ctx=n_ctx,
+            n_ctx=facts.n_ctx,
             n_ctx_train=0,
-            chat_format="server",
+            chat_format=PLAIN if facts.plain else "server",
             backend=BACKEND_NAME,
             remote_host=self.host,
             params_per_token=False,
             ignored_params=self.kind.ignored(),
+            ignored_formats=self.kind.ignored_formats(),
+            notes=server_notes(self.kind.name),
         )
 
     def _model_entries(self) -> list[dict[str, Any]]:
@@ -162,18 +174,20 @@ class OpenAIBackend:
             raise RemoteError(f"{self.host} did not answer /models with a model list: is {self.shown_url} right?")
         return [e for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str)]
 
-    def _server_kind(self, entry: dict[str, Any]) -> tuple[ServerKind, int]:
-        """Which server family this is (for its extra sampling fields and tokenizer), and its context size."""
+    def _served(self, entry: dict[str, Any]) -> Served:
+        """Which server family this is (for its fields and tokenizer), and what it says of the model."""
         if entry.get("owned_by") == "vllm":
-            return VLLM, count(entry, "max_model_len") or 0
+            return Served(VLLM, count(entry, "max_model_len") or 0)
         props = self._probe(f"{self.root_url}/props")
         if isinstance(props, dict) and "default_generation_settings" in props:
             n_ctx = count(props, "default_generation_settings", "n_ctx") or count(props, "n_ctx") or 0
-            return LLAMA_SERVER, n_ctx
+            meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
+            quantized = quantization(meta.get("ftype") or props.get("model_ftype"))
+            return Served(LLAMA_SERVER, n_ctx, quantized, is_plain(props.get("chat_template")))
         schema = self._probe(f"{self.root_url}/openapi.json")
         if isinstance(schema, dict) and "/extras/tokenize/count" in (schema.get("paths") or {}):
-            return LLAMA_CPP_PYTHON, 0
-        return GENERIC, 0
+            return Served(LLAMA_CPP_PYTHON)
+        return Served(GENERIC)
 
     def _probe(self, url: str) -> Any:
         """JSON at `url`, or None where the server has no such endpoint."""
@@ -218,12 +232,15 @@ class OpenAIBackend:
         try:
             if self.info is None:
                 raise EngineError("no model is loaded")
-            self._stream_into(reply, stream, connection, self._body(request, params))
-        except (EngineError, httpx.HTTPError) as error:
+            body = self._body(request, params)
+            reply.given_start(stream)
+            reply.estimated(math.ceil(len(_prompt_text(request)) / CHARS_PER_TOKEN), stream)
+            self._stream_into(reply, stream, connection, body)
+        except (EngineError, FormatError, httpx.HTTPError) as error:
             if stream.cancelled.is_set():
                 stream.put(reply.done("cancelled"))
             else:
-                message = error if isinstance(error, EngineError) else self._network_message(error)
+                message = self._network_message(error) if isinstance(error, httpx.HTTPError) else error
                 stream.put(Error(self._clean(str(message)), reply.text))
             return
         finally:
@@ -231,48 +248,89 @@ class OpenAIBackend:
                 self._live.discard(connection)
         if stream.cancelled.is_set():
             stream.put(reply.done("cancelled"))
-        else:
-            stream.put(reply.done(stop_reason(reply.finish_reason, params)))
+            return
+        if reply.metrics().prompt_estimated and self.kind.tokenize_path:
+            self._recount(request, reply, stream)
+        stream.put(reply.done(stop_reason(reply.finish_reason, params, self._implicit_stops)))
+
+    def _recount(self, request: Request, reply: StreamedReply, stream: Stream) -> None:
+        """The server never said how long the prompt was: its own tokenizer counts the messages, now that no
+        reply streams (a request mid-stream cuts llama-cpp-python's). Still an estimate: the template's own
+        tokens are not in it."""
+        try:
+            reply.estimated(self.count_tokens(_prompt_text(request)), stream)
+        except EngineError:
+            pass  # the characters' estimate stands
 
     def _body(self, request: Request, params: SamplingParams) -> dict[str, Any]:
+        """The request: OpenAI's fields, then what this server takes of the rest. Raises RemoteError for a
+        branch or an output format the server cannot be asked for."""
+        messages = [{"role": m.role, "content": m.content} for m in request.messages]
         body: dict[str, Any] = {
             "model": self.settings.model,
-            "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+            "messages": messages,
             "stream": True,
             "stream_options": {"include_usage": True},
             "temperature": params.temperature,
             "top_p": params.top_p,
-            "max_tokens": params.max_tokens,
+            "max_tokens": max(1, params.max_tokens - (0 if request.continuing else len(request.forced))),
         }
         if params.seed >= 0:
             body["seed"] = params.seed
-        if params.stop:
-            body["stop"] = list(params.stop)
-        for name, wire in self.kind.extra_params.items():
-            body[wire] = getattr(params, name)
-        if params.top_k == 0 and "top_k" in self.kind.extra_params:
-            body[self.kind.extra_params["top_k"]] = self.kind.top_k_off
+        if params.stop or self._implicit_stops:
+            body["stop"] = [*params.stop, *self._implicit_stops]
+        body |= server_fields(self.kind.name, params)[0] | self._format_fields(request.format) | self.kind.reporting
+        if request.forced:
+            messages.append({"role": "assistant", "content": self._given_start(request)})
+            body |= self.kind.continues
         if request.top_logprobs:
             body["logprobs"] = True
             body["top_logprobs"] = request.top_logprobs
         return body
 
+    def _format_fields(self, output: OutputFormat) -> dict[str, Any]:
+        fields = format_fields(self.kind.name, output)
+        if fields is None:
+            takes = ", ".join(KINDS[kind] for kind in KINDS if kind not in self.kind.ignored_formats())
+            raise RemoteError(f"the {self.kind.name} at {self.host} cannot be asked for {output.label} output "
+                              f"(it takes {takes}): choose another format")
+        return fields
+
+    def _given_start(self, request: Request) -> str:
+        """A branch's start, as the text the server continues."""
+        if self.kind.continues is None:
+            raise RemoteError(f"the {self.kind.name} at {self.host} cannot continue a reply from a chosen token "
+                              "(llama-server and vLLM can): regenerate instead")
+        if len(request.forced_text) != len(request.forced):
+            raise EngineError("a branch without the text of its tokens cannot go to a server")
+        return "".join(request.forced_text)
+
     def _stream_into(self, reply: StreamedReply, stream: Stream, connection: Connection, body: dict[str, Any]) -> None:
         url = f"{self.base_url}/chat/completions"
-        with self._streams.stream("POST", url, json=body, extensions={"trace": connection.trace}) as response:
+        # Encoded here: llama-cpp-python reads a ban (-inf logit bias) as -Infinity, which httpx's own JSON refuses.
+        content = json.dumps(body).encode()
+        with self._streams.stream("POST", url, content=content, headers={"Content-Type": "application/json"},
+                                  extensions={"trace": connection.trace}) as response:
             connection.attach(response)
             if response.status_code != 200:
                 raise RemoteError(self._status_message(response.status_code, _read_limited(response), url))
-            decoder = SseDecoder()
-            for line in response.iter_lines():
-                data = decoder.feed(line)
-                if data is not None and reply.take(data, stream):
-                    return
-            data = decoder.flush()
-            if data is not None and reply.take(data, stream):
-                return
+            ended = self._read_events(response, reply, stream)
         if reply.finish_reason is None and not stream.cancelled.is_set():
+            if ended:  # llama-cpp-python ends a stream so when another request arrives
+                raise RemoteError(f"the server at {self.host} ended the reply without saying why (another request "
+                                  "to it may have cut it short)")
             raise RemoteError(f"the server at {self.host} closed the stream mid-reply")
+
+    @staticmethod
+    def _read_events(response: httpx.Response, reply: StreamedReply, stream: Stream) -> bool:
+        """Feed the reply each event; True if the server marked the end of the stream ([DONE])."""
+        decoder = SseDecoder()
+        for line in response.iter_lines():
+            data = decoder.feed(line)
+            if data is not None and reply.take(data, stream):
+                return True
+        data = decoder.flush()
+        return data is not None and reply.take(data, stream)
 
     # --- messages -----------------------------------------------------------------------------
 
@@ -305,6 +363,10 @@ class OpenAIBackend:
         """Defence in depth: whatever a server echoes back, the key never reaches the user's screen."""
         key = self.settings.api_key
         return message.replace(key, "[api key]") if key else message
+
+
+def _prompt_text(request: Request) -> str:
+    return "\n".join(message.content for message in request.messages) + "".join(request.forced_text)
 
 
 def _read_limited(response: httpx.Response) -> str:

@@ -1,7 +1,9 @@
 """One reply as it streams in from a server: its text, a Token event per token, and its metrics.
 
 Metrics come from the client's own clock (TTFT, decode rate) and from what the server reports:
-`usage`, and llama.cpp's `timings`.
+`usage`, llama.cpp's `timings` and `prompt_progress`. Until the server has said how long the prompt
+was, its size is the client's estimate (`TurnMetrics.prompt_estimated`), so a reply stopped early still
+counts the input the server read.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..base import Done, Metrics, Request, StopReason, Stream, Token, TurnMetrics
+from ..base import Done, Metrics, PromptProgress, Request, StopReason, Stream, Token, TurnMetrics
 from ..params import SamplingParams
 from .wire import RemoteError, TokenProb, count, parse_chunk, rate
 
@@ -22,14 +24,31 @@ class StreamedReply:
         self.params_version = params_version
         self.n_ctx = n_ctx
         self.text = ""
-        self.tokens = 0
+        self.tokens = 0  # tokens the server wrote (a branch's given start excluded)
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
         self.timings: dict[str, Any] | None = None
+        self.progress: dict[str, Any] | None = None
+        self.estimate: int | None = None  # the prompt's tokens as the client counted them
+        self._echo: str | None = None  # a branch's given text, until the server has repeated it or written anew
         self.first_at: float | None = None
         self.visible_at: float | None = None
         self.last_at: float | None = None
         self._next_metrics = 0.0
+
+    def given_start(self, stream: Stream) -> None:
+        """A branch: the tokens it must start with are the start of the reply, as the in-process engine
+        replays them; the server is asked to continue from their text."""
+        now = time.perf_counter()
+        for token_id, text in zip(self.request.forced, self.request.forced_text, strict=True):
+            self.text += text
+            stream.put(Token(token_id, text, now, -1, text, forced=True))
+        self._echo = "".join(self.request.forced_text) or None
+
+    def estimated(self, tokens: int, stream: Stream) -> None:
+        """The client's count of the prompt arrived: shown until the server reports its own."""
+        self.estimate = tokens
+        stream.put(Metrics(self.metrics()))
 
     def take(self, data: str, stream: Stream) -> bool:
         """Apply one event's data; True once the server said the stream is over."""
@@ -42,15 +61,38 @@ class StreamedReply:
         self.timings = chunk.timings or self.timings
         self.finish_reason = chunk.finish_reason or self.finish_reason
         now = time.perf_counter()
+        if chunk.progress is not None:
+            self._read_progress(chunk.progress, stream)
+        content = self._unechoed(chunk.content, bool(chunk.tokens))
         if chunk.tokens:
             for index, token in enumerate(chunk.tokens):
-                self._token(stream, chunk.content if index == 0 else "", now, token)
-        elif chunk.content:
-            self._token(stream, chunk.content, now, None)
+                self._token(stream, content if index == 0 else "", now, token)
+        elif content:
+            self._token(stream, content, now, None)
         if now >= self._next_metrics:
             stream.put(Metrics(self.metrics()))
             self._next_metrics = now + METRICS_INTERVAL_S
         return False
+
+    def _unechoed(self, content: str, drawn: bool) -> str:
+        """`content` without the repeat of a branch's given start: llama-server sends the assistant message it
+        continues back first (as text without token probabilities) before the tokens it draws."""
+        echo = self._echo
+        if echo is None or not content:
+            return content
+        if not drawn and echo.startswith(content):
+            self._echo = echo[len(content):] or None
+            return ""
+        self._echo = None
+        return content.removeprefix(echo) if not drawn else content
+
+    def _read_progress(self, progress: dict[str, Any], stream: Stream) -> None:
+        """llama-server reading the prompt: what it reuses and how far it got, as the in-process engine says it."""
+        self.progress = progress
+        total, cache, done = count(progress, "total"), count(progress, "cache") or 0, count(progress, "processed")
+        if total is not None and done is not None and cache <= done <= total:
+            elapsed = (count(progress, "time_ms") or 0) / 1000
+            stream.put(PromptProgress(done - cache, total - cache, elapsed))
 
     def _token(self, stream: Stream, text: str, now: float, prob: TokenProb | None) -> None:
         self.tokens += 1
@@ -62,41 +104,51 @@ class StreamedReply:
         if prob is None:
             stream.put(Token(-1, text, now, self.params_version))
         else:
-            stream.put(Token(-1, text, now, self.params_version, prob.text, prob.prob, prob.top))
+            stream.put(Token(prob.token_id, text, now, self.params_version, prob.text, prob.prob, prob.top))
 
     def metrics(self) -> TurnMetrics:
         """Counts the server reported win over our own: it knows the prompt, the cache and the tokens."""
-        usage, timings = self.usage, self.timings
+        usage, timings, progress = self.usage, self.timings, self.progress
         evaluated, cache_n = count(timings, "prompt_n"), count(timings, "cache_n")
         from_timings = evaluated + (cache_n or 0) if evaluated is not None else None
-        prompt = count(usage, "prompt_tokens") or from_timings or 0
+        # timings while the prompt is read (llama-server's timings_per_token) count what was read so far
+        reported = count(usage, "prompt_tokens") or count(progress, "total") or from_timings
+        prompt = reported or self.estimate or 0
         cached = count(usage, "prompt_tokens_details", "cached_tokens")
-        cached = cache_n if cached is None else cached
+        cached = next((n for n in (cached, cache_n, count(progress, "cache")) if n is not None), 0)
         completion = count(usage, "completion_tokens") or count(timings, "predicted_n") or self.tokens
         first = self.visible_at or self.first_at
         ttft = None if first is None else first - self.request.submitted_at
-        prompt_ms = rate(timings, "prompt_ms")
-        # Without the server's prompt time, the time to first token bounds it from above.
-        prefill_s = prompt_ms / 1000 if prompt_ms else ttft if prompt and ttft else 0.0
         return TurnMetrics(
             prompt_tokens=prompt,
-            cached_tokens=min(cached or 0, prompt),
+            cached_tokens=min(cached, prompt),
             completion_tokens=completion,
             ttft_s=ttft,
-            prefill_s=prefill_s,
+            prefill_s=self._prefill_s(prompt, from_timings == prompt, ttft),
             decode_s=0.0 if self.first_at is None else self.last_at - self.first_at,
             context_tokens=prompt + completion,
             n_ctx=self.n_ctx,
             server_decode_tok_s=rate(timings, "predicted_per_second"),
+            prompt_estimated=not reported and self.estimate is not None,
         )
 
+    def _prefill_s(self, prompt: int, timed: bool, ttft: float | None) -> float:
+        """The server's own time for reading the whole prompt (`timed`: its timings cover all of it); without
+        it, the time to first token bounds it from above; 0 while the prompt is still being read."""
+        prompt_ms = rate(self.timings, "prompt_ms")
+        if prompt_ms and timed:
+            return prompt_ms / 1000
+        return ttft if prompt and ttft else 0.0
+
     def done(self, reason: StopReason) -> Done:
-        return Done(reason, self.text, self.metrics())
+        incomplete = self.request.format.constrained and reason in ("length", "cancelled")
+        return Done(reason, self.text, self.metrics(), incomplete=incomplete)
 
 
-def stop_reason(finish_reason: str | None, params: SamplingParams) -> StopReason:
-    """OpenAI's "stop" covers both the end of text and a stop sequence; with stop sequences set we
-    cannot tell which, and name the stop sequence."""
+def stop_reason(finish_reason: str | None, params: SamplingParams, implicit_stops: tuple[str, ...] = ()) -> StopReason:
+    """OpenAI's "stop" covers both the end of text and a stop sequence; with stop sequences sent (the user's,
+    or a plain transcript's `\\nUser:`, as the in-process engine names it) we cannot tell which, and name
+    the stop sequence."""
     if finish_reason == "length":
         return "length"
-    return "stop" if params.stop and finish_reason == "stop" else "eos"
+    return "stop" if (params.stop or implicit_stops) and finish_reason == "stop" else "eos"

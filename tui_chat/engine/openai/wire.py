@@ -27,6 +27,9 @@ class MalformedEvent(RemoteError):
 
 @dataclass(frozen=True, slots=True)
 class TokenProb:
+    """One token with its probabilities; `token_id` -1 where the server does not say it (llama-server does)."""
+
+    token_id: int
     text: str
     prob: float
     top: tuple[Candidate, ...]
@@ -41,6 +44,7 @@ class Chunk:
     tokens: tuple[TokenProb, ...] = ()
     usage: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
+    progress: dict[str, Any] | None = None  # llama-server's prompt_progress: total, cache, processed, time_ms
     error: str | None = None
 
 
@@ -71,6 +75,7 @@ def parse_chunk(data: str) -> Chunk:
         tokens=_token_probs(choice.get("logprobs")),
         usage=_table(payload.get("usage")),
         timings=_table(payload.get("timings")),
+        progress=_table(payload.get("prompt_progress")),
     )
 
 
@@ -79,17 +84,25 @@ def _token_probs(logprobs: Any) -> tuple[TokenProb, ...]:
     if not isinstance(entries, list):
         return ()
     return tuple(
-        TokenProb(str(entry.get("token", "")), _prob(entry.get("logprob")), _candidates(entry.get("top_logprobs")))
+        TokenProb(_token_id(entry), str(entry.get("token", "")), _prob(entry.get("logprob")),
+                  _candidates(entry.get("top_logprobs")))
         for entry in entries
         if isinstance(entry, dict)
     )
 
 
 def _candidates(tops: Any) -> tuple[Candidate, ...]:
-    """The likeliest tokens; servers do not say their ids, so each has id -1."""
+    """The likeliest tokens, with their ids where the server says them (-1 where not)."""
     if not isinstance(tops, list):
         return ()
-    return tuple(Candidate(-1, str(top.get("token", "")), _prob(top.get("logprob"))) for top in tops if isinstance(top, dict))
+    return tuple(Candidate(_token_id(top), str(top.get("token", "")), _prob(top.get("logprob")))
+                 for top in tops if isinstance(top, dict))
+
+
+def _token_id(entry: dict[str, Any]) -> int:
+    """llama-server's `id`; -1 for none, or for anything that is not a token id."""
+    value = entry.get("id")
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31 else -1
 
 
 def _prob(logprob: Any) -> float:

@@ -15,7 +15,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import Footer, Input, Select
+from textual.widgets import Checkbox, Footer, Input, Select
 
 from ...config import Config, data_dir, history_path, save_setting
 from ...engine.base import Backend, Event, ModelInfo
@@ -32,6 +32,7 @@ from ..widgets.conversation import ConversationView
 from ..widgets.draft_meter import DraftCosts
 from ..widgets.messages import ReplyMessage, UserMessage
 from ..widgets.metrics import MetricsPanel
+from ..widgets.output_format import FormatPicker
 from ..widgets.prompt import PromptInput
 from ..widgets.sampling import SamplingPanel
 from .model_loader import LoadJob, ModelLoader, OpenBackend
@@ -55,6 +56,7 @@ class ChatScreen(Screen):
         self.live = live
         self.backend: Backend | None = None
         self.history: History | None = None
+        self.streaming = True  # the panel's toggle, for every chat of this screen
         self.session = self._new_session()
         self.memory = ReplyMemory(self)
         self.loader = ModelLoader(self, open_backend, status=lambda line: self.view.set_status(line),
@@ -64,7 +66,7 @@ class ChatScreen(Screen):
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="main"):
-            yield ConversationView(self.session, self._draft_costs, id="chat")
+            yield ConversationView(self.session, self._draft_costs, lambda: self.backend, id="chat")
             with VerticalScroll(id="side"):
                 yield MetricsPanel(self.config.prices, self.config.price, id="metrics")
                 yield SamplingPanel(self.live, id="sampling")
@@ -106,8 +108,8 @@ class ChatScreen(Screen):
     def _new_session(self, model: str = "") -> ChatSession:
         saving = Saving(self.history, self._price()) if self.history is not None else None
         return ChatSession(self.live, saving=saving, system_prompt=self.config.system_prompt, model=model,
-                           top_logprobs=self.config.inspector_top, thinking=self.config.thinking,
-                           warn=self._warn_saving)
+                           top_logprobs=self.config.inspector_top, warn=self._warn_saving, streaming=self.streaming,
+                           thinking=self.config.thinking)
 
     def _price(self):
         return self.query_one(MetricsPanel).price if self.is_mounted else self.config.prices[self.config.price]
@@ -344,6 +346,7 @@ class ChatScreen(Screen):
         self.query_one(SamplingPanel).set_values(settings.as_dict())
         self.query_one(MetricsPanel).forget_turns()
         self.session = session
+        self.query_one(SamplingPanel).show_format(session.output_format)
         await self.view.show(session)
         self._show_title()
 
@@ -368,7 +371,8 @@ class ChatScreen(Screen):
             return
         previous_model = self.session.model
         await self._switch_to(opened(conversation, self.live, Saving(self.history, self._price()),
-                                     top_logprobs=self.config.inspector_top, warn=self._warn_saving),
+                                     top_logprobs=self.config.inspector_top, warn=self._warn_saving,
+                                     streaming=self.streaming),
                               conversation.sampling)
         if conversation.model and conversation.model != previous_model:
             self.load_model(conversation.model)
@@ -433,6 +437,14 @@ class ChatScreen(Screen):
         from .help import HelpScreen, chat_sections
 
         self.app.push_screen(HelpScreen(chat_sections(self.BINDINGS)))
+
+    @on(FormatPicker.Chosen)
+    def _format_chosen(self, event: FormatPicker.Chosen) -> None:
+        self.session.output_format = event.output  # saved with the chat's next message, as its settings are
+
+    @on(Checkbox.Changed, "#stream")
+    def _streaming_chosen(self, event: Checkbox.Changed) -> None:
+        self.streaming = self.session.streaming = event.value
 
     def apply_preset(self, name: str) -> None:
         self.query_one(SamplingPanel).apply_preset(name)

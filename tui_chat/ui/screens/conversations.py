@@ -8,7 +8,7 @@ from datetime import datetime
 from pathlib import Path
 
 from rich.text import Text
-from textual import on
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -17,6 +17,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
 
+from ...config import kv_cache_dir
+from ...engine.kvstore import KvStore
 from ...export import to_json, to_markdown
 from ...history import ConversationSummary, History, HistoryError, model_label
 from ...safetext import terminal_safe
@@ -138,7 +140,14 @@ class ConversationsScreen(ModalScreen[int | None]):
             self.history.delete(chosen.id)
         except HistoryError as error:
             self.notify(str(error), severity="error", markup=False)
+        else:
+            self._forget_saved_caches(chosen.id)
         self._refresh()
+
+    @work(thread=True, group="kv-cache")
+    def _forget_saved_caches(self, conversation_id: int) -> None:
+        """A deleted chat's saved KV caches go with it (off the UI thread: it reads each file's record)."""
+        KvStore(kv_cache_dir()).forget(str(conversation_id))
 
     def action_export(self, kind: str) -> None:
         chosen = self._chosen()

@@ -1,5 +1,7 @@
 """The token inspector: at one token of a reply, what the model could have written instead, how
-likely each was, which of them today's settings would keep, and a branch from any of them."""
+likely each was, which of them today's settings would keep (and which an output format forbade), and a
+branch from any of them. Asked, it recomputes the position in the model: the X-ray of the draw (`x`)
+and the exact probability of any word typed in its field."""
 
 from __future__ import annotations
 
@@ -7,20 +9,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rich.text import Text
-from textual import on
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import OptionList, Static
+from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
 
-from ...engine.base import Candidate, PoolCut, Token
+from ...engine.base import Candidate, Error, Event, PoolCut, Token, WordProbability, XRay
 from ...engine.params import SamplingParams
 from ...engine.pool import kept_by
+from ...probe import TokenProbe
 from ...safetext import terminal_safe
+from ..widgets.fields import TextField
+from ..widgets.xray import bar, grammar_text, shown_token, word_text, xray_text
 
-BAR_WIDTH = 16
 CONTEXT_CHARS = 48
 
 
@@ -30,18 +34,6 @@ class BranchChoice:
 
     index: int
     candidate: Candidate
-
-
-def shown_token(text: str) -> str:
-    """A token as a quoted literal, so spaces and line breaks are visible."""
-    escaped = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
-    return f'"{terminal_safe(escaped)}"'
-
-
-def bar(prob: float, width: int = BAR_WIDTH) -> str:
-    eighths = round(prob * width * 8)
-    full, part = divmod(eighths, 8)
-    return ("█" * full + (" ▏▎▍▌▋▊▉"[part] if part else "")).ljust(width)
 
 
 def pool_line(pool: PoolCut | None) -> str:
@@ -55,18 +47,23 @@ def pool_line(pool: PoolCut | None) -> str:
 
 
 def candidate_lines(token: Token, params: SamplingParams) -> list[Text]:
-    """One line a candidate: rank, text, bar, probability, cumulative probability, kept or cut now."""
+    """One line a candidate: rank, text, bar, probability, cumulative probability, kept or cut now; an
+    alternative the output format's grammar forbade is listed, marked `forbidden`."""
     keep = kept_by([c.prob for c in token.top], params) if token.top else 0
     lines, cumulative = [], 0.0
     for rank, candidate in enumerate(token.top):
         cumulative += candidate.prob
-        chosen = candidate.token_id == token.token_id
+        chosen = token.is_candidate(candidate)
+        forbidden = candidate.allowed is False
         line = Text(f"{rank + 1}.".ljust(4))  # no leading blank: option lists trim it
         line.append("▶ " if chosen else "  ", style="bold")
-        line.append(f"{shown_token(candidate.text):<16.16}", style="bold" if chosen else "")
-        line.append(f" {bar(candidate.prob)} ", style="green" if rank < keep else "dim")
+        line.append(f"{shown_token(candidate.text):<16.16}", style="bold" if chosen else "dim strike" if forbidden else "")
+        line.append(f" {bar(candidate.prob)} ", style="dim" if forbidden or rank >= keep else "green")
         line.append(f"{candidate.prob:6.1%}  Σ {cumulative:6.1%}  ")
-        line.append("kept" if rank < keep else "cut", style="" if rank < keep else "dim")
+        if forbidden:
+            line.append("forbidden", style="bold red")
+        else:
+            line.append("kept" if rank < keep else "cut", style="" if rank < keep else "dim")
         lines.append(line)
     return lines
 
@@ -76,36 +73,47 @@ class InspectorScreen(ModalScreen[BranchChoice | None]):
         Binding("escape", "dismiss(None)", "Close"),
         Binding("left", "move(-1)", "Previous token"),
         Binding("right", "move(1)", "Next token"),
+        Binding("x", "xray", "X-ray"),
     ]
     DEFAULT_CSS = """
     InspectorScreen { align: center middle; }
-    InspectorScreen > Vertical {
+    InspectorScreen > VerticalScroll {
         width: 76; max-width: 100%; height: auto; max-height: 95%;
         border: round $accent; background: $surface; padding: 0 1;
     }
     InspectorScreen #context { margin: 0 0 1 0; }
     InspectorScreen .hint { color: $text-muted; }
-    InspectorScreen OptionList { height: auto; max-height: 22; margin: 1 0; }
+    InspectorScreen OptionList { height: auto; max-height: 22; margin: 1 0 0 0; }
+    InspectorScreen #asked, InspectorScreen #xray { height: auto; display: none; }
+    InspectorScreen #xray { margin: 1 0 0 0; }
+    InspectorScreen #asked.-shown, InspectorScreen #xray.-shown { display: block; }
+    InspectorScreen #ask { margin: 1 0 0 0; }
     """
 
     def __init__(self, tokens: Sequence[Token], text: str, index: int, params: SamplingParams,
-                 cannot_branch: str | None) -> None:
+                 cannot_branch: str | None, probe: TokenProbe | None = None) -> None:
         super().__init__()
         self.tokens = tokens
         self.text = text
         self.index = index
         self.params = params
         self.cannot_branch = cannot_branch
+        self.probe = probe
+        self.xray_on = False  # once asked, the X-ray follows the picked token
+        self.asked = ""  # the word asked about; it is asked again at each token
 
     def compose(self) -> ComposeResult:
-        with Vertical() as box:
+        with VerticalScroll() as box:
             box.border_title = "Token inspector"
             yield Static(id="context")
             yield Static(id="facts")
             yield OptionList(id="candidates")
+            yield Static(id="asked")
+            yield TextField(placeholder="Ask about a word: type it, Enter", compact=True, id="ask")
+            yield Static(id="xray")
             yield Static(id="pool", classes="hint")
-            yield Static(Text("↑/↓ pick · Enter branches the reply from here with it · ←/→ other tokens · Esc closes"),
-                         classes="hint")
+            yield Static(Text("↑/↓ pick · Enter branches the reply from here with it · ←/→ other tokens · "
+                              "x X-ray · Tab asks about a word · Esc closes"), classes="hint")
 
     def on_mount(self) -> None:
         self._show()
@@ -113,7 +121,7 @@ class InspectorScreen(ModalScreen[BranchChoice | None]):
 
     def _show(self) -> None:
         token = self.tokens[self.index]
-        self.query_one(Vertical).border_title = f"Token {self.index + 1} of {len(self.tokens)}"
+        self.query_one(VerticalScroll).border_title = f"Token {self.index + 1} of {len(self.tokens)}"
         self.query_one("#context", Static).update(self._surroundings(token))
         facts = Text(f"{shown_token(token.piece)}  ")
         if token.prob is not None:
@@ -121,18 +129,24 @@ class InspectorScreen(ModalScreen[BranchChoice | None]):
                                             " under the model's raw distribution (before any setting)"))
         if token.forced:
             facts.append(" · chosen by you: the branch starts here", style="italic")
+        facts.append_text(grammar_text(token.grammar))
         self.query_one("#facts", Static).update(facts)
         candidates = self.query_one(OptionList)
         candidates.clear_options()
         candidates.add_options([Option(line, id=str(rank)) for rank, line in
                                 enumerate(candidate_lines(token, self.params))])
-        chosen = next((rank for rank, c in enumerate(token.top) if c.token_id == token.token_id), 0)
+        chosen = next((rank for rank, c in enumerate(token.top) if token.is_candidate(c)), 0)
         candidates.highlighted = chosen if token.top else None
         self.query_one("#pool", Static).update(Text(
             f"{pool_line(token.pool)}\nKept/cut: what the current settings would keep of these "
             f"(temperature {self.params.temperature:g}, top-k {self.params.top_k}, "
             f"top-p {self.params.top_p:g}, min-p {self.params.min_p:g})"
         ))
+        self.query_one("#asked", Static).set_class(bool(self.asked), "-shown")
+        if self.asked:
+            self._ask(self.asked)
+        if self.xray_on:
+            self._xray()
 
     def _surroundings(self, token: Token) -> Text:
         before = "".join(t.piece for t in self.tokens[: self.index])
@@ -152,7 +166,72 @@ class InspectorScreen(ModalScreen[BranchChoice | None]):
         candidate = token.top[event.option_index]
         if self.cannot_branch:
             self.notify(self.cannot_branch, severity="warning", timeout=4, markup=False)
-        elif candidate.token_id == token.token_id:
+        elif candidate.allowed is False:
+            self.notify("The output format forbids that token here: a branch from it would break the format.",
+                        severity="warning", timeout=4)
+        elif token.is_candidate(candidate):
             self.notify("That is the token already there: pick another to branch.", timeout=3)
         else:
             self.dismiss(BranchChoice(self.index, candidate))
+
+    # --- asking the model: the X-ray and any word ------------------------------------------------
+
+    def _why_not(self) -> str | None:
+        return "No model can be asked about this reply." if self.probe is None else self.probe.why_not()
+
+    def action_xray(self) -> None:
+        self.xray_on = not self.xray_on
+        self.query_one("#xray", Static).set_class(self.xray_on, "-shown")
+        if self.xray_on:
+            self._xray()
+
+    def _xray(self) -> None:
+        panel = self.query_one("#xray", Static)
+        reason = self._why_not()
+        if reason is None and self.tokens[self.index].forced:
+            reason = "You chose this token: it was not drawn, so there is no draw to X-ray."
+        if reason is not None:
+            panel.update(Text(f"X-ray: {reason}", style="italic"))
+            return
+        panel.update(Text("X-ray: recomputing this position…", style="dim"))
+        self._recompute("xray", self.index, "")
+
+    @on(Input.Submitted, "#ask")
+    def _asked(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.asked = event.value
+        self.query_one("#asked", Static).set_class(True, "-shown")
+        self._ask(event.value)
+
+    def _ask(self, text: str) -> None:
+        shown = self.query_one("#asked", Static)
+        reason = self._why_not() or ("" if text else "Type a word or phrase, then Enter.")
+        if reason:
+            shown.update(Text(reason, style="italic"))
+            return
+        shown.update(Text(f"Asking the model about {shown_token(text)}…", style="dim"))
+        self._recompute("word", self.index, text)
+
+    @work(thread=True, group="probe")
+    def _recompute(self, kind: str, index: int, text: str) -> None:
+        """On a worker thread: the engine answers between two tokens when a reply is being written."""
+        stream = self.probe.xray(index) if kind == "xray" else self.probe.word(index, text)
+        result = stream.result()
+        self.app.call_from_thread(self._answered, kind, index, text, result)
+
+    def _answered(self, kind: str, index: int, text: str, result: Event) -> None:
+        if not self.is_attached or index != self.index or (kind == "word" and text != self.asked):
+            return  # the user moved on
+        if kind == "xray" and self.xray_on:
+            shown = self.query_one("#xray", Static)
+            note = self.probe.settings(self.tokens[index])[1]
+            shown.update(xray_text(result, note) if isinstance(result, XRay) else self._failed("X-ray", result))
+        elif kind == "word":
+            shown = self.query_one("#asked", Static)
+            top = self.tokens[index].top
+            shown.update(word_text(result, top) if isinstance(result, WordProbability) else self._failed(text, result))
+
+    @staticmethod
+    def _failed(what: str, result: Event) -> Text:
+        message = result.message if isinstance(result, Error) else "no answer"
+        return Text(f"{terminal_safe(what)}: {terminal_safe(message)}", style="italic")

@@ -20,8 +20,9 @@ from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Footer, Input, ProgressBar, Select, Static, TabbedContent, TabPane
 
-from ...config import Config, models_dir, save_setting
+from ...config import Config, kv_cache_dir, models_dir, save_setting
 from ...engine.factory import remote_spec
+from ...engine.kvstore import KvStore
 from ...hub import HubError
 from ...hub.download import Cancelled, Progress
 from ...hub.http import OFFLINE_MESSAGE, offline
@@ -205,12 +206,18 @@ class ModelsScreen(Screen[str | None]):
 
     def _remove(self, name: str) -> None:
         try:
-            remove_model(self.models_dir, name)
+            model = remove_model(self.models_dir, name)
         except HubError as error:
             self.notify(str(error), severity="error", markup=False)
             return
+        self._forget_saved_caches(model.path)
         self.notify(f"Deleted {name}", markup=False)
         self.refresh_local()
+
+    @work(thread=True, group="kv-cache")
+    def _forget_saved_caches(self, path: Path) -> None:
+        """The KV caches saved for a removed model can never load again: they go too (off the UI thread)."""
+        KvStore(kv_cache_dir()).forget_model(path)
 
     def action_import_file(self) -> None:
         if self._on_tab("local"):

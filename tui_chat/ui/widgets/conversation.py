@@ -15,6 +15,7 @@ from textual.message import Message
 from textual.widgets import Static
 
 from ...engine.base import Backend, Candidate, TurnMetrics
+from ...probe import TokenProbe
 from ...safetext import terminal_safe
 from ...session import ChatSession, Turn, Update
 from ..screens.inspector import InspectorScreen
@@ -37,13 +38,15 @@ class ConversationView(Vertical):
     ConversationView #legend { height: auto; padding: 0 1; display: none; }
     """
 
-    def __init__(self, session: ChatSession, costs: Callable[[], DraftCosts], **kwargs) -> None:
+    def __init__(self, session: ChatSession, costs: Callable[[], DraftCosts],
+                 backend: Callable[[], Backend | None] = lambda: None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.session = session
         self.heatmap = False
         self._costs = costs
         self._title: tuple[str, TurnMetrics | None] = ("", None)
         self._delete_asked: tuple[Turn, float] | None = None
+        self._backend = backend  # the model loaded now: the inspector asks it about a reply's positions
 
     def compose(self) -> ComposeResult:
         yield Static(id="chat-title")
@@ -120,11 +123,14 @@ class ConversationView(Vertical):
         if update.status is not None:
             widget.show_status(update.status)
         writing = self.session.writing
-        if update.reasoning or (writing is not None and writing.tokens and writing.tokens[-1].thinking):
+        thinking = writing is not None and writing.tokens and writing.tokens[-1].thinking
+        if self.session.streaming and (update.reasoning or thinking):
             await widget.think()
-        if update.text:
-            await widget.append(update.text)
         ending = update.ending
+        if update.text and self.session.streaming:
+            await widget.append(update.text)
+        elif update.text and ending is None:
+            widget.show_status(widget.writing.held_line())
         if ending is None:
             return
         if ending.kind in ("finished", "failed"):
@@ -179,8 +185,9 @@ class ConversationView(Vertical):
             self.notify("This reply has no token probabilities: they are recorded as replies are written "
                         "(inspector_top in the config).", timeout=5)
             return
+        probe = TokenProbe(self._backend(), self.session.live, widget.turn.reply, self.session.model)
         screen = InspectorScreen(widget.tokens, widget.text, min(event.index, len(widget.tokens) - 1),
-                                 self.session.live.snapshot()[1], self.session.why_not_branch(widget.turn))
+                                 self.session.live.snapshot()[1], self.session.why_not_branch(widget.turn), probe)
         self.app.push_screen(screen, lambda choice: choice and self.post_message(
             self.BranchChosen(widget.turn, choice.index, choice.candidate)))
 

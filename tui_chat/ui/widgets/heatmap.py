@@ -2,7 +2,8 @@
 
 Colours come from the theme in force (success, warning, error blended into the background), and
 the text on them is black or white, whichever has the higher WCAG contrast: at least 4.5:1 on any
-fill, so every theme stays legible.
+fill, so every theme stays legible. Under an output format, a token its grammar forced (left one
+choice) is drawn in italics, and the picked token's line says how much probability the grammar removed.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ BANDS = (
 SELECTED = Style(reverse=True, underline=True)
 BLACK, WHITE = Color(0, 0, 0), Color(255, 255, 255)
 CHOSEN_BY_USER = Style(bold=True, underline=True)
+FORCED_BY_FORMAT = Style(italic=True)
 
 
 def band_of(prob: float) -> int:
@@ -96,10 +98,22 @@ def heatmap_text(tokens: Sequence[Token], text: str, styles: Sequence[Style], se
         style = styles[band_of(token.prob)] + Style(meta={"token": index})
         if token.forced:
             style += CHOSEN_BY_USER
+        if token.grammar is not None and token.grammar.forced:
+            style += FORCED_BY_FORMAT
         if index == selected:
             style += SELECTED
         out.append(terminal_safe(piece) or ("·" if index == selected else ""), style)
     return out
+
+
+def grammar_line(tokens: Sequence[Token], index: int) -> Text | None:
+    """What the output format's grammar did at the picked token; None without a format."""
+    mask = tokens[index].grammar if 0 <= index < len(tokens) else None
+    if mask is None:
+        return None
+    line = Text(f"token {index + 1}: the format's grammar removed {mask.removed:.1%} of the probability", style="dim")
+    line.append(" · forced: it left one choice (italics)" if mask.forced else f" · it allowed {mask.allowed:,}")
+    return line
 
 
 def legend(styles: Sequence[Style]) -> Text:

@@ -29,7 +29,7 @@ from ...engine.base import Token, thinking_line
 from ...safetext import terminal_safe
 from ...session import Branch, Turn, Writing
 from ..clipboard import copy
-from .heatmap import band_styles, has_probabilities, heatmap_text
+from .heatmap import band_styles, grammar_line, has_probabilities, heatmap_text
 from .thinking import ThinkingBlock, thinking_view
 
 FREEZE_AFTER_CHARS = 3000
@@ -228,7 +228,8 @@ class ReplyMessage(ChatMessage, Vertical):
         if self._heat_shown():
             start = self.answer_from
             body = heatmap_text(self.tokens[start:], self.text, self._heat_styles(), self._picked(), start)
-            return Static(Group(body, footer), classes="chunk last heatmap")
+            mask = grammar_line(self.tokens, self.selected) if self.has_focus else None
+            return Static(Group(body, *filter(None, [mask]), footer), classes="chunk last heatmap")
         if text is None:
             text = self.text
         if not self.text.strip():  # said, so an empty reply is not mistaken for a missing one

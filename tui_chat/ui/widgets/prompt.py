@@ -8,14 +8,19 @@ from textual.message import Message
 from textual.widgets import TextArea
 
 from ...safetext import without_controls
+from .fields import KeysInTurn
 
 
-class PromptInput(TextArea):
+class PromptInput(KeysInTurn, TextArea):
+    """Enter and Ctrl+J are the box's own keys (fields.py): they run in turn with the characters typed
+    before them, and Enter never becomes the text area's new line."""
+
     DEFAULT_CSS = """
     PromptInput {
         height: auto; min-height: 3; max-height: 10; margin: 0 1;
-        border: round $primary 50% !important;  /* over TextArea's compact `border: none !important` */
-        &:focus { border: round $primary !important; }
+        /* as specific as TextArea's compact `border: none !important`, and later, so it wins */
+        &.-textual-compact { border: round $primary 50% !important; }
+        &.-textual-compact:focus { border: round $primary !important; }
     }
     """
     BINDINGS = [
@@ -30,19 +35,6 @@ class PromptInput(TextArea):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(soft_wrap=True, show_line_numbers=False, compact=True, **kwargs)
-
-    async def _on_key(self, event: events.Key) -> None:
-        """The box's own keys run here, in turn with the characters typed before them.
-
-        As priority bindings they would run when the app first sees the key, ahead of characters
-        still queued for the box: Enter in a fast burst sent half a message, or nothing.
-        As plain bindings the text area would take Enter as a new line before they are looked up.
-        """
-        bound = self.app.active_bindings.get(event.key)
-        if bound is not None and bound.node is self:
-            event.stop()
-            event.prevent_default()
-            await self.run_action(bound.binding.action)
 
     async def _on_paste(self, event: events.Paste) -> None:
         """Copied model text can carry terminal escapes; the box would draw them raw."""

@@ -1,6 +1,10 @@
 """Sampling controls, built from the engine's parameter table: a new row there is a new control here.
 
-Changes go straight into the request's `LiveParams`, which the engine reads before every token.
+Changes go straight into the request's `LiveParams`, which the engine reads before every token. The
+common settings come first; the samplers most people leave off are folded under "More samplers", and
+the logit bias under its own heading, so the 34-column panel stays short enough to use at 80x24. Each
+setting is a row (label, control, its hint while it has focus, and a note under the control that last
+changed saying from which token the change applied).
 """
 
 from __future__ import annotations
@@ -9,11 +13,30 @@ from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
-from textual.widgets import Button, Input, Static
+from textual.widget import Widget
+from textual.widgets import Button, Checkbox, Collapsible, Input, Static
 
 from ...engine.base import ModelInfo
-from ...engine.params import PARAMS, PRESETS, SPECS, InvalidParameter, LiveParams, ParamSpec
+from ...engine.formats import TEXT, OutputFormat
+from ...engine.params import LIST_SPECS, PARAMS, PRESETS, SPECS, InvalidParameter, LiveParams, ParamSpec, SamplingParams
+from .bias import BiasList
+from .fields import TextField
+from .order import OrderBar
+from .output_format import FormatPicker
 from .slider import Slider
+
+MAIN_PARAMS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens", "thinking_budget", "seed")
+MORE_PARAMS = tuple(spec.name for spec in PARAMS if spec.name not in MAIN_PARAMS)
+DEFAULTS = SamplingParams()
+STREAM_HINT = ("On: the reply appears token by token. Off: it is held until complete, then shown whole, "
+               "with the wait compared to the first word's.")
+FORMAT_HINT = "Free text, any JSON value, JSON matching a schema, or a GBNF grammar; kept with this chat."
+HINTS = {spec.name: spec.hint for spec in PARAMS} | {
+    "stop": LIST_SPECS["stop"].hint + " Separate them with |; \\n stands for a new line.",
+    "sampler_order": LIST_SPECS["sampler_order"].hint + " ←/→ pick a stage, Shift+←/→ move it, Space leaves it out "
+                     "or puts it back, d resets.",
+    "logit_bias": LIST_SPECS["logit_bias"].hint + " Enter on a row edits it, Delete removes it.",
+}
 
 
 def format_value(spec: ParamSpec, value: float) -> str:
@@ -32,99 +55,222 @@ def parse_stops(text: str) -> list[str]:
     return [stop for stop in stops if stop]
 
 
+def param_label(spec: ParamSpec, value: float) -> str:
+    return f"{spec.label:<15}{format_value(spec, value):>8}"
+
+
+def row(name: str, label: str, control: Widget, hint: str) -> Vertical:
+    """One setting: its label, its control, its hint (shown while the row has focus) and its note."""
+    return Vertical(
+        Static(Content(label), id=f"label-{name}", classes="param-label"),
+        control,
+        Static(Content(hint), id=f"hint-{name}", classes="hint"),
+        Static(id=f"note-{name}", classes="note"),
+        id=f"row-{name}", classes="param",
+    )
+
+
+def more_title(params: SamplingParams) -> str:
+    changed = sum(getattr(params, name) != getattr(DEFAULTS, name) for name in MORE_PARAMS)
+    return f"More samplers · {changed} changed" if changed else "More samplers"
+
+
+def bias_title(params: SamplingParams) -> str:
+    return f"Logit bias · {len(params.logit_bias)}" if params.logit_bias else "Logit bias"
+
+
 class SamplingPanel(Vertical):
     DEFAULT_CSS = """
-    SamplingPanel .hint { color: $text-muted; }
-    SamplingPanel .param-label { margin: 1 0 0 0; }
-    SamplingPanel #presets { height: auto; margin: 1 0 0 0; }
+    SamplingPanel .param { height: auto; margin: 1 0 0 0; border-left: blank; }
+    SamplingPanel .param:focus-within { border-left: thick $accent; }
+    SamplingPanel .param:focus-within > .param-label { color: $text-accent; text-style: bold; }
+    SamplingPanel .hint { color: $text-muted; display: none; }
+    SamplingPanel .param:focus-within > .hint, SamplingPanel .param.-ignored > .hint { display: block; }
+    SamplingPanel .note { color: $success; display: none; }
+    SamplingPanel .note.-shown { display: block; }
+    SamplingPanel #row-presets { height: auto; margin: 1 0 0 0; }
+    SamplingPanel #presets { height: auto; }
     SamplingPanel #presets Button { width: 1fr; min-width: 0; }
     SamplingPanel Input { margin: 0; }
-    SamplingPanel #applied { margin: 1 0; color: $success; }
+    SamplingPanel Collapsible { padding: 0; margin: 1 0 0 0; background: transparent; }
+    SamplingPanel Collapsible > Contents { padding: 0; }
+    SamplingPanel Collapsible .param:first-child { margin: 0; }
     """
 
     def __init__(self, live: LiveParams, **kwargs) -> None:
         super().__init__(**kwargs)
         self.live = live
-        self.pending_version: int | None = None
+        self.pending_version: int | None = None  # a change made mid-reply, until a token is drawn with it
+        self._noted = ""  # the row whose note tells of the last change
         self.per_token = True  # False for a server: a change waits for the next reply
+        self.writing = False
 
     def compose(self) -> ComposeResult:
         _, params = self.live.snapshot()
-        with Horizontal(id="presets"):
-            for name in PRESETS:
-                yield Button(name, id=f"preset-{name.lower()}", compact=True)
-        for spec in PARAMS:
-            value = getattr(params, spec.name)
-            yield Static(Content(self._label(spec, value)), id=f"label-{spec.name}", classes="param-label")
-            if spec.control == "seed":
-                yield Input("" if value < 0 else str(value), placeholder="random", id=spec.name,
-                            type="integer", compact=True)
-            else:
-                low, high, step = spec.slider_range
-                yield Slider(value, low, high, step, integer=spec.kind is int, id=spec.name)
-            yield Static(Content(spec.hint), id=f"hint-{spec.name}", classes="hint")
-        yield Static(Content("Stop sequences (a | b, \\n = newline)"), classes="param-label")
-        yield Input(shown_stops(params.stop), placeholder="none", id="stop", compact=True)
-        yield Static(id="applied", classes="hint")
+        yield Vertical(Horizontal(*(Button(name, id=f"preset-{name.lower()}", compact=True) for name in PRESETS),
+                                  id="presets"),
+                       Static(id="note-presets", classes="note"), id="row-presets")
+        for name in MAIN_PARAMS:
+            yield self._param_row(SPECS[name], params)
+        yield row("stop", "Stop sequences   a | b",
+                  TextField(shown_stops(params.stop), placeholder="none", id="stop", compact=True), HINTS["stop"])
+        yield row("sampler_order", LIST_SPECS["sampler_order"].label, OrderBar(params, id="sampler_order"),
+                  HINTS["sampler_order"])
+        with Collapsible(title=more_title(params), id="more"):
+            for name in MORE_PARAMS:
+                yield self._param_row(SPECS[name], params)
+        with Collapsible(title=bias_title(params), id="bias-group"):
+            yield row("logit_bias", LIST_SPECS["logit_bias"].label, BiasList(params.logit_bias, id="logit_bias"),
+                      HINTS["logit_bias"])
+        yield row("format", "Output format", FormatPicker(id="format"), FORMAT_HINT)
+        yield row("stream", "Streaming", Checkbox("Stream replies", True, compact=True, id="stream"), STREAM_HINT)
+
+    @staticmethod
+    def _param_row(spec: ParamSpec, params: SamplingParams) -> Vertical:
+        value = getattr(params, spec.name)
+        if spec.control == "seed":
+            control = TextField("" if value < 0 else str(value), placeholder="random", id=spec.name, type="integer",
+                                compact=True)
+        else:
+            low, high, step = spec.slider_range
+            control = Slider(value, low, high, step, integer=spec.kind is int, id=spec.name)
+        return row(spec.name, param_label(spec, value), control, HINTS[spec.name])
 
     def on_mount(self) -> None:
         self.border_title = "Sampling"
+        # The chat screen's `writing` is set however a reply starts or ends (finished, stopped, abandoned).
+        self.watch(self.screen, "writing", self._writing_changed, init=False)
+
+    def _writing_changed(self, writing: bool) -> None:
+        if writing:
+            self.reply_started()
+        else:
+            self.reply_ended()
+
+    @property
+    def streaming(self) -> bool:
+        return self.query_one("#stream", Checkbox).value
 
     def show_backend(self, info: ModelInfo) -> None:
         """A server may pass on only some settings, and only when a reply starts: say so on each control."""
         self.per_token = info.params_per_token
-        for spec in PARAMS:
-            ignored = spec.name in info.ignored_params
-            self.query_one(f"#{spec.name}").disabled = ignored
-            hint = "This server ignores it: not sent." if ignored else spec.hint
-            self.query_one(f"#hint-{spec.name}", Static).update(Content(hint))
+        for name, hint in HINTS.items():
+            ignored = name in info.ignored_params
+            self.query_one(f"#{name}").disabled = ignored
+            self.query_one(f"#row-{name}").set_class(ignored, "-ignored")
+            self.query_one(f"#hint-{name}", Static).update(Content("This server ignores it: not sent." if ignored else hint))
 
-    @staticmethod
-    def _label(spec: ParamSpec, value: float) -> str:
-        return f"{spec.label:<15}{format_value(spec, value):>8}"
+    def show_format(self, output: OutputFormat = TEXT) -> None:
+        """The conversation's output format (a new chat, a reopened one)."""
+        self.query_one(FormatPicker).show(output)
 
-    def _apply(self, **changes) -> None:
+    # --- applying a change ---------------------------------------------------------------------
+
+    def _apply(self, row_name: str | None, **changes) -> None:
+        """Check and apply `changes`; `row_name`: where to say from when it applies (None: nowhere)."""
+        _, current = self.live.snapshot()
         try:
+            if current.with_changes(**changes) == current:
+                return
             params = self.live.update(**changes)
         except InvalidParameter as error:
             self.notify(str(error), severity="error", markup=False)
             return
-        for name in changes:
+        self._show(params, changes)
+        if row_name is not None:
+            self._note_change(row_name)
+
+    def _show(self, params: SamplingParams, changed: dict) -> None:
+        """The controls that read the settings follow them (the order row reads them all)."""
+        for name in changed:
             if name in SPECS:
-                spec = SPECS[name]
-                self.query_one(f"#label-{name}", Static).update(Content(self._label(spec, getattr(params, name))))
-        self.pending_version = self.live.version
-        waiting = "the next token" if self.per_token else "the next reply (a server takes settings per reply)"
-        self.query_one("#applied", Static).update(Content(f"Change waiting for {waiting}"))
+                self.query_one(f"#label-{name}", Static).update(Content(param_label(SPECS[name], getattr(params, name))))
+        self.query_one(OrderBar).show(params)
+        self.query_one(BiasList).show(params.logit_bias)
+        self.query_one("#more", Collapsible).title = more_title(params)
+        self.query_one("#bias-group", Collapsible).title = bias_title(params)
+
+    def _note_change(self, row_name: str) -> None:
+        """Mid-reply a change waits for the next token (show_applied says which); otherwise the next
+        reply uses it. A server takes settings only when a reply starts."""
+        self.pending_version = None
+        if self.writing and self.per_token:
+            self.pending_version = self.live.version
+            self._note(row_name, "Waiting for the next token…")
+        elif self.writing:
+            self._note(row_name, "Set: a server takes settings per reply, so from the next one")
+        else:
+            self._note(row_name, "✓ Set: the next reply uses it")
+
+    def _note(self, row_name: str, text: str) -> None:
+        if self._noted and self._noted != row_name:
+            self.query_one(f"#note-{self._noted}", Static).remove_class("-shown")
+        self._noted = row_name
+        note = self.query_one(f"#note-{row_name}", Static)
+        note.update(Content(text))
+        note.add_class("-shown")
+        note.scroll_visible(animate=False)
 
     def show_applied(self, token_number: int) -> None:
         """The engine drew a token with the new settings: say where the change took effect."""
         self.pending_version = None
-        self.query_one("#applied", Static).update(Content(f"✓ Applied from token {token_number}"))
+        self._note(self._noted, f"✓ Applied from token {token_number}")
+
+    def reply_started(self) -> None:
+        """Notes told of changes before this reply: they are done with."""
+        self.writing = True
+        if self._noted:
+            self.query_one(f"#note-{self._noted}", Static).remove_class("-shown")
+            self._noted = ""
+
+    def reply_ended(self) -> None:
+        """A change still waiting when the reply ended is for the next one."""
+        self.writing = False
+        if self.pending_version is not None:
+            self.pending_version = None
+            self._note(self._noted, "✓ Set: the next reply uses it")
+
+    # --- the controls --------------------------------------------------------------------------
 
     @on(Slider.Changed)
     def _slider_changed(self, event: Slider.Changed) -> None:
-        self._apply(**{event.slider.id: event.value})
+        self._apply(event.slider.id, **{event.slider.id: event.value})
+
+    @on(Slider.Entered)
+    def _number_typed(self, event: Slider.Entered) -> None:
+        """A typed number may lie beyond the slider's end (max tokens): the setting's own range decides."""
+        slider = event.control
+        self._apply(slider.id, **{slider.id: event.text})
+        with self.prevent(Slider.Changed):
+            slider.value = getattr(self.live.snapshot()[1], slider.id)
 
     @on(Input.Submitted, "#seed")
     @on(Input.Blurred, "#seed")
     def _seed_changed(self, event: Input.Submitted | Input.Blurred) -> None:
-        self._apply(seed=int(event.value) if event.value.strip() else -1)
+        self._apply("seed", seed=event.value.strip() or -1)
 
     @on(Input.Submitted, "#stop")
     @on(Input.Blurred, "#stop")
     def _stops_changed(self, event: Input.Submitted | Input.Blurred) -> None:
-        self._apply(stop=parse_stops(event.value))
+        self._apply("stop", stop=parse_stops(event.value))
 
-    @on(Button.Pressed)
+    @on(OrderBar.Changed)
+    def _order_changed(self, event: OrderBar.Changed) -> None:
+        self._apply("sampler_order", sampler_order=event.order)
+
+    @on(BiasList.Changed)
+    def _bias_changed(self, event: BiasList.Changed) -> None:
+        self._apply("logit_bias", logit_bias=event.entries)
+
+    @on(Button.Pressed, "#presets Button")
     def _preset_pressed(self, event: Button.Pressed) -> None:
         self.apply_preset(str(event.button.label))
 
     def apply_preset(self, name: str) -> None:
-        self.set_values(PRESETS[name])
+        self.set_values(PRESETS[name], note_row="presets")
         self.notify(f"Preset: {name}", timeout=2, markup=False)
 
-    def set_values(self, values: dict) -> None:
+    def set_values(self, values: dict, note_row: str | None = None) -> None:
         """Settings from elsewhere (a preset, a reopened conversation): the controls follow them."""
         with self.prevent(Slider.Changed):
             for name, value in values.items():
@@ -134,4 +280,4 @@ class SamplingPanel(Vertical):
                     self.query_one("#stop", Input).value = shown_stops(value)
                 elif name in SPECS:
                     self.query_one(f"#{name}", Slider).value = value
-        self._apply(**values)
+        self._apply(note_row, **values)

@@ -1,6 +1,7 @@
 """A one-line slider for numeric settings such as temperature or top-p.
 
-Textual has no slider, and textual-slider is GPL and integer-only, so this is our own.
+Textual has no slider, and textual-slider is GPL and integer-only, so this is our own. A number can
+also be typed on it (digits start the entry; Enter sets it).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from .fields import ControlMessage, KeysInTurn
+
 
 def _decimals(number: float) -> int:
     """Decimal places of a number as written, e.g. 0.05 -> 2, so grid values can be rounded clean."""
@@ -28,11 +31,15 @@ def _round_half_up(number: float) -> int:
     return floor(number + 0.5)
 
 
-class Slider(Widget, can_focus=True):
-    """Pick a number on the grid `minimum + k * step`, by keyboard or mouse.
+class Slider(KeysInTurn, Widget, can_focus=True):
+    """Pick a number on the grid `minimum + k * step`, by keyboard or mouse, or type one.
 
     Values are computed from the integer k and rounded to the decimals of `step`
     and `minimum`, so float drift never shows (0.7, not 0.7000000000000001).
+
+    Typing a digit or `.` starts an entry drawn in place of the bar: `-` flips its sign, Backspace
+    edits, Enter (or leaving the slider) posts `Entered` with the text, Esc drops it. The owner checks
+    it: a setting may accept more than the slider shows (max tokens beyond the slider's end).
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -44,7 +51,7 @@ class Slider(Widget, can_focus=True):
         Binding("end", "jump(True)", "Maximum", show=False),
     ]
 
-    COMPONENT_CLASSES: ClassVar[set[str]] = {"slider--filled", "slider--knob", "slider--track"}
+    COMPONENT_CLASSES: ClassVar[set[str]] = {"slider--filled", "slider--knob", "slider--track", "slider--hint"}
 
     DEFAULT_CSS = """
     Slider {
@@ -53,10 +60,11 @@ class Slider(Widget, can_focus=True):
         & > .slider--filled { color: $primary; }
         & > .slider--knob { color: $foreground 70%; }
         & > .slider--track { color: $foreground 30%; }
+        & > .slider--hint { color: $text-muted; }
         &:hover > .slider--knob { color: $foreground; }
         /* $text-accent is contrast-adjusted per theme ($accent is too pale on light ones). */
         &:focus {
-            background: $foreground 8%;
+            background: $accent 20%;
             & > .slider--filled { color: $text-accent; }
             & > .slider--knob { color: $text-accent; text-style: bold; }
         }
@@ -65,6 +73,8 @@ class Slider(Widget, can_focus=True):
 
     value: reactive[float] = reactive(0.0, init=False)
     """The current value; assignments are snapped to the grid and clamped to the range."""
+    typed: reactive[str | None] = reactive(None)
+    """The number being typed; None when not typing."""
 
     class Changed(Message):
         """Posted when the value actually changes, by the user or by code."""
@@ -78,6 +88,13 @@ class Slider(Widget, can_focus=True):
         def control(self) -> Slider:
             """The slider, so `@on(Slider.Changed, "#id")` selectors work."""
             return self.slider
+
+    class Entered(ControlMessage):
+        """A number was typed and Enter pressed (or the slider left): `text` as typed, unchecked."""
+
+        def __init__(self, slider: Slider, text: str) -> None:
+            super().__init__(slider)
+            self.text = text
 
     def __init__(
         self,
@@ -128,6 +145,41 @@ class Slider(Widget, can_focus=True):
     def action_jump(self, to_maximum: bool) -> None:
         self.value = self.maximum if to_maximum else self.minimum
 
+    async def _on_key(self, event: events.Key) -> None:
+        """Typing a number; other keys go on to the bindings (KeysInTurn), an entry set first."""
+        if self._typing_key(event.key, event.character):
+            event.stop()
+            event.prevent_default()
+        elif self.typed is not None:
+            self.commit_typed()
+
+    def _typing_key(self, key: str, character: str | None) -> bool:
+        """Apply `key` to the entry; False when it is not a typing key here."""
+        typed = self.typed
+        if character is not None and (character.isdigit() or character == "."):
+            self.typed = (typed or "") + character
+        elif typed is None:
+            return False
+        elif key == "minus":
+            self.typed = typed[1:] if typed.startswith("-") else "-" + typed
+        elif key == "backspace":
+            self.typed = typed[:-1]
+        elif key == "enter":
+            self.commit_typed()
+        elif key == "escape":
+            self.typed = None
+        else:
+            return False
+        return True
+
+    def commit_typed(self) -> None:
+        typed, self.typed = self.typed, None
+        if typed and typed != "-":
+            self.post_message(self.Entered(self, typed))
+
+    def _on_blur(self) -> None:
+        self.commit_typed()
+
     def _set_from_mouse(self, event: events.MouseEvent) -> None:
         """Map x across the content width (first cell = minimum, last = maximum)."""
         x = event.get_content_offset_capture(self).x
@@ -148,6 +200,12 @@ class Slider(Widget, can_focus=True):
 
     def render(self) -> Content:
         width = self.content_size.width
+        if self.typed is not None:
+            return Content.assemble(
+                ("› ", self.get_visual_style("slider--knob")),
+                (self.typed, self.get_visual_style("slider--filled")),
+                ("▏ Enter sets · Esc", self.get_visual_style("slider--hint")),
+            ).truncate(width)
         index = self._index_of(self.value)
         knob = _round_half_up(index / self._steps * (width - 1)) if self._steps else 0
         return Content.assemble(

@@ -1,0 +1,65 @@
+"""The KV cache on disk from the command line, as real processes: `run --save` then `run --continue ID` in a
+new process restores the chat's cache; `tui-chat cache` lists what is saved and `cache clear` deletes it;
+`models rm` deletes a removed model's caches."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from conftest import run_cli
+from test_kvcache import NOTES
+from tui_chat.config import history_path, kv_cache_dir
+from tui_chat.engine.kvstore import KvStore
+from tui_chat.history import History
+
+FIRST = ("run", "--save", "--temperature", "0", "--max-tokens", "24", "--system", NOTES)
+
+
+def test_a_saved_chat_goes_on_in_a_new_process_from_its_cache_on_disk(tiny_model):
+    first = run_cli(*FIRST, "-m", str(tiny_model), "-p", "What is the capital of France?")
+    assert first.returncode == 0 and first.stderr == "tui-chat: saving as conversation 1\n"
+    [entry] = KvStore(kv_cache_dir()).list_entries()
+    assert entry.notes.conversation == "1" and entry.model_name == "tiny.gguf"
+    second = run_cli("run", "--continue", "1", "--max-tokens", "8", "-p", "And of Germany?", "--json")
+    assert second.returncode == 0, second.stderr
+    assert second.stderr == "tui-chat: continuing conversation 1\n"
+    report = json.loads(second.stdout)
+    [turn] = report["turns"]
+    assert turn["restored_tokens"] > 0 and turn["cached_tokens"] == turn["restored_tokens"] >= entry.n_tokens - 1
+    assert turn["restore_s"] > 0 and turn["completion_tokens"] <= 8
+    assert report["params"]["temperature"] == 0, "the saved chat's settings, with the flags laid over them"
+    with History(history_path()) as history:
+        chat = history.load(1)
+    assert [m.content for m in chat.path if m.role == "user"] == ["What is the capital of France?", "And of Germany?"]
+    assert chat.system_prompt == NOTES and chat.model == str(tiny_model) and chat.sampling.max_tokens == 8
+    assert chat.path[-1].metrics["restored_tokens"] == turn["restored_tokens"]
+
+
+def test_the_cache_command_lists_and_clears_and_a_chat_that_is_not_there_is_one_line(tiny_model):
+    assert run_cli("cache").stderr.startswith("no KV caches saved in ")
+    run_cli(*FIRST, "-m", str(tiny_model), "-p", "Hello")
+    listing = run_cli("cache")
+    header, row, total = listing.stdout.splitlines()
+    assert header.split() == ["MODEL", "TOKENS", "SIZE", "LAST", "USED", "CHAT"]
+    assert row.startswith("tiny.gguf") and row.endswith("  1")
+    assert total.startswith("1 saved, ") and "of the 4.0 GB budget" in total
+    [entry] = json.loads(run_cli("cache", "--json").stdout)
+    assert entry["model"] == "tiny.gguf" and entry["conversation"] == "1" and entry["tokens"] > 32
+    cleared = run_cli("cache", "clear")
+    assert cleared.returncode == 0 and cleared.stdout.startswith("deleted 1 saved KV cache (")
+    assert KvStore(kv_cache_dir()).list_entries() == []
+    missing = run_cli("run", "--continue", "99", "-p", "Hi")
+    assert missing.returncode == 2 and missing.stderr == "tui-chat: error: no conversation 99\n"
+
+
+def test_removing_a_model_deletes_its_caches(tiny_model, models):
+    copy = models / "tiny-copy.gguf"
+    models.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(tiny_model, copy)
+    run_cli(*FIRST, "-m", str(tiny_model), "-p", "Hello")
+    run_cli(*FIRST, "-m", "tiny-copy.gguf", "-p", "Hello")
+    assert sorted(entry.model_name for entry in KvStore(kv_cache_dir()).list_entries()) == ["tiny-copy.gguf", "tiny.gguf"]
+    removed = run_cli("models", "rm", "tiny-copy.gguf")
+    assert removed.returncode == 0 and removed.stdout.endswith(" and its 1 saved KV cache\n"), removed
+    assert [entry.model_name for entry in KvStore(kv_cache_dir()).list_entries()] == ["tiny.gguf"]

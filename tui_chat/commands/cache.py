@@ -1,0 +1,71 @@
+"""`tui-chat cache` and `tui-chat cache clear`: the KV caches saved on disk, listed or deleted.
+
+Each saved state spares a reopened chat (or a new one with the same long system prompt) reading its
+prompt again; they stay within `kv_cache_budget_gb`, the least recently used going first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from ..config import Config, kv_cache_dir
+from .common import writer
+
+if TYPE_CHECKING:
+    from ..engine.kvstore import Entry
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    cache = commands.add_parser("cache", help="list the saved KV caches (model, tokens, size, last used), or clear them",
+                                description="List the KV caches saved on disk, most recently used first, or delete "
+                                            "them all with `clear` (the next turn of each chat reads its prompt again).")
+    cache.add_argument("action", nargs="?", choices=("list", "clear"), default="list",
+                       help="list (the default) or clear")
+    cache.add_argument("--json", action="store_true", help="list as JSON")
+    cache.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    from ..engine.kvstore import KvStore, human_size  # numpy: only for this command, not every start
+
+    store = KvStore(kv_cache_dir(), config.kv_cache_budget_bytes)
+    if args.action == "clear":
+        freed = store.total_bytes()
+        deleted = store.clear()
+        print(f"deleted {deleted} saved KV cache{'' if deleted == 1 else 's'} ({human_size(freed)})")
+        return 0
+    entries = store.list_entries()
+    if args.json:
+        print(json.dumps([_as_dict(entry) for entry in entries], indent=2))
+    elif entries:
+        _print_table(entries)
+        print(f"{len(entries)} saved, {human_size(sum(e.size_bytes for e in entries))} of the "
+              f"{human_size(config.kv_cache_budget_bytes)} budget (kv_cache_budget_gb) in {kv_cache_dir()}")
+    else:
+        off = " (saving is off: kv_cache_budget_gb = 0)" if config.kv_cache_budget_bytes <= 0 else ""
+        print(f"no KV caches saved in {kv_cache_dir()}{off}", file=sys.stderr)
+    return 0
+
+
+def _as_dict(entry: Entry) -> dict:
+    return {"model": entry.model_name, "model_path": entry.key.model_path, "tokens": entry.n_tokens,
+            "bytes": entry.size_bytes, "last_used": entry.last_used, "conversation": entry.notes.conversation or None}
+
+
+def _print_table(entries: list[Entry]) -> None:
+    from ..engine.kvstore import human_size
+
+    rows = [("MODEL", "TOKENS", "SIZE", "LAST USED", "CHAT")]
+    rows += [(entry.model_name, f"{entry.n_tokens:,}", human_size(entry.size_bytes),
+              time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.last_used)), entry.notes.conversation or "–")
+             for entry in entries]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    write = writer(sys.stdout)  # model file names and chat IDs are read from files: shown terminal-safe
+    for row in rows:
+        cells = [cell.rjust(width) if column in (1, 2) else cell.ljust(width)
+                 for column, (cell, width) in enumerate(zip(row, widths))]
+        write("  ".join(cells).rstrip() + "\n")

@@ -1,0 +1,83 @@
+"""How the inspector draws what it asked the model: the X-ray as a strip of bars, one per stage of the
+chain in order (candidates kept, the share of the raw distribution they hold, where the drawn token
+ranks), and a word's exact probability beside the top alternatives. Model text is shown literally."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.text import Text
+
+from ...engine.base import Candidate, GrammarMask, WordProbability, XRay
+from ...safetext import terminal_safe
+
+BAR_WIDTH = 16
+LABEL_WIDTH = 20
+
+
+def shown_token(text: str) -> str:
+    """A token as a quoted literal, so spaces and line breaks are visible."""
+    escaped = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+    return f'"{terminal_safe(escaped)}"'
+
+
+def bar(prob: float, width: int = BAR_WIDTH) -> str:
+    eighths = round(prob * width * 8)
+    full, part = divmod(eighths, 8)
+    return ("█" * full + (" ▏▎▍▌▋▊▉"[part] if part else "")).ljust(width)
+
+
+def percent(prob: float) -> str:
+    """A probability as a percentage that stays readable far down the tail (1.2e-05 rather than 0.0%)."""
+    return f"{prob:.1%}" if prob >= 0.001 else f"{prob:.1e}"
+
+
+def xray_text(xray: XRay, note: str = "") -> Text:
+    """The strip of bars and the verdict; `note` says what the figures assume (older settings)."""
+    out = Text(f"X-ray of {shown_token(xray.piece)}: the chain stage by stage ({xray.elapsed_s * 1000:.0f} ms)\n",
+               style="bold")
+    out.append(f"{'stage':<{LABEL_WIDTH}} {'kept':>7}  {'share of raw p kept':<{BAR_WIDTH + 9}}rank · p among kept\n",
+               style="dim")
+    for stage in xray.stages:
+        removed = stage.rank is None
+        out.append(f"{stage.label:<{LABEL_WIDTH}.{LABEL_WIDTH}} {stage.kept:>7,}  ")
+        out.append(bar(stage.mass), style="dim" if removed else "green")
+        out.append(f" {percent(stage.mass):>6}  ")
+        out.append("removed it" if removed else f"{stage.rank} · p {percent(stage.prob)}",
+                   style="bold red" if removed else "")
+        out.append("\n")
+        if stage.note:
+            out.append(f"  ↳ {stage.note}\n", style="dim italic")
+    if not xray.stages:
+        out.append("no stage cut the pool: the draw saw every candidate\n", style="dim")
+    out.append(terminal_safe(xray.verdict), style="bold")
+    if note:
+        out.append(f"\n({note})", style="dim")
+    return out
+
+
+def word_text(asked: WordProbability, top: Sequence[Candidate]) -> Text:
+    """A word's exact probability at this position, in the candidates' columns; for several tokens, the
+    product of each one's probability after the ones before it."""
+    line = Text("?   ▷ ", style="bold")
+    line.append(f"{shown_token(asked.text):<16.16}", style="bold")
+    line.append(f" {bar(asked.prob)} ", style="cyan")
+    line.append(f"{percent(asked.prob):>6}  rank {asked.rank:,}")
+    if asked.rank > len(top):
+        line.append(f" (not top {len(top)})", style="dim")
+    if len(asked.tokens) > 1:
+        parts = " × ".join(f"{shown_token(part.text)} {percent(part.prob)}" for part in asked.tokens)
+        line.append(f"\n    = {parts}", style="dim")
+    return line
+
+
+def grammar_text(mask: GrammarMask | None) -> Text:
+    """What an output format's grammar did at this token, or nothing without one."""
+    if mask is None:
+        return Text()
+    out = Text(f"\nThe output format's grammar removed {percent(mask.removed)} of the probability here")
+    if mask.forced:
+        out.append(" · forced: it left one choice", style="bold")
+    else:
+        out.append(f" · it allowed {mask.allowed:,} of the likeliest")
+    return out
