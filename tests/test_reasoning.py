@@ -155,3 +155,46 @@ def _llama_cpp_rendering(name: str, chat: list[Message]) -> str:
     buffer = ctypes.create_string_buffer(4096)
     size = llama_cpp.llama_chat_apply_template(name.encode(), messages, len(chat), True, buffer, len(buffer))
     return buffer.raw[:size].decode()
+
+
+# --- remote servers: the thinking sent apart (fake_openai "thinking") ------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["llama-server", "vllm"])
+def test_a_servers_reasoning_content_lands_in_the_thinking_and_its_budget_is_sent(family):
+    from fake_openai import REPLY, fake_server
+    from test_remote import connect
+
+    with fake_server(family=family) as server:
+        backend = connect(server.base_url, "thinking")
+        try:
+            assert "thinking_budget" not in backend.info.ignored_params  # both take a budget: not greyed
+            tokens, done = reply(backend, top_logprobs=1)
+            _, cut = reply(backend, GREEDY.with_changes(thinking_budget=2))
+            _, off = reply(backend, thinking=False)
+        finally:
+            backend.close()
+    assert done.reasoning == "Hmm, let me see" and done.text == REPLY and done.answer_from == 5
+    assert [t.thinking for t in tokens[:6]] == [True] * 5 + [False]
+    assert "".join(t.reasoning for t in tokens) == done.reasoning and tokens[0].piece == "Hmm"
+    assert done.metrics.reasoning_tokens == 5 and done.metrics.thinking_s is not None
+    field = "thinking_budget_tokens" if family == "llama-server" else "thinking_token_budget"
+    first, budgeted, switched = server.requests
+    assert field not in first and "chat_template_kwargs" not in first  # no limit, thinking on: the server's defaults
+    assert budgeted[field] == 2 and cut.reasoning == "Hmm," and cut.metrics.reasoning_tokens == 2
+    assert switched["chat_template_kwargs"] == {"enable_thinking": False} and off.reasoning == ""
+
+
+def test_a_server_that_takes_no_budget_has_it_greyed_and_not_sent():
+    from fake_openai import fake_server
+    from test_remote import connect
+
+    with fake_server(family="openai") as server:
+        backend = connect(server.base_url, "thinking")
+        try:
+            assert "thinking_budget" in backend.info.ignored_params
+            _, done = reply(backend, GREEDY.with_changes(thinking_budget=2), thinking=False)
+        finally:
+            backend.close()
+    assert "thinking_budget_tokens" not in server.requests[-1] and "chat_template_kwargs" not in server.requests[-1]
+    assert done.reasoning == "Hmm, let me see"  # the server thought as it does
