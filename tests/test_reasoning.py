@@ -198,3 +198,21 @@ def test_a_server_that_takes_no_budget_has_it_greyed_and_not_sent():
             backend.close()
     assert "thinking_budget_tokens" not in server.requests[-1] and "chat_template_kwargs" not in server.requests[-1]
     assert done.reasoning == "Hmm, let me see"  # the server thought as it does
+
+
+# --- bad input ------------------------------------------------------------------------------------------------
+
+
+def test_bad_thinking_settings_are_one_line(tmp_path, thinker_model):
+    from tui_chat.config import ConfigError, load_config
+    from tui_chat.engine.openai.wire import MalformedEvent, parse_chunk
+
+    config = tmp_path / "config.toml"
+    config.write_text('thinking = "yes"\n')
+    with pytest.raises(ConfigError, match=r"thinking must be true or false \(got 'yes'\)"):
+        load_config(config)
+    refused = run_cli("run", "-m", str(thinker_model), "-p", "Hi", "--thinking", "maybe")
+    assert refused.returncode == 2 and "argument --thinking: invalid choice: 'maybe'" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) <= 2  # argparse's usage line, then the one-line error
+    with pytest.raises(MalformedEvent, match="'reasoning_content' is not text"):
+        parse_chunk('{"choices": [{"delta": {"reasoning_content": 5}}]}')

@@ -23,14 +23,29 @@ def token_indexes(widget: Static) -> set[int]:
             if s.style and s.style.meta.get("token") is not None and s.text.strip()}
 
 
+async def answered(pilot, text: str = "Hi") -> ReplyMessage:
+    """The model loaded, `text` sent, its reply finished."""
+    await loaded(pilot)
+    await send(pilot, text)
+    return await reply_done(pilot)
+
+
+def token_x(widget: Static, y: int, index: int) -> int:
+    """Where token `index` starts on line `y` of a heatmap."""
+    x = 0
+    for segment in widget.render_line(y):
+        if segment.style and segment.style.meta.get("token") == index:
+            return x
+        x += segment.cell_length
+    raise AssertionError(f"token {index} is not on line {y}")
+
+
 async def test_the_thinking_folds_above_the_answer_and_enter_unfolds_it(thinker_model):
     app = make_app(str(thinker_model), n_ctx=512)
     async with app.run_test(size=SIZE) as pilot:
-        screen = await loaded(pilot)
-        await pilot.pause()
+        screen = pilot.app.screen
+        reply = await answered(pilot)
         assert "Thinking on · F7" in shown(screen.query_one("#model-facts", Static))
-        await send(pilot, "Hi")
-        reply = await reply_done(pilot)
         block = reply.query_one(ThinkingBlock)
         assert list(reply.children).index(block) == 0 and reply.text == "Hello world "
         folded = shown(block)
@@ -64,24 +79,19 @@ async def test_the_thinking_folds_above_the_answer_and_enter_unfolds_it(thinker_
 async def test_the_heatmap_and_the_inspector_work_inside_the_thinking(thinker_model):
     app = make_app(str(thinker_model), n_ctx=512)
     async with app.run_test(size=SIZE) as pilot:
-        await loaded(pilot)
-        await send(pilot, "Hi")
-        reply = await reply_done(pilot)
+        reply = await answered(pilot)
         await pilot.press("ctrl+t")
         await pilot.pause()
         block = reply.query_one(ThinkingBlock)
         assert token_indexes(block) == set()  # folded: only the answer is drawn
         assert token_indexes(reply.query_one(".heatmap", Static)) == {6, 7}
-        block.focus()
+        reply.focus()
+        await pilot.press("tab")  # from the reply to its thinking: the redraws on focus keep the block
+        await pilot.pause()
+        assert pilot.app.focused is block
         await pilot.press("enter")
         await pilot.pause()
         assert token_indexes(block) == {0, 1, 2, 3, 4, 5}  # the markers are tokens too
-        line = list(block.render_line(1))
-        x = 0
-        for segment in line:
-            if segment.style and segment.style.meta.get("token") == 1:
-                break
-            x += segment.cell_length
-        await pilot.click(block, offset=(x, 1))
+        await pilot.click(block, offset=(token_x(block, 1, 1), 1))
         inspector = await screen_open(pilot, InspectorScreen)
         assert inspector.index == 1 and inspector.tokens[1].piece == "Hmm"

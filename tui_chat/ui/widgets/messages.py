@@ -259,8 +259,8 @@ class ReplyMessage(ChatMessage, Vertical):
         blocks = self.query(ThinkingBlock)
         if blocks:
             blocks.first().update(self._thinking_view())
-        elif self.children:  # none: the app closed before the reply's parts were mounted
-            await self.mount(ThinkingBlock(self._thinking_view()), before=self.children[0])
+        elif self.is_attached:
+            await self.mount(ThinkingBlock(self._thinking_view()), before=self.children[0] if self.children else None)
 
     async def on_thinking_block_toggled(self, event: ThinkingBlock.Toggled) -> None:
         event.stop()
@@ -342,10 +342,11 @@ class ReplyMessage(ChatMessage, Vertical):
         if self.footer is None:
             return
         self._frozen_chars = 0
-        with self.app.batch_update():
-            await self.remove_children()
-            block = [ThinkingBlock(self._thinking_view())] if self.reasoning else []
-            await self.mount_all([*block, self._finished_body()])
+        with self.app.batch_update():  # the thinking's block stays: it may have the focus
+            keep = ThinkingBlock if self.reasoning else ()
+            await self.remove_children([child for child in self.children if not isinstance(child, keep)])
+            await self.think()
+            await self.mount(self._finished_body())
 
     async def set_heatmap(self, on: bool) -> None:
         if on != self.heatmap:
