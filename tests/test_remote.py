@@ -127,7 +127,7 @@ def test_run_command_against_the_server(tiny_server):
     assert [t["completion_tokens"] for t in data["turns"]] == [12, 12]
     streamed = run_cli(*common)
     assert streamed.returncode == 0 and streamed.stderr == ""
-    assert streamed.stdout == "\n\n".join(t["text"] for t in data["turns"]) + "\n"
+    assert streamed.stdout == "\n\n".join(t["text"].strip() for t in data["turns"]) + "\n"
 
 
 @pytest.mark.starter
