@@ -292,7 +292,7 @@ class ChatScreen(Screen):
         self.session.set_thinking(not self.session.thinking)
         self._show_title()
         self.notify(f"Thinking {'on' if self.session.thinking else 'off'} in this chat, from the next reply",
-                    timeout=3)
+                    timeout=3, markup=False)
 
     async def action_show_earlier(self) -> None:
         await self.view.log_view.show_earlier()
