@@ -142,9 +142,13 @@ async def test_set_default_delete_with_confirm_and_import(hub, models, tiny_mode
         await pilot.press("n")
         await pilot.pause()
         assert local_names(screen) == [REF]
-        await pilot.press("delete", "y")
+        await pilot.press("delete")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert "the starter model takes its place" in app.screen.question
+        await pilot.press("y")
         await wait_for(pilot, lambda: local_names(screen) == [])
         assert not (models / "hub").exists()
+        assert load_config().default_model is None  # the next launch opens the starter, not a missing file
         await pilot.press("i")
         screen.query_one("#import-path").value = str(tmp_path / "missing.gguf")
         await pilot.press("enter")

@@ -83,6 +83,7 @@ class InspectorScreen(ModalScreen[BranchChoice | None]):
     }
     InspectorScreen #context { margin: 0 0 1 0; }
     InspectorScreen .hint { color: $text-muted; }
+    InspectorScreen #keys { dock: bottom; background: $surface; }  /* seen on a short terminal too */
     InspectorScreen OptionList { height: auto; max-height: 22; margin: 1 0 0 0; }
     InspectorScreen #asked, InspectorScreen #xray { height: auto; display: none; }
     InspectorScreen #xray { margin: 1 0 0 0; }
@@ -113,7 +114,7 @@ class InspectorScreen(ModalScreen[BranchChoice | None]):
             yield Static(id="xray")
             yield Static(id="pool", classes="hint")
             yield Static(Text("↑/↓ pick · Enter branches the reply from here with it · ←/→ other tokens · "
-                              "x X-ray · Tab asks about a word · Esc closes"), classes="hint")
+                              "x X-ray · Tab asks about a word · Esc closes"), classes="hint", id="keys")
 
     def on_mount(self) -> None:
         self._show()

@@ -202,6 +202,8 @@ class ModelsScreen(Screen[str | None]):
             return
         model = self.local[name]
         question = f"Delete {terminal_safe(name)} ({format_size(model.size)}) from this machine?"
+        if name == self.default_model:
+            question += "\nIt is the default model: the starter model takes its place at the next launch."
         self.app.push_screen(ConfirmScreen(question), lambda yes: self._remove(name) if yes else None)
 
     def _remove(self, name: str) -> None:
@@ -212,7 +214,19 @@ class ModelsScreen(Screen[str | None]):
             return
         self._forget_saved_caches(model.path)
         self.notify(f"Deleted {name}", markup=False)
+        if name == self.default_model:
+            self._default_gone()
         self.refresh_local()
+
+    def _default_gone(self) -> None:
+        """A deleted default would fail the next launch: the config goes back to the starter model."""
+        try:
+            save_setting("default_model", "")
+        except OSError as error:
+            self.notify(f"cannot reset the default model: {error.strerror}", severity="error", markup=False)
+            return
+        self.default_model = None
+        self.notify("The starter model is the default again", markup=False)
 
     @work(thread=True, group="kv-cache")
     def _forget_saved_caches(self, path: Path) -> None:
