@@ -64,6 +64,13 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def thinker_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from thinking_model import write_thinker
+
+    return write_thinker(tmp_path_factory.mktemp("thinker") / "qwen3-thinker.gguf")
+
+
+@pytest.fixture(scope="session")
 def starter_model(shared_data_dir: Path) -> Path:
     return starter_path(shared_data_dir / "tui-chat" / "models")
 

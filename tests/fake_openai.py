@@ -32,7 +32,8 @@ ALTERNATIVE = " Lyon"  # the second likeliest token everywhere, when logprobs ar
 SLOW_TOKEN_S = 0.2
 MAX_WAIT_S = 10.0
 BEHAVIOURS = ("words", "slow", "cut", "cut-chunked", "malformed", "server-error", "error-event", "hang", "silent-end",
-              "hostile", "hostile-error", "interrupted")
+              "hostile", "hostile-error", "interrupted", "thinking")
+THOUGHT = ("Hmm", ",", " let", " me", " see")  # "thinking" sends these as reasoning_content, then REPLY
 
 
 class FakeServer(ThreadingHTTPServer):
@@ -233,6 +234,31 @@ class _Handler(BaseHTTPRequestHandler):
         if self.server.llama_server:
             final["timings"] = self._timings(prompt, cached, len(words))
         self._send(final)
+        self._send("[DONE]")
+
+    def _stream_thinking(self, body: dict) -> None:
+        """A reasoning model behind a server that parses its thinking out: reasoning_content deltas, then the
+        answer; the budget cuts the thinking short as llama-server's and vLLM's fields ask (its `enable_thinking`
+        off leaves none). vLLM names the thinking's tokens in its usage."""
+        prompt, cached = self._read_prompt(body)
+        budget = body.get("thinking_budget_tokens", body.get("thinking_token_budget", len(THOUGHT)))
+        thinks = body.get("chat_template_kwargs", {}).get("enable_thinking", True)
+        thought = THOUGHT[: max(budget, 0)] if thinks else ()
+        for index, piece in enumerate(thought):
+            delta = {"reasoning" if self.server.family == "vllm" else "reasoning_content": piece}
+            chunk = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+            if body.get("logprobs"):
+                chunk["choices"][0]["logprobs"] = {"content": [{"token": piece, "logprob": -0.2, "top_logprobs": [
+                    {"token": piece, "logprob": -0.2}]}]}
+            self._send(chunk)
+        words = REPLY.split()
+        for index, word in enumerate(words):
+            self._word(body, ("" if index == 0 else " ") + word, prompt, cached, len(thought) + index + 1)
+        self._send(_chunk(None, "stop"))
+        usage = self._usage(prompt, cached, len(thought) + len(words))
+        if self.server.family == "vllm":
+            usage["completion_tokens_details"] = {"reasoning_tokens": len(thought)}
+        self._send({"choices": [], "usage": usage})
         self._send("[DONE]")
 
     def _stream_slow(self, body: dict) -> None:

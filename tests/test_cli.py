@@ -30,7 +30,7 @@ def test_streamed_text_matches_the_json_text(tiny_model):
     streamed = run(*common)
     reported = json.loads(run(*common, "--json").stdout)
     assert streamed.returncode == 0
-    assert streamed.stdout == reported["turns"][0]["text"] + "\n"
+    assert streamed.stdout == reported["turns"][0]["text"].strip() + "\n"
 
 
 def test_stop_sequence_from_the_command_line(tiny_model):

@@ -227,6 +227,7 @@ def test_a_hand_made_version_1_database_opens(db):
         assert [m.content for m in loaded.path] == ["hello"]
         assert loaded.output_format == TEXT, "migrated: a chat from before output formats writes free text"
         assert history._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert history.schema_version() == len(history_module.MIGRATIONS) and loaded.thinking and loaded.path[0].reasoning == ""
 
 
 def test_newer_schema_and_foreign_files_are_clear_errors(db, tmp_path):

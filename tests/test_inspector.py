@@ -89,7 +89,7 @@ def test_headless_json_carries_tokens_and_prompt_ids(tiny_model, tiny):
     for entry in turn["tokens"]:
         assert len(entry["top"]) == 3 and entry["id"] == entry["top"][0]["id"]
         assert entry["prob"] == pytest.approx(entry["top"][0]["prob"])
-    assert "".join(e["token"] for e in turn["tokens"]).strip() == turn["text"]
+    assert "".join(e["token"] for e in turn["tokens"]) == turn["text"]  # the reply exactly, whitespace included
 
 
 def test_headless_refuses_too_many_alternatives(tiny_model):

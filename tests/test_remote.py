@@ -62,7 +62,8 @@ def test_server_is_described_as_remote(tiny_remote, tiny_server):
     assert info.offload == f"server {info.remote_host}"
     assert not info.params_per_token and info.ignored_formats == ()
     assert set(info.ignored_params) == {"typical_p", "top_n_sigma", "xtc_probability", "xtc_threshold", "dry_multiplier",
-                                        "dry_base", "dry_allowed_length", "dry_penalty_last_n", "sampler_order"}
+                                        "dry_base", "dry_allowed_length", "dry_penalty_last_n", "sampler_order",
+                                        "thinking_budget"}
     assert info.description.startswith("llama-cpp-python server")
     assert tiny_remote.list_models() == ["tiny"]
 
@@ -127,7 +128,7 @@ def test_run_command_against_the_server(tiny_server):
     assert [t["completion_tokens"] for t in data["turns"]] == [12, 12]
     streamed = run_cli(*common)
     assert streamed.returncode == 0 and streamed.stderr == ""
-    assert streamed.stdout == "\n\n".join(t["text"] for t in data["turns"]) + "\n"
+    assert streamed.stdout == "\n\n".join(t["text"].strip() for t in data["turns"]) + "\n"
 
 
 @pytest.mark.starter

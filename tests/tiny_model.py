@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pathlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 from gguf import GGUFWriter, LlamaFileType, TokenType
@@ -133,6 +134,81 @@ def _weights(
     return tensors
 
 
+@dataclass(frozen=True)
+class Vocab:
+    """A tokenizer as a GGUF stores it: SentencePiece ("llama") or byte-level BPE ("gpt2", with `merges` and
+    a pre-tokenizer such as "qwen2")."""
+
+    model: str
+    pieces: list[str]
+    scores: list[float]
+    types: list[int]
+    bos: int | None
+    eos: int
+    add_bos: bool
+    merges: list[str] = field(default_factory=list)
+    pre: str | None = None
+    unk: int | None = None
+    add_space_prefix: bool = False
+
+
+def spm_vocab() -> Vocab:
+    pieces, scores, types = build_vocab()
+    return Vocab("llama", pieces, scores, types, BOS_ID, EOS_ID, add_bos=True, unk=UNK_ID, add_space_prefix=True)
+
+
+def write_gguf(
+    path: pathlib.Path,
+    vocab: Vocab,
+    tensors: Mapping[str, np.ndarray],
+    chat_template: str | Sequence[Mapping[str, str]] | None = None,
+    n_layer: int = N_LAYER,
+) -> pathlib.Path:
+    """A llama-architecture GGUF of this module's shape with `vocab` and `tensors` (as `_weights` makes)."""
+    path = pathlib.Path(path)
+    writer = GGUFWriter(path, "llama")
+    writer.add_name("tui-chat tiny test model")
+    writer.add_file_type(LlamaFileType.MOSTLY_F16)
+    writer.add_context_length(CONTEXT_LENGTH)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(N_FF)
+    writer.add_head_count(N_HEAD)
+    writer.add_head_count_kv(N_HEAD_KV)
+    writer.add_rope_dimension_count(N_EMBD // N_HEAD)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(len(vocab.pieces))
+
+    writer.add_tokenizer_model(vocab.model)
+    if vocab.pre is not None:
+        writer.add_tokenizer_pre(vocab.pre)
+    writer.add_token_list(vocab.pieces)
+    writer.add_token_scores(vocab.scores)
+    writer.add_token_types(vocab.types)
+    if vocab.merges:
+        writer.add_token_merges(vocab.merges)
+    if vocab.unk is not None:
+        writer.add_unk_token_id(vocab.unk)
+    if vocab.bos is not None:
+        writer.add_bos_token_id(vocab.bos)
+    writer.add_eos_token_id(vocab.eos)
+    writer.add_add_bos_token(vocab.add_bos)
+    writer.add_add_eos_token(False)
+    writer.add_add_space_prefix(vocab.add_space_prefix)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+
+    for name, tensor in tensors.items():
+        writer.add_tensor(name, tensor)
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 def write_tiny_model(
     path: pathlib.Path,
     seed: int = 0,
@@ -148,45 +224,9 @@ def write_tiny_model(
     conversions do: "default" as ``tokenizer.chat_template``, each other one
     as ``tokenizer.chat_template.<name>``.
     """
-    path = pathlib.Path(path)
-    pieces, scores, types = build_vocab()
-    rng = np.random.default_rng(seed)
-
-    writer = GGUFWriter(path, "llama")
-    writer.add_name("tui-chat tiny test model")
-    writer.add_file_type(LlamaFileType.MOSTLY_F16)
-    writer.add_context_length(CONTEXT_LENGTH)
-    writer.add_embedding_length(N_EMBD)
-    writer.add_block_count(N_LAYER)
-    writer.add_feed_forward_length(N_FF)
-    writer.add_head_count(N_HEAD)
-    writer.add_head_count_kv(N_HEAD_KV)
-    writer.add_rope_dimension_count(N_EMBD // N_HEAD)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_vocab_size(len(pieces))
-
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(pieces)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_unk_token_id(UNK_ID)
-    writer.add_bos_token_id(BOS_ID)
-    writer.add_eos_token_id(EOS_ID)
-    writer.add_add_bos_token(True)
-    writer.add_add_eos_token(False)
-    writer.add_add_space_prefix(True)
-    if chat_template is not None:
-        writer.add_chat_template(chat_template)
-
-    for name, tensor in _weights(rng, pieces, types, eos_like).items():
-        writer.add_tensor(name, tensor)
-
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    vocab = spm_vocab()
+    tensors = _weights(np.random.default_rng(seed), vocab.pieces, vocab.types, eos_like)
+    return write_gguf(path, vocab, tensors, chat_template)
 
 
 def _self_check() -> None:

@@ -103,6 +103,7 @@ class Config:
     threads_batch: int | None = None  # prompt-reading threads; likewise
     extra_buffers: str = AUTO_CPU_PATH  # llama.cpp's CPU weight layouts: auto, all, no-amx, none
     kv_cache_budget_gb: float = DEFAULT_KV_CACHE_BUDGET_GB  # saved KV caches on disk in all; 0 saves none
+    thinking: bool = True  # new chats let reasoning models think (each chat keeps and switches its own)
 
     @property
     def kv_cache_budget_bytes(self) -> int:
@@ -171,6 +172,7 @@ def load_config(path: Path | None = None) -> Config:
 _TOP_LEVEL = {
     "default_model", "chat_template", "n_ctx", "gpu_layers", "sampling", "theme", "keys", "price", "prices",
     "inspector_top", "system_prompt", "remotes", "threads", "threads_batch", "extra_buffers", "kv_cache_budget_gb",
+    "thinking",
 }
 
 
@@ -199,6 +201,9 @@ def _parse(raw: dict[str, Any]) -> Config:
     if not isinstance(system_prompt, str):
         raise InvalidParameter("system_prompt must be text")
     price = find_preset(prices, str(raw.get("price", DEFAULT_PRESET))).name
+    thinking = raw.get("thinking", True)
+    if not isinstance(thinking, bool):
+        raise InvalidParameter(f"thinking must be true or false (got {thinking!r})")
     return Config(
         default_model=default_model or None,
         chat_template=check_template(raw.get("chat_template", AUTO)),
@@ -216,6 +221,7 @@ def _parse(raw: dict[str, Any]) -> Config:
         threads_batch=_optional(raw, "threads_batch", check_threads),
         extra_buffers=check_extra_buffers(raw.get("extra_buffers", AUTO_CPU_PATH)),
         kv_cache_budget_gb=check_kv_cache_budget(raw.get("kv_cache_budget_gb", DEFAULT_KV_CACHE_BUDGET_GB)),
+        thinking=thinking,
     )
 
 

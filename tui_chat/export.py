@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import html
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any
 
-from .engine.base import STOP_LABELS
+from .engine.base import STOP_LABELS, thinking_line
 from .engine.context import left_out
 from .pricing import format_usd
 from .history import STATES, Conversation, HistoryError, StoredMessage, active_path, output_format_from, sampling_from
@@ -29,6 +30,7 @@ def to_json(conversation: Conversation) -> dict[str, Any]:
         "model": conversation.model,
         "system_prompt": conversation.system_prompt,
         "sampling": conversation.sampling.as_dict() | {"stop": list(conversation.sampling.stop)},
+        "thinking": conversation.thinking,
         "output_format": conversation.output_format.as_dict(),
         "created_at": _iso(conversation.created_at),
         "updated_at": _iso(conversation.updated_at),
@@ -38,6 +40,7 @@ def to_json(conversation: Conversation) -> dict[str, Any]:
                 "parent_id": m.parent_id,
                 "role": m.role,
                 "content": m.content,
+                "reasoning": m.reasoning,
                 "state": m.state,
                 "stop_reason": m.stop_reason,
                 "error": m.error,
@@ -90,6 +93,7 @@ def from_json(data: Any) -> Conversation:
                 metrics=_field(raw, "metrics", dict, where) or None,
                 fork_of=fork_of,
                 fork_token=_field(raw, "fork_token", int, where, optional=True),
+                reasoning=_field(raw, "reasoning", str, where, optional=True) or "",
             )
         )
         active[message_id] = int(raw.get("active") is True)
@@ -103,6 +107,7 @@ def from_json(data: Any) -> Conversation:
         updated_at=_time(data, "the export", "updated_at"),
         messages=tuple(messages),
         path=active_path(tuple(messages), active),
+        thinking=_field(data, "thinking", bool, optional=True) is not False,
         output_format=output_format_from(data.get("output_format")),
     )
 
@@ -111,7 +116,7 @@ def _field(data: dict, name: str, kind: type, where: str = "the export", optiona
     value = data.get(name)
     if value is None and optional:
         return None
-    if not isinstance(value, kind) or isinstance(value, bool):
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise HistoryError(f"{where}: {name!r} must be {'a whole number' if kind is int else kind.__name__}")
     return value
 
@@ -133,7 +138,8 @@ def metrics_line(metrics: dict[str, Any], stop_reason: str | None) -> str:
     if metrics.get("decode_tok_s") is not None:
         parts.append(f"{metrics['decode_tok_s']:.1f} tok/s")
     if "completion_tokens" in metrics:
-        parts.append(f"{metrics.get('prompt_tokens', 0)} prompt + {metrics['completion_tokens']} reply tokens")
+        thought = f" ({metrics['reasoning_tokens']} thinking)" if metrics.get("reasoning_tokens") else ""
+        parts.append(f"{metrics.get('prompt_tokens', 0)} prompt + {metrics['completion_tokens']} reply tokens{thought}")
     if metrics.get("dropped_turns"):
         parts.append(left_out(metrics["dropped_turns"]))
     if stop_reason:
@@ -167,10 +173,19 @@ def to_markdown(conversation: Conversation) -> str:
             heading += f" (branch {siblings.index(message) + 1} of {len(siblings)})"
         if message.state not in ("complete", "stopped"):
             heading += f" ({message.state})"
-        lines += [f"## {heading}", "", message.content.strip() or "*(empty)*", ""]
+        lines += [f"## {heading}", ""]
+        if message.reasoning.strip():
+            lines += _thinking_block(message), ""
+        lines += [message.content.strip() or "*(empty)*", ""]
         if message.error:
             lines += [f"*Error: {message.error}*", ""]
         summary = metrics_line(message.metrics or {}, message.stop_reason) if message.role == "assistant" else ""
         if summary:
             lines += [f"*{summary}*", ""]
     return "\n".join(lines)
+
+
+def _thinking_block(message: StoredMessage) -> str:
+    """A reply's thinking, folded as GitHub and most Markdown viewers fold HTML's details."""
+    summary = thinking_line(message.metrics or {}) or "thinking"
+    return f"<details><summary>{html.escape(summary)}</summary>\n\n{message.reasoning.strip()}\n\n</details>"

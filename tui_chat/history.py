@@ -70,6 +70,10 @@ MIGRATIONS: list[tuple[str, ...]] = [
     ),
     # 2: each conversation's output format (formats.py), `{}` for free text
     ("ALTER TABLE conversations ADD COLUMN output_format TEXT NOT NULL DEFAULT '{}'",),
+    (  # 3, reasoning models: a reply's thinking apart from its answer; each chat's thinking switch
+        "ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE conversations ADD COLUMN thinking INTEGER NOT NULL DEFAULT 1",
+    ),
 ]
 
 
@@ -101,6 +105,7 @@ class StoredMessage:
     metrics: dict[str, Any] | None = None
     fork_of: int | None = None  # the reply this one branched from ...
     fork_token: int | None = None  # ... at this generated-token index
+    reasoning: str = ""  # a reply's thinking, before its answer (`content`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +120,7 @@ class Conversation:
     messages: tuple[StoredMessage, ...]  # every branch, oldest first
     path: tuple[StoredMessage, ...]  # the active branch from the first message to the last
     output_format: OutputFormat = TEXT
+    thinking: bool = True  # the chat's thinking switch
     _children: dict[int | None, tuple[StoredMessage, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -130,7 +136,7 @@ class Conversation:
     def engine_messages(self) -> list[Message]:
         """What the model sees to continue: the system prompt and the active path, failed replies left out."""
         messages = [Message("system", self.system_prompt)] if self.system_prompt else []
-        messages += [Message(m.role, m.content) for m in self.path if m.state != "error" or m.content]
+        messages += [Message(m.role, m.content, m.reasoning) for m in self.path if m.state != "error" or m.content]
         return messages
 
     @property
@@ -294,14 +300,15 @@ class History:
     def create(
         self, *, model: str = "", system_prompt: str = "", sampling: SamplingParams | None = None, title: str = "",
         output_format: OutputFormat = TEXT,
+        thinking: bool = True,
     ) -> int:
         now = time.time()
         with self._transaction() as db:
             return db.execute(
-                "INSERT INTO conversations (title, model, system_prompt, sampling, output_format, created_at,"
-                " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO conversations (title, model, system_prompt, sampling, output_format, thinking,"
+                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (title, model, system_prompt, json.dumps((sampling or SamplingParams()).as_dict()),
-                 _format_record(output_format), now, now),
+                 _format_record(output_format), int(thinking), now, now),
             ).lastrowid
 
     def update(
@@ -313,6 +320,7 @@ class History:
         system_prompt: str | None = None,
         sampling: SamplingParams | None = None,
         output_format: OutputFormat | None = None,
+        thinking: bool | None = None,
     ) -> None:
         """Rename, or change the model, system prompt, settings or output format that the next reply will use."""
         changes: dict[str, Any] = {}
@@ -328,6 +336,8 @@ class History:
             changes["sampling"] = json.dumps(sampling.as_dict())
         if output_format is not None:
             changes["output_format"] = _format_record(output_format)
+        if thinking is not None:
+            changes["thinking"] = int(thinking)
         changes["updated_at"] = time.time()
         with self._transaction() as db:
             self._require(db, conversation_id)
@@ -370,15 +380,15 @@ class History:
             head = self._require(db, conversation_id)
             rows = db.execute(
                 "SELECT id, parent_id, role, content, state, created_at, updated_at, stop_reason, error, metrics,"
-                " fork_of, fork_token, chosen, writer FROM messages WHERE conversation_id = ? ORDER BY id",
+                " fork_of, fork_token, chosen, writer, reasoning FROM messages WHERE conversation_id = ? ORDER BY id",
                 (conversation_id,),
             ).fetchall()
         messages = tuple(_stored(row) for row in rows)
         rank = {row[0]: row[12] for row in rows}
-        title, model, system_prompt, sampling, created_at, updated_at, output_format = head
+        title, model, system_prompt, sampling, created_at, updated_at, output_format, thinking = head
         return Conversation(
             conversation_id, title, model, system_prompt, sampling_from(json.loads(sampling)), created_at, updated_at,
-            messages, active_path(messages, rank), output_format_from(json.loads(output_format)),
+            messages, active_path(messages, rank), output_format_from(json.loads(output_format)), bool(thinking),
         )
 
     def add_conversation(self, conversation: Conversation) -> int:
@@ -386,19 +396,19 @@ class History:
         on_path = {m.id for m in conversation.path}
         with self._transaction() as db:
             new_id = db.execute(
-                "INSERT INTO conversations (title, model, system_prompt, sampling, output_format, created_at,"
-                " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO conversations (title, model, system_prompt, sampling, output_format, thinking,"
+                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (conversation.title, conversation.model, conversation.system_prompt,
                  json.dumps(conversation.sampling.as_dict()), _format_record(conversation.output_format),
-                 conversation.created_at, conversation.updated_at),
+                 int(conversation.thinking), conversation.created_at, conversation.updated_at),
             ).lastrowid
             ids: dict[int, int] = {}
             for m in conversation.messages:
                 ids[m.id] = db.execute(
-                    "INSERT INTO messages (conversation_id, parent_id, role, content, state, stop_reason, error,"
-                    " metrics, fork_of, fork_token, chosen, created_at, updated_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (new_id, ids.get(m.parent_id), m.role, m.content,
+                    "INSERT INTO messages (conversation_id, parent_id, role, content, reasoning, state, stop_reason,"
+                    " error, metrics, fork_of, fork_token, chosen, created_at, updated_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (new_id, ids.get(m.parent_id), m.role, m.content, m.reasoning,
                      "interrupted" if m.state == "streaming" else m.state, m.stop_reason, m.error,
                      json.dumps(m.metrics or {}), ids.get(m.fork_of), m.fork_token, int(m.id in on_path),
                      m.created_at, m.updated_at),
@@ -467,17 +477,17 @@ class History:
     @staticmethod
     def _require(db: sqlite3.Connection, conversation_id: int) -> tuple:
         row = db.execute(
-            "SELECT title, model, system_prompt, sampling, created_at, updated_at, output_format FROM conversations"
-            " WHERE id = ?",
+            "SELECT title, model, system_prompt, sampling, created_at, updated_at, output_format, thinking"
+            " FROM conversations WHERE id = ?",
             (conversation_id,),
         ).fetchone()
         if row is None:
             raise HistoryError(f"no conversation {conversation_id}")
         return row
 
-    def _write_reply(self, message_id: int, text: str, **fields: Any) -> None:
+    def _write_reply(self, message_id: int, text: str, reasoning: str, **fields: Any) -> None:
         now = time.time()
-        columns = {"content": text, "updated_at": now, **fields}
+        columns = {"content": text, "reasoning": reasoning, "updated_at": now, **fields}
         with self._transaction() as db:
             db.execute(
                 f"UPDATE messages SET {', '.join(f'{k} = ?' for k in columns)} WHERE id = ?",
@@ -493,11 +503,11 @@ class History:
 
 def _stored(row: tuple) -> StoredMessage:
     (message_id, parent_id, role, content, state, created_at, updated_at, stop_reason, error, metrics,
-     fork_of, fork_token, _chosen, writer) = row
+     fork_of, fork_token, _chosen, writer, reasoning) = row
     if state == "streaming" and _writer_gone(writer):
         state = "interrupted"
     return StoredMessage(message_id, parent_id, role, content, state, created_at, updated_at, stop_reason, error,
-                         json.loads(metrics) or None, fork_of, fork_token)
+                         json.loads(metrics) or None, fork_of, fork_token, reasoning)
 
 
 def metrics_record(metrics: TurnMetrics | None, cost: Decimal | None) -> dict[str, Any]:
@@ -509,43 +519,46 @@ def metrics_record(metrics: TurnMetrics | None, cost: Decimal | None) -> dict[st
 
 
 class ReplyWriter:
-    """A reply being generated. `append` is cheap per token; the text reaches the database at most
-    FLUSH_INTERVAL_S after it arrived, and at once on `finish`, `fail` or `flush`."""
+    """A reply being generated, its thinking and its answer. `append` is cheap per token; the text reaches the
+    database at most FLUSH_INTERVAL_S after it arrived, and at once on `finish`, `fail` or `flush`."""
 
     def __init__(self, history: History, conversation_id: int, message_id: int, text: str) -> None:
         self.history = history
         self.conversation_id = conversation_id
         self.id = message_id
         self.text = text
-        self._saved = text
+        self.reasoning = ""
+        self._saved = (text, "")
         self._saved_at = time.monotonic()
 
-    def append(self, text: str) -> None:
+    def append(self, text: str, reasoning: str = "") -> None:
         self.text += text
+        self.reasoning += reasoning
         if time.monotonic() - self._saved_at >= FLUSH_INTERVAL_S:
             self.flush()
 
     def flush(self) -> None:
-        if self.text != self._saved:
-            self.history._write_reply(self.id, self.text)
-            self._saved = self.text
+        if (self.text, self.reasoning) != self._saved:
+            self.history._write_reply(self.id, self.text, self.reasoning)
+            self._saved = (self.text, self.reasoning)
         self._saved_at = time.monotonic()
 
     def finish(
         self, text: str, stop_reason: StopReason, metrics: TurnMetrics | None = None, cost: Decimal | None = None,
         incomplete: bool = False,
+        reasoning: str = "",
     ) -> None:
-        """The final text (the engine's, which may differ from the streamed pieces), how it ended and its figures.
-        `incomplete`: it stopped before its output format was complete (kept with the figures)."""
-        self.text = text
+        """The final text and thinking (the engine's, which may differ from the streamed pieces), how it ended
+        and its figures. `incomplete`: it stopped before its output format was complete (kept with the figures)."""
+        self.text, self.reasoning = text, reasoning
         record = metrics_record(metrics, cost) | ({"incomplete": True} if incomplete else {})
         self.history._write_reply(
-            self.id, text, state="stopped" if stop_reason == "cancelled" else "complete", stop_reason=stop_reason,
-            metrics=json.dumps(record), writer=None,
+            self.id, text, reasoning, state="stopped" if stop_reason == "cancelled" else "complete",
+            stop_reason=stop_reason, metrics=json.dumps(record), writer=None,
         )
-        self._saved = text
+        self._saved = (text, reasoning)
 
     def fail(self, message: str) -> None:
         """The engine gave up: what arrived stays, with the reason."""
-        self.history._write_reply(self.id, self.text, state="error", error=message, writer=None)
-        self._saved = self.text
+        self.history._write_reply(self.id, self.text, self.reasoning, state="error", error=message, writer=None)
+        self._saved = (self.text, self.reasoning)

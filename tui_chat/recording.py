@@ -29,11 +29,13 @@ class SavedChat:
         self.id = conversation_id
         self.last_id = last_id  # the message the next one follows on the active path
 
-    def add_user(self, prompt: str, model: str, system: str, params: SamplingParams, output: OutputFormat) -> int:
+    def add_user(self, prompt: str, model: str, system: str, params: SamplingParams, output: OutputFormat,
+                 thinking: bool = True) -> int:
         if self.id is None:
-            self.id = self.history.create(model=model, system_prompt=system, sampling=params, output_format=output)
+            self.id = self.history.create(model=model, system_prompt=system, sampling=params, output_format=output,
+                                          thinking=thinking)
         else:
-            self.history.update(self.id, model=model, sampling=params, output_format=output)
+            self.history.update(self.id, model=model, sampling=params, output_format=output, thinking=thinking)
         self.last_id = self.history.add_user_message(self.id, prompt, self.last_id)
         return self.last_id
 
@@ -48,7 +50,7 @@ class SavedChat:
             return
         m = final.metrics
         cost = turn_cost(self.price, m.prompt_tokens, m.cached_tokens, m.completion_tokens).total
-        reply.finish(final.text, final.stop_reason, m, cost, final.incomplete)
+        reply.finish(final.text, final.stop_reason, m, cost, final.incomplete, final.reasoning)
         self.last_id = reply.id
 
     def choose(self, message_id: int) -> None:

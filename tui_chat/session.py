@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
 from .engine.base import Candidate, Done, Error, Event, Message, Metrics, PromptProgress, Request, Stream, Token
-from .engine.base import STOP_LABELS, StopReason, TurnMetrics, restore_note
+from .engine.base import STOP_LABELS, StopReason, TurnMetrics, restore_note, thinking_line
 from .engine.context import left_out
 from .engine.formats import TEXT, OutputFormat
 from .engine.params import LiveParams
@@ -66,6 +66,9 @@ class Branch:
     stop_reason: StopReason | None = None  # how it ended, when it was written in this session
     prompt_ids: tuple[int, ...] = ()  # all the model read before the reply (Done.prompt_ids), for the X-ray
     model: str = ""  # the model that wrote it (ChatSession.model): only that one can recompute its positions
+    reasoning: str = ""  # its thinking, before the answer (`text`)
+    thought: str = ""  # `thinking_line` of it
+    answer_from: int = 0  # tokens[:answer_from] are the thinking's (the markers included)
 
 
 @dataclass(eq=False)
@@ -94,9 +97,19 @@ class Writing:
     how: str = "branched"  # or "continued": what the footer says of the given tokens
     tokens: list[Token] = field(default_factory=list)
     text: str = ""
+    reasoning: str = ""
+    thinking: int = 0  # tokens so far that belong to the thinking
+    thinking_span: tuple[float, float] | None = None  # the engine's clock at the first and latest of them
     visible: bool = False
     metrics: TurnMetrics | None = None  # the latest figures the engine sent
     started: float = field(default_factory=time.perf_counter)
+
+    def thinking_figures(self) -> dict[str, Any]:
+        """The thinking so far, as `thinking_line` reads it (nothing before it starts)."""
+        if self.thinking_span is None:
+            return {}
+        first, last = self.thinking_span
+        return {"thinking_s": last - first, "reasoning_tokens": self.thinking}
 
     @property
     def is_branch(self) -> bool:
@@ -124,6 +137,7 @@ class Update:
     """What one batch of events changed in the reply being written."""
 
     text: str = ""  # newly visible text
+    reasoning: str = ""  # newly visible thinking
     status: str | None = None  # prompt-reading progress, "" once text flows
     metrics: TurnMetrics | None = None
     versions: list[tuple[int, int]] = field(default_factory=list)  # (settings version, tokens so far) as it changed
@@ -148,7 +162,8 @@ class ChatSession:
 
     def __init__(self, live: LiveParams, *, saving: Saving | None = None, system_prompt: str = "", model: str = "",
                  top_logprobs: int = 0, warn: Callable[[str], None] = lambda _message: None,
-                 output_format: OutputFormat = TEXT, streaming: bool = True, xray: bool = False) -> None:
+                 output_format: OutputFormat = TEXT, streaming: bool = True, xray: bool = False,
+                 thinking: bool = True) -> None:
         self.live = live
         self.system_prompt = system_prompt
         self.model = model  # what opens this chat's model again
@@ -156,6 +171,7 @@ class ChatSession:
         self.output_format = output_format
         self.streaming = streaming
         self.xray = xray
+        self.thinking = thinking  # the chat's thinking switch (its budget is in the sampling settings)
         self.warn = warn
         self.turns: list[Turn] = []
         self.writing: Writing | None = None
@@ -171,7 +187,7 @@ class ChatSession:
         for turn in self.turns:
             messages.append(Message("user", turn.question))
             if turn.reply is not None and turn is not answering:
-                messages.append(Message("assistant", turn.reply.text))
+                messages.append(Message("assistant", turn.reply.text, turn.reply.reasoning))
         return messages
 
     @property
@@ -190,7 +206,8 @@ class ChatSession:
         """A new turn: the question is saved, its reply starts."""
         turn = Turn(text, parent_id=self.saved.last_id if self.saved else None)
         turn.question_id = self._save(lambda: self.saved.add_user(text, self.model, self.system_prompt,
-                                                                  self.live.snapshot()[1], self.output_format))
+                                                                  self.live.snapshot()[1], self.output_format,
+                                                                  self.thinking))
         self.turns.append(turn)
         self._start(turn, generate)
         return turn
@@ -270,8 +287,9 @@ class ChatSession:
             return
         writing.stream.cancel()
         metrics = writing.metrics or TurnMetrics(completion_tokens=len(writing.tokens))
-        self._finish(writing, Done("cancelled", writing.text, replace(metrics, completion_tokens=len(writing.tokens))),
-                     keep_empty=True)
+        done = Done("cancelled", writing.text, replace(metrics, completion_tokens=len(writing.tokens)),
+                    reasoning=writing.reasoning, answer_from=writing.thinking)
+        self._finish(writing, done, keep_empty=True)
 
     def why_not_branch(self, turn: Turn) -> str | None:
         if self.writing is not None:
@@ -289,7 +307,7 @@ class ChatSession:
                           forced=tuple(token.token_id for token in forced),
                           forced_text=tuple(token.piece or token.text for token in forced), continuing=continuing,
                           conversation="" if self.conversation_id is None else str(self.conversation_id),
-                          xray=self.xray, format=self.output_format)
+                          xray=self.xray, format=self.output_format, thinking=self.thinking)
         stream = generate(request)
         writer = None
         if self.saved is not None and turn.question_id is not None:
@@ -306,6 +324,7 @@ class ChatSession:
             if isinstance(event, Token):
                 writing.tokens.append(writing.forced[len(writing.tokens)] if event.forced else event)
                 pending.append(event.text)
+                self._think(writing, event, update)
                 if not update.versions or update.versions[-1][0] != event.params_version:
                     update.versions.append((event.params_version, len(writing.tokens)))
             elif isinstance(event, PromptProgress):
@@ -318,6 +337,22 @@ class ChatSession:
                 return update
         self._append(writing, "".join(pending), update)
         return update
+
+    def _think(self, writing: Writing, token: Token, update: Update) -> None:
+        """A token of the thinking: its text, count and time."""
+        if not token.thinking:
+            return
+        writing.thinking += 1
+        first = writing.thinking_span[0] if writing.thinking_span else token.at
+        writing.thinking_span = (first, token.at)
+        if token.reasoning:
+            writing.reasoning += token.reasoning
+            update.reasoning += token.reasoning
+            if writing.writer is not None:
+                self._save(lambda: writing.writer.append("", token.reasoning))
+            if not writing.visible:
+                writing.visible = True
+                update.status = ""
 
     def _append(self, writing: Writing, text: str, update: Update) -> None:
         if not text:
@@ -332,7 +367,7 @@ class ChatSession:
 
     def _finish(self, writing: Writing, done: Done, keep_empty: bool = False) -> Ending:
         self.writing = None
-        if done.stop_reason == "cancelled" and not done.text.strip() and not keep_empty:
+        if done.stop_reason == "cancelled" and not (done.text + done.reasoning).strip() and not keep_empty:
             return replace(self._take_back(writing), done=done)
         footer = reply_footer(done.stop_reason, done.metrics.as_dict() | {"incomplete": done.incomplete})
         notes: list[str] = []
@@ -348,26 +383,30 @@ class ChatSession:
             footer += f" · {wait_note(done.metrics.ttft_s, waited)}"
         if writing.writer is not None and self.saved is not None:
             self._save(lambda: self.saved.end_reply(writing.writer, done))
-        self._add_branch(writing, done.text, footer, done.stop_reason, done.prompt_ids)
+        self._add_branch(writing, done.text, footer, done.stop_reason, done.prompt_ids, done.reasoning,
+                         thinking_line(done.metrics.as_dict()), done.answer_from)
         return Ending("finished", " ".join(notes), done, waited)
 
     def _fail(self, writing: Writing, error: Error) -> Ending:
         """The engine gave up. What it wrote stays (a server's stream cut mid-reply), marked as such."""
         self.writing = None
-        if not error.text.strip():
+        reasoning = error.reasoning or writing.reasoning
+        if not (error.text + reasoning).strip():
             self._take_back(writing)
             return Ending("restored" if writing.is_branch else "taken_back", error.message)
         if writing.writer is not None and self.saved is not None:
             self._save(lambda: self.saved.end_reply(writing.writer, error))
-        self._add_branch(writing, error.text, f"cut short: {error.message}")
+        self._add_branch(writing, error.text, f"cut short: {error.message}", reasoning=reasoning,
+                         thought=thinking_line(writing.thinking_figures()), answer_from=writing.thinking)
         return Ending("failed", error.message)
 
     def _add_branch(self, writing: Writing, text: str, footer: str, stop_reason: StopReason | None = None,
-                    prompt_ids: tuple[int, ...] = ()) -> None:
+                    prompt_ids: tuple[int, ...] = (), reasoning: str = "", thought: str = "",
+                    answer_from: int = 0) -> None:
         cut = len(writing.forced) - 1 if writing.forced else None
         turn = writing.turn
         turn.branches.append(Branch(text, footer, writing.tokens, cut, writing.writer.id if writing.writer else None,
-                                    stop_reason, prompt_ids, self.model))
+                                    stop_reason, prompt_ids, self.model, reasoning, thought, answer_from))
         turn.active = len(turn.branches) - 1
 
     def _take_back(self, writing: Writing) -> Ending:
@@ -400,6 +439,12 @@ class ChatSession:
         if self.saved is not None and self.saved.id is not None:
             self._save(lambda: self.saved.history.update(self.saved.id, system_prompt=text))
 
+    def set_thinking(self, on: bool) -> None:
+        """The chat's thinking switch, from the next reply on; saved with the chat."""
+        self.thinking = on
+        if self.saved is not None and self.saved.id is not None:
+            self._save(lambda: self.saved.history.update(self.saved.id, thinking=on))
+
 
 def turns_of(conversation: Conversation) -> list[Turn]:
     """A saved conversation's active path as turns; each reply carries its sibling branches."""
@@ -409,7 +454,9 @@ def turns_of(conversation: Conversation) -> list[Turn]:
             turns.append(Turn(message.content, question_id=message.id, parent_id=message.parent_id))
             continue
         siblings = [m for m in conversation.siblings(message) if m.role == "assistant"]
-        turns[-1].branches = [Branch(m.content, stored_footer(m), cut=m.fork_token, message_id=m.id) for m in siblings]
+        turns[-1].branches = [Branch(m.content, stored_footer(m), cut=m.fork_token, message_id=m.id,
+                                     reasoning=m.reasoning, thought=thinking_line(m.metrics or {}))
+                              for m in siblings]
         turns[-1].active = siblings.index(message)
     return turns
 
@@ -417,7 +464,7 @@ def turns_of(conversation: Conversation) -> list[Turn]:
 def opened(conversation: Conversation, live: LiveParams, saving: Saving | None, **options: Any) -> ChatSession:
     """A saved chat to go on with: its turns and branches, system prompt, model and output format."""
     session = ChatSession(live, saving=None, system_prompt=conversation.system_prompt, model=conversation.model,
-                          output_format=conversation.output_format, **options)
+                          output_format=conversation.output_format, **{**options, "thinking": conversation.thinking})
     if saving is not None:
         session.saved = SavedChat(saving, conversation.id, conversation.last_id)
     session.turns = turns_of(conversation)

@@ -60,6 +60,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--no-stream", action="store_true",
                      help="hold each reply until it is complete (a line on stderr shows it being written), then "
                           "compare the wait with when the first word would have come")
+    run.add_argument("--thinking", choices=("on", "off"),
+                     help="let a reasoning model think before it answers (default: thinking in the config, or the "
+                          "continued chat's)")
     run.add_argument("--top-logprobs", type=int, default=0, metavar="N",
                      help=f"with --json: each token's probability and the N likeliest (at most {MAX_TOP_LOGPROBS})")
     run.add_argument("--xray", action="store_true",
@@ -117,7 +120,10 @@ def _run_opened(backend: Backend, args: argparse.Namespace, config: Config, mode
                 session.output_format = output
         else:
             system = config.system_prompt if args.system is None else args.system
-            session = ChatSession(live, saving=saving, system_prompt=system, output_format=output, **options)
+            session = ChatSession(live, saving=saving, system_prompt=system, output_format=output,
+                                  thinking=config.thinking, **options)
+        if args.thinking is not None:
+            session.set_thinking(args.thinking == "on")
         session.model = model or config.default_model or backend.info.path  # what opens this model again
         try:
             return run_conversation(backend, session, args.prompt, as_json=args.json)
@@ -233,7 +239,10 @@ def _notes(session: ChatSession, ending: Ending) -> None:
 
 
 def _turn_report(prompt: str, done: Done, tokens: list[dict], session: ChatSession) -> dict:
-    turn = {"prompt": prompt, "text": done.text.strip(), "stop_reason": done.stop_reason, **done.metrics.as_dict()}
+    """`text` is the reply exactly as it entered the conversation (a script rebuilding the chat from it gets
+    the same prompt); `reasoning` the thinking before it."""
+    turn = {"prompt": prompt, "text": done.text, "reasoning": done.reasoning, "stop_reason": done.stop_reason,
+            **done.metrics.as_dict()}
     if session.output_format.constrained:
         turn |= {"format": session.output_format.kind, "incomplete": done.incomplete}
     if session.top_logprobs or session.xray:

@@ -36,8 +36,12 @@ class EngineError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Message:
+    """`reasoning`: an assistant reply's thinking, kept apart from its answer (`content`); templates that
+    show earlier thinking read it as `reasoning_content`, as transformers' and llama.cpp's do."""
+
     role: Role
     content: str
+    reasoning: str = ""
 
 
 @dataclass(slots=True)
@@ -58,6 +62,9 @@ class Request:
     # Each drawn token carries its X-ray (`Token.stages`); costs a pass of the chain per token.
     xray: bool = False
     format: OutputFormat = TEXT  # free text, JSON, a JSON schema or a grammar (formats.py)
+    # The chat's thinking switch: passed to templates that take one (`enable_thinking`); off, a thinking
+    # block the model opens anyway is ended at once. How long it may think is `params.thinking_budget`.
+    thinking: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +88,8 @@ class ModelInfo:
     notes: tuple[str, ...] = ()  # where it reads a setting or a format otherwise than tui-chat, a line each
     cpu: str = ""  # the CPU path llama.cpp runs on, e.g. "AVX-512 · AMX off (crashed its self-test)"
     threads: int = 0  # decode threads when it loaded (they follow the load: TurnMetrics.threads)
+    thinking: str = ""  # the thinking markers recognised, e.g. "<think>…</think>" ("" where it cannot tell)
+    thinking_switch: bool = False  # its chat template takes `enable_thinking`
 
     @property
     def offload(self) -> str:
@@ -108,9 +117,15 @@ class TurnMetrics:
     restore_s: float = 0.0  # finding, checking and loading that state
     restore_avoided_s: float | None = None  # how long reading those tokens would have taken, at the measured rate
     grammar_s: float = 0.0  # time an output format's grammar took (checks, masks, draws again)
+    reasoning_tokens: int = 0  # of completion_tokens, those the model drew while it was thinking
+    thinking_s: float | None = None  # from the first reply token to the end of the thinking; None: no thinking
     # prompt_tokens is the client's estimate (4 characters a token, or the server's tokenizer on the messages):
     # the server has not reported it (yet)
     prompt_estimated: bool = False
+
+    @property
+    def answer_tokens(self) -> int:
+        return self.completion_tokens - self.reasoning_tokens
 
     @property
     def read_tokens(self) -> int:
@@ -151,6 +166,8 @@ class TurnMetrics:
             "restore_s": self.restore_s,
             "restore_avoided_s": self.restore_avoided_s,
             "grammar_ms_per_token": self.grammar_ms_per_token,
+            "reasoning_tokens": self.reasoning_tokens,
+            "thinking_s": self.thinking_s,
             "prompt_estimated": self.prompt_estimated,
         }
 
@@ -164,6 +181,16 @@ def restore_note(metrics: Mapping[str, Any]) -> str:
     note = f"restored {restored:,} tokens from disk in {_duration(metrics.get('restore_s') or 0.0)}"
     avoided = metrics.get("restore_avoided_s")
     return note + (f" (reading them would take ~{_duration(avoided)})" if avoided else "")
+
+
+def thinking_line(metrics: Mapping[str, Any]) -> str:
+    """`thought for 4.2 s · 312 tokens`: from `TurnMetrics.as_dict()` or a stored reply's figures ("" for a reply
+    that did not think, or one stored before replies kept their thinking's figures)."""
+    seconds = metrics.get("thinking_s")
+    if seconds is None:
+        return ""
+    tokens = metrics.get("reasoning_tokens") or 0
+    return f"thought for {seconds:.1f} s · {tokens:,} token{'' if tokens == 1 else 's'}"
 
 
 def _duration(seconds: float) -> str:
@@ -280,7 +307,14 @@ class Token:
     probability under the raw distribution, the likeliest candidates and where the settings cut the pool.
     A `forced` token was given by the request (a branch), not drawn: it carries no probabilities.
     With `Request.xray`: the chain stage by stage for this token (`stages`). Under an output format,
-    with top_logprobs on: what its grammar masked (`grammar`; the candidates say which it forbade)."""
+    with top_logprobs on: what its grammar masked (`grammar`; the candidates say which it forbade).
+
+    Reasoning: `reasoning` is the thinking text that became visible with it (as `text` is the answer's);
+    `thinking` says the token belongs to the thinking as far as was known when it came (the final word is
+    `Done.answer_from`). An `inserted` token was written by the engine, not drawn: the end of the thinking,
+    once its budget was spent (its probabilities, when recorded, are what the model gave it there).
+    A backend whose server sends the thinking apart (`reasoning_content`) emits the same: tokens with
+    `reasoning` and `thinking` set, then the answer's."""
 
     token_id: int
     text: str
@@ -293,6 +327,9 @@ class Token:
     forced: bool = False
     stages: tuple[Stage, ...] = ()
     grammar: GrammarMask | None = None
+    reasoning: str = ""
+    thinking: bool = False
+    inserted: bool = False
 
     def is_candidate(self, candidate: Candidate) -> bool:
         """Whether `candidate` is this token: by id, or by text where a server sent no ids (-1)."""
@@ -309,21 +346,27 @@ class Metrics:
 @dataclass(frozen=True, slots=True)
 class Done:
     """`incomplete`: under an output format, the reply stopped (max tokens, a stop sequence, cancel)
-    before its grammar was satisfied, so e.g. its JSON does not parse."""
+    before its grammar was satisfied, so e.g. its JSON does not parse.
+
+    `text` is the answer as it enters the conversation; `reasoning` the thinking before it (the markers
+    and the whitespace around it left out). The reply's first `answer_from` tokens are the thinking's."""
 
     stop_reason: StopReason
     text: str
     metrics: TurnMetrics
     prompt_ids: tuple[int, ...] = ()
     incomplete: bool = False
+    reasoning: str = ""
+    answer_from: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Error:
-    """`text`: the part of a reply written before the failure (a remote stream cut mid-reply)."""
+    """`text` (and `reasoning`): the part of a reply written before the failure (a remote stream cut mid-reply)."""
 
     message: str
     text: str = ""
+    reasoning: str = ""
 
 
 Event = LoadProgress | Loaded | PromptProgress | Token | Metrics | Done | Error | XRay | WordProbability

@@ -42,8 +42,9 @@ from .kvcache import DiskCache, Restored, open_disk_cache
 from .kvstore import DEFAULT_BUDGET_BYTES
 from .llamacpp import Inspection, LlamaSession, PrefillAborted, quantization_of, supports_gpu_offload
 from .params import SamplingParams
-from .prompts import PromptError, PromptFormat, choose_format
-from .stops import StopScanner, Utf8Stream
+from .prompts import PromptError, PromptFormat, ThinkingSyntax, choose_format, opens_thinking
+from .reasoning import ReplyText, ThinkingSplitter
+from .stops import StopScanner
 from .xray import stage_cuts, word_probability, xray_at
 
 METRICS_INTERVAL_S = 0.1
@@ -100,6 +101,8 @@ class LlamaBackend:
         self._session: LlamaSession | None = None
         self._disk: DiskCache | None = None
         self._format: PromptFormat | None = None
+        self._markers: dict[int, bytes] = {}  # control tokens of the thinking markers, read as their text
+        self._end_thinking: list[int] = []  # the tokens the engine writes to end a thinking past its budget
         self._history_text = ""
         self._history_tokens: list[int] = []
         self._last_prompt: tuple[str, list[int]] = ("", [])
@@ -227,12 +230,16 @@ class LlamaBackend:
             chat_format=prompt_format.name,
             cpu=session.cpu_path.describe() if session.cpu_path else "",
             threads=session.threads.decode,
+            thinking=prompt_format.thinking.label if prompt_format.names_thinking else "",
+            thinking_switch=prompt_format.thinking_switch,
         )
         self._disk = open_disk_cache(settings.kv_dir, settings.kv_budget_bytes, session, settings.path,
                                      build_version())
         with self._session_lock:
             self._session = session
         self._format = prompt_format
+        self._markers = _marker_pieces(session, prompt_format.thinking)
+        self._end_thinking = session.continuation(prompt_format.thinking.close)
         self._history_text, self._history_tokens = "", []
         self._last_prompt = ("", [])
         stream.put(Loaded(self.info))
@@ -290,8 +297,24 @@ def _report_load(stream: Stream, fraction: float) -> bool:
     return not stream.cancelled.is_set()
 
 
+def _marker_pieces(session: LlamaSession, syntax: ThinkingSyntax) -> dict[int, bytes]:
+    """Control tokens print nothing, yet some families mark their thinking with them (`<|START_THINKING|>`,
+    gpt-oss's `<|end|>`): those tokens are read as their text, so the markers can be seen in a reply."""
+    pieces: dict[int, bytes] = {}
+    for marker in (syntax.open, syntax.close):
+        for token in session.tokenize(marker, add_bos=False):
+            if not session.piece(token) and (text := session.special_text(token)):
+                pieces[token] = text.encode("utf-8")
+    return pieces
+
+
 class _Turn:
-    """One reply: prompt, prefill with progress, then the decode loop that reads params every token."""
+    """One reply: prompt, prefill with progress, then the decode loop that reads params every token.
+
+    A reasoning model's thinking is split from its answer as the tokens come (`ReplyText`); once it has
+    thought for its budget, the engine writes the end of the thinking itself and the model answers. An
+    output format's grammar governs the answer only: the thinking is drawn free of it.
+    """
 
     def __init__(self, backend: LlamaBackend, request: Request, stream: Stream) -> None:
         self.backend = backend
@@ -299,28 +322,34 @@ class _Turn:
         self.request = request
         self.stream = stream
         self.implicit_stops = backend._format.implicit_stops
+        self.shown = bool(request.top_logprobs or request.xray)  # each token's own text goes with it
         self.forced = list(request.forced)
         self.allowance = len(self.forced) if request.continuing else 0  # tokens beyond max tokens
         self.prompt_text, self.prompt, self.dropped_turns = self._fitted_prompt()
+        self.inside = opens_thinking(self.prompt_text, backend._format.thinking)  # the prompt opened the thinking
         self.context = self.prompt + self.forced  # all the model reads before its first new token
         self.cached = 0
         self.restored: Restored | None = None
         self.prefill_s = 0.0
         self.generated: list[int] = []
         self.drawn = 0  # generated tokens the model chose (a branch's forced ones excluded)
-        self.ends: list[int | None] = []
+        self.inserted = 0  # generated tokens the engine wrote: the end of a thinking past its budget
+        self.text = self._new_text()
         self.first_at: float | None = None
         self.visible_at: float | None = None
         self.last_at: float | None = None
+        self.decode_at: float | None = None  # when the reply's first token came due
+        self.thought_at: float | None = None  # when its thinking ended
         self.constraint: Constraint | None = None
 
     def _fitted_prompt(self) -> tuple[str, list[int], int]:
         """The prompt's text and tokens, the oldest turns left out if the conversation outgrew the context."""
         backend, session = self.backend, self.session
         rendered: dict[int, tuple[str, list[int]]] = {}
+        extra = {"enable_thinking": self.request.thinking} if backend._format.thinking_switch else None
 
         def count(messages: list[Message]) -> int:
-            text = backend._format.render(messages, session.bos_text, session.eos_text)
+            text = backend._format.render(messages, session.bos_text, session.eos_text, extra)
             rendered[len(messages)] = text, backend._prompt_tokens(text)
             return len(rendered[len(messages)][1]) + len(self.forced)
 
@@ -328,6 +357,12 @@ class _Turn:
         fitted = fit_context(self.request.messages, count, session.n_ctx, params.max_tokens)
         text, tokens = rendered[len(fitted.messages)]
         return text, tokens, fitted.dropped_turns
+
+    def _new_text(self, stops: tuple[str, ...] = ()) -> ReplyText:
+        return ReplyText(ThinkingSplitter(self.backend._format.thinking, self.inside), StopScanner(stops))
+
+    def _piece(self, token: int) -> bytes:
+        return self.backend._markers.get(token) or self.session.piece(token)
 
     def retune_threads(self) -> None:
         """Follow the machine's load: fewer threads while other processes keep cores busy."""
@@ -341,11 +376,20 @@ class _Turn:
         self.constraint = Constraint(self.session, output) if output.constrained else None
         try:
             if self.constraint is not None:
-                self.constraint.accept_given(self.forced)
+                self.constraint.accept_given(self._given_answer())
             self._write()
         finally:
             if self.constraint is not None:
                 self.constraint.free()
+
+    def _given_answer(self) -> list[int]:
+        """A branch's given tokens that the grammar governs: those after the thinking."""
+        text = self._new_text()
+        for index, token in enumerate(self.forced):
+            if not text.splitter.thinking:
+                return self.forced[index:]
+            text.add(self._piece(token))
+        return []
 
     def _write(self) -> None:
         session, disk = self.session, self.backend._disk
@@ -353,17 +397,17 @@ class _Turn:
         self.restored = disk.restore(session, self.context) if disk is not None else None
         self.cached = session.keep_prefix(self.context)
         session.reset_perf()
+        self.text = self._new_text(self.request.params.snapshot()[1].stop + self.implicit_stops)
         try:
             self._prefill()
         except PrefillAborted:
-            self._finish("cancelled", StopScanner(), Utf8Stream())
+            self._finish("cancelled")
             return
         if disk is not None:
             disk.observe_prefill(len(self.context) - self.cached, self.prefill_s)
-        scanner = StopScanner(self.request.params.snapshot()[1].stop + self.implicit_stops)
-        utf8 = Utf8Stream()
-        reason = self._replay_forced(scanner, utf8) or self._decode(scanner, utf8)
-        self._finish(reason, scanner, utf8)
+        self.decode_at = time.perf_counter()
+        reason = self._replay_forced() or self._decode()
+        self._finish(reason)
 
     def _prefill(self) -> None:
         todo = self.context[self.cached :]
@@ -378,26 +422,16 @@ class _Turn:
         self.session.prefill(todo, progress, self.stream.cancelled.is_set)
         self.prefill_s = time.perf_counter() - started
 
-    def _replay_forced(self, scanner: StopScanner, utf8: Utf8Stream) -> StopReason | None:
+    def _replay_forced(self) -> StopReason | None:
         """A branch's given tokens become the start of the reply text, as if they had been drawn."""
-        session, stream = self.session, self.stream
         for token in self.forced:
-            self.generated.append(token)
-            if session.is_end_of_generation(token):
-                self.ends.append(None)
-                stream.put(Token(token, "", time.perf_counter(), -1, forced=True))
-                return "eos"
-            decoded = utf8.decode(session.piece(token))
-            delta = scanner.feed(decoded)
-            self.ends.append(len(scanner.text) if not utf8.pending else None)
-            stream.put(Token(token, delta, time.perf_counter(), -1, decoded, forced=True))
-            if scanner.stopped:
-                return "stop"
+            reason = self._take(token, time.perf_counter(), -1, _UNSEEN, forced=True)
+            if reason is not None:
+                return reason
         return None
 
-    def _decode(self, scanner: StopScanner, utf8: Utf8Stream) -> StopReason:
+    def _decode(self) -> StopReason:
         session, stream, live = self.session, self.stream, self.request.params
-        shown = self.request.top_logprobs or self.request.xray
         quick = self.backend._quick
         governor = self.backend.threads
         sampler = None
@@ -413,33 +447,22 @@ class _Turn:
                         session.free_sampler(sampler)
                     seed = params.seed if params.seed >= 0 else random.getrandbits(32)
                     sampler = session.new_sampler(params, seed)
-                    scanner.stops = params.stop + self.implicit_stops
+                    self.text.scanner.stops = params.stop + self.implicit_stops
                 if len(self.generated) >= params.max_tokens + self.allowance:
                     return "length"
+                if self._budget_spent(params):
+                    reason = self._end_thinking(sampler, version, params)
+                    if reason is not None:
+                        return reason
+                    continue
                 token, seen, stages = self._draw(sampler, params)
                 now = time.perf_counter()
-                prob, top, pool, mask = seen.prob, seen.top, seen.pool, seen.mask
                 self.first_at = self.first_at or now
                 self.last_at = now
-                self.generated.append(token)
                 self.drawn += 1
-                if session.is_end_of_generation(token):
-                    self.ends.append(None)
-                    stream.put(Token(token, "", now, version, "", prob, top, pool, stages=stages, grammar=mask))
-                    return "eos"
-                decoded = utf8.decode(session.piece(token))
-                delta = scanner.feed(decoded)
-                self.ends.append(len(scanner.text) if not utf8.pending else None)
-                if delta and self.visible_at is None:
-                    self.visible_at = now
-                stream.put(Token(token, delta, now, version, decoded if shown else "", prob, top, pool,
-                                 stages=stages, grammar=mask))
-                if scanner.stopped:
-                    return "stop"
-                if len(self.generated) >= params.max_tokens + self.allowance:
-                    return "length"
-                if len(session.tokens) + 1 >= session.n_ctx:
-                    return "context"
+                reason = self._take(token, now, version, seen, stages) or self._no_room(params)
+                if reason is not None:
+                    return reason
                 if quick:
                     self.backend._run_quick()
                 session.step(token)
@@ -452,10 +475,63 @@ class _Turn:
             if sampler is not None:
                 session.free_sampler(sampler)
 
+    def _take(self, token: int, now: float, version: int, seen: Inspection, stages: tuple[Stage, ...] = (), *,
+              forced: bool = False, inserted: bool = False) -> StopReason | None:
+        """A token joins the reply: its text, split into thinking and answer, and its event. Returns why the
+        reply ends with it, if it does."""
+        self.generated.append(token)
+        events = dict(forced=forced, stages=stages, grammar=seen.mask, inserted=inserted)
+        if self.session.is_end_of_generation(token):
+            self.text.add_end()
+            self.stream.put(Token(token, "", now, version, "", seen.prob, seen.top, seen.pool,
+                                  thinking=self._thinking(), **events))
+            return "eos"
+        decoded, thought, shown = self.text.add(self._piece(token))
+        if (thought or shown) and self.visible_at is None and not forced:
+            self.visible_at = now
+        if self.thought_at is None and self.text.splitter.opened and not self.text.splitter.thinking:
+            self.thought_at = now
+        self.stream.put(Token(token, shown, now, version, decoded if self.shown or forced else "", seen.prob,
+                              seen.top, seen.pool, reasoning=thought, thinking=self._thinking(), **events))
+        return "stop" if self.text.scanner.stopped else None
+
+    def _thinking(self) -> bool:
+        """Whether the token just taken belongs to the thinking, as far as is known now."""
+        splitter = self.text.splitter
+        return splitter.opened and splitter.answer_at is None
+
+    def _no_room(self, params: SamplingParams) -> StopReason | None:
+        if len(self.generated) >= params.max_tokens + self.allowance:
+            return "length"
+        if len(self.session.tokens) + 1 >= self.session.n_ctx:
+            return "context"
+        return None
+
+    def _budget_spent(self, params: SamplingParams) -> bool:
+        """Thinking off (or a budget) and the model is thinking past it, and the engine has not ended it yet.
+        Counted from the start of the reply, where the thinking is."""
+        budget = params.thinking_budget if self.request.thinking else 0
+        return 0 <= budget <= len(self.generated) and self.text.splitter.thinking and not self.inserted
+
+    def _end_thinking(self, sampler: Chain, version: int, params: SamplingParams) -> StopReason | None:
+        """Write the template's end-of-thinking text as tokens, as if the model had; it then answers.
+        With the inspector on, each carries what the model would have given it there."""
+        top_n = self.request.top_logprobs
+        for token in self.backend._end_thinking:
+            seen = self.session.inspect(token, top_n, params) if top_n else _UNSEEN
+            sampler.accept(token)
+            self.inserted += 1
+            reason = self._take(token, time.perf_counter(), version, seen, inserted=True) or self._no_room(params)
+            if reason is not None:
+                return reason
+            self.session.step(token)
+        return None
+
     def _draw(self, sampler: Chain, params: SamplingParams) -> tuple[int, Inspection, tuple[Stage, ...]]:
-        """The next token from the chain, within the output format's grammar if there is one, and what
-        the inspector and the X-ray record of it when they are on (nothing otherwise)."""
-        session, constraint, top_n = self.session, self.constraint, self.request.top_logprobs
+        """The next token from the chain, within the output format's grammar if there is one (past the
+        thinking), and what the inspector and the X-ray record of it when they are on (nothing otherwise)."""
+        session, top_n = self.session, self.request.top_logprobs
+        constraint = None if self.text.splitter.thinking else self.constraint
         replay = sampler.clone() if self.request.xray else None
         token = session.sample(sampler) if constraint is None else constraint.draw(sampler, session.logits())
         judge = constraint.judge if constraint is not None else None
@@ -471,22 +547,32 @@ class _Turn:
         finally:
             replay.free()
 
-    def _finish(self, reason: StopReason, scanner: StopScanner, utf8: Utf8Stream) -> None:
-        scanner.feed(utf8.flush())
-        scanner.flush()
-        text = scanner.visible
-        kept = kept_token_count(self.ends, len(text))
-        self.backend._history_text = self.prompt_text + scanner.text[: self.ends[kept - 1]] if kept else self.prompt_text
+    def _finish(self, reason: StopReason) -> None:
+        text = self.text
+        text.finish()
+        kept = kept_token_count(text.ends, text.kept_chars)
+        self.backend._history_text = self.prompt_text + text.raw[: text.ends[kept - 1]] if kept else self.prompt_text
         self.backend._history_tokens = self.prompt + self.generated[:kept]
         self.backend._last_prompt = (self.prompt_text, self.prompt)
         metrics = self.metrics()
-        incomplete = self.constraint is not None and reason != "eos" and not self.constraint.can_end()
-        self.stream.put(Done(reason, text, metrics, tuple(self.context), incomplete))
+        constraint = self.constraint
+        incomplete = constraint is not None and reason != "eos" and not constraint.can_end()
+        self.stream.put(Done(reason, text.scanner.visible, metrics, tuple(self.context), incomplete,
+                             text.reasoning, text.answer_from()))
+
+    def _thinking_figures(self) -> tuple[int, float | None]:
+        """The tokens the model drew while thinking, and how long it thought (None: it did not)."""
+        if not self.text.splitter.opened or self.decode_at is None:
+            return 0, None
+        thought = self.text.answer_from() - min(len(self.forced), self.text.answer_from()) - self.inserted
+        until = self.thought_at or self.last_at or self.decode_at
+        return max(thought, 0), until - self.decode_at
 
     def metrics(self) -> TurnMetrics:
         first = self.visible_at or self.first_at
         restored = self.cached if self.restored else 0
         rate = self.restored.prefill_tok_s if self.restored else None
+        reasoning_tokens, thinking_s = self._thinking_figures()
         return TurnMetrics(
             prompt_tokens=len(self.context),
             cached_tokens=self.cached,
@@ -502,4 +588,6 @@ class _Turn:
             restore_s=self.restored.seconds if self.restored else 0.0,
             restore_avoided_s=restored / rate if rate else None,
             grammar_s=self.constraint.spent_s if self.constraint is not None else 0.0,
+            reasoning_tokens=reasoning_tokens,
+            thinking_s=thinking_s,
         )

@@ -29,6 +29,7 @@ from .cpu_path import CpuPath, deny_amx
 from .models import check_gguf
 from .params import SamplingParams
 from .pool import pool_cut
+from .prompts import BUILTIN_EQUIVALENTS
 
 SCRATCH_SEQ = 1
 POOL_SCAN = 1024  # with top-k off, the pool cut is counted among this many likeliest tokens
@@ -137,8 +138,8 @@ class LlamaSession:
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
         self._piece_buffer = ctypes.create_string_buffer(256)
-        self.bos_text = self._special_text(llama_cpp.llama_vocab_bos(self.vocab))
-        self.eos_text = self._special_text(llama_cpp.llama_vocab_eos(self.vocab))
+        self.bos_text = self.special_text(llama_cpp.llama_vocab_bos(self.vocab))
+        self.eos_text = self.special_text(llama_cpp.llama_vocab_eos(self.vocab))
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         for i in range(n_batch):
             self._batch.n_seq_id[i] = 1
@@ -162,8 +163,14 @@ class LlamaSession:
         return buffer.value.decode("utf-8", errors="replace")
 
     def chat_template(self) -> str | None:
+        """The model's Jinja template. For a few models without one llama.cpp answers with the name of one of
+        its built-in formats instead: its Jinja equivalent where there is one, else none (never the name
+        itself, which Jinja would render as that text)."""
         template = llama_cpp.llama_model_chat_template(self.model, None)
-        return template.decode("utf-8", errors="replace") if template else None
+        if not template:
+            return None
+        text = template.decode("utf-8", errors="replace")
+        return BUILTIN_EQUIVALENTS.get(text) if text in builtin_template_names() else text
 
     def size_bytes(self) -> int:
         return llama_cpp.llama_model_size(self.model)
@@ -206,7 +213,7 @@ class LlamaSession:
             cached = self._pieces[token] = self._piece_buffer.raw[: max(size, 0)]
         return cached
 
-    def _special_text(self, token: int) -> str:
+    def special_text(self, token: int) -> str:
         """How a template writes a special token such as BOS, so it can be recognised in rendered text."""
         if token < 0:
             return ""
@@ -456,6 +463,14 @@ def _tokenize(vocab, text: str, *, add_bos: bool) -> list[int]:
         if count >= 0:
             return list(buffer[:count])
         capacity = -count
+
+
+def builtin_template_names() -> frozenset[str]:
+    """The names of llama.cpp's built-in chat formats (`llama_chat_builtin_templates`)."""
+    count = llama_cpp.llama_chat_builtin_templates(None, 0)
+    names = (ctypes.c_char_p * count)()
+    llama_cpp.llama_chat_builtin_templates(names, count)
+    return frozenset(name.decode() for name in names if name)
 
 
 def count_tokens(path: Path, text: str) -> int:

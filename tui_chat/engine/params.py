@@ -29,6 +29,7 @@ class ParamSpec:
     hint: str
     control: Literal["slider", "seed"] = "slider"
     slider_maximum: float | None = None  # a narrower range for the slider than the engine accepts
+    below_zero: str = ""  # what a negative value means, shown instead of the number ("random", "no limit")
 
     @property
     def slider_range(self) -> tuple[float, float, float]:
@@ -98,9 +99,12 @@ PARAMS: tuple[ParamSpec, ...] = (
               "How fast mirostat v2 corrects towards its target surprise."),
     ParamSpec("seed", "Seed", int, -1, 2**32 - 2, 1, -1,
               "Fixes the random draws so a reply can be repeated; -1 picks a new seed each reply.",
-              control="seed"),
+              control="seed", below_zero="random"),
     ParamSpec("max_tokens", "Max tokens", int, 1, 131072, 1, 1024,
               "Stops the reply after this many tokens.", slider_maximum=8192),
+    ParamSpec("thinking_budget", "Think budget", int, -1, 131072, 1, -1,
+              "A thinking model may think this many tokens; then its thinking is ended for it and it answers. "
+              "-1: no limit.", slider_maximum=8192, below_zero="no limit"),
 )
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -244,6 +248,7 @@ class SamplingParams:
     mirostat_eta: float = SPECS["mirostat_eta"].default
     seed: int = SPECS["seed"].default
     max_tokens: int = SPECS["max_tokens"].default
+    thinking_budget: int = SPECS["thinking_budget"].default
     stop: tuple[str, ...] = ()
     logit_bias: tuple[tuple[str, float], ...] = ()
     sampler_order: tuple[str, ...] = DEFAULT_ORDER

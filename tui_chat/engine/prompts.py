@@ -2,6 +2,10 @@
 
 A GGUF with no `tokenizer.chat_template` is most likely a base model. Its family's instruct template
 makes it babble; a plain `User:` / `Assistant:` transcript gets sensible answers.
+
+A reasoning model thinks before it answers, between markers its template knows (`THINKING_SYNTAXES`):
+the format says which, whether the template takes a thinking switch (`enable_thinking`), and whether a
+rendered prompt already opens the thinking (Qwen3 and DeepSeek-R1 distills end it with `<think>\n`).
 """
 
 from __future__ import annotations
@@ -79,6 +83,67 @@ NAMED_TEMPLATES: dict[str, str] = {
 
 _IMPLICIT_STOPS: dict[str, tuple[str, ...]] = {PLAIN: ("\nUser:",)}
 
+# llama.cpp's `llama_model_chat_template` names one of its own C++ formats, not a Jinja template, for a
+# few popular models whose files carry none (Mistral-Small-2503: tekken vocabulary, 40 layers). Its
+# output as Jinja, as llama.cpp's `llm_chat_apply_template` writes it (the tokenizer adds the BOS).
+BUILTIN_EQUIVALENTS: dict[str, str] = {
+    "mistral-v7-tekken": (
+        "{%- for m in messages -%}"
+        "{%- if m.role == 'system' -%}[SYSTEM_PROMPT]{{ m.content }}[/SYSTEM_PROMPT]"
+        "{%- elif m.role == 'user' -%}[INST]{{ m.content }}[/INST]"
+        "{%- else -%}{{ m.content }}</s>"
+        "{%- endif -%}"
+        "{%- endfor -%}"
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingSyntax:
+    """How a template family marks a reply's thinking. `close` is also what the engine writes to end the
+    thinking when its budget is spent: the text that takes the model from thinking to answering."""
+
+    family: str
+    open: str
+    close: str
+    detect: str = ""  # what in a template's source names the family (default: `close`)
+
+    @property
+    def label(self) -> str:
+        return f"{self.open.strip()}…{self.close.strip()}"
+
+
+THINK = ThinkingSyntax("think tags", "<think>", "</think>")
+# Most specific first: a template is matched by the first whose `detect` text (or `close`) it contains.
+THINKING_SYNTAXES: tuple[ThinkingSyntax, ...] = (
+    ThinkingSyntax("Seed-OSS", "<seed:think>", "</seed:think>"),
+    ThinkingSyntax("MiniMax-M3", "<mm:think>", "</mm:think>"),
+    ThinkingSyntax("Hunyuan", "<think:opensource>", "</think:opensource>", detect="'<think{}>'.format(HYTK)"),
+    ThinkingSyntax("Command R / Command A", "<|START_THINKING|>", "<|END_THINKING|>"),
+    ThinkingSyntax("Magistral / Ministral reasoning", "[THINK]", "[/THINK]"),
+    ThinkingSyntax("gpt-oss", "<|channel|>analysis<|message|>",
+                   "<|end|><|start|>assistant<|channel|>final<|message|>", detect="<|channel|>analysis"),
+    ThinkingSyntax("Gemma 4", "<|channel>thought", "<channel|>", detect="<|channel>thought"),
+    ThinkingSyntax("Kimi K3", "<|open|>think<|sep|>", "<|close|>think<|sep|><|open|>response<|sep|>",
+                   detect="open_tag('think'"),
+    ThinkingSyntax("Solar Open", "<|think|>", "<|end|><|begin|>assistant<|content|>",
+                   detect="assistant<|think|>"),
+    ThinkingSyntax("Apertus", "<|inner_prefix|>", "<|inner_suffix|>"),
+    ThinkingSyntax("Apriel", "Here are my reasoning steps:", "[BEGIN FINAL RESPONSE]"),
+    THINK,  # Qwen3, QwQ, DeepSeek-R1 and V3.1+, GLM, Kimi K2, MiniMax-M2, Nemotron, SmolLM3, Granite, ...
+)
+
+
+def thinking_syntax(source: str) -> ThinkingSyntax:
+    """The thinking markers a template's family uses; `<think>` tags where it names none (a model under
+    another template may still open them: they are only looked for at the start of a reply)."""
+    return next((syntax for syntax in THINKING_SYNTAXES if (syntax.detect or syntax.close) in source), THINK)
+
+
+def opens_thinking(prompt: str, syntax: ThinkingSyntax) -> bool:
+    """Whether the prompt ends inside an open thinking block, so the reply starts as thinking."""
+    return prompt.rstrip().endswith(syntax.open.rstrip())
+
 
 class PromptError(ValueError):
     """A chat template that cannot be rendered; the message is user-facing."""
@@ -89,6 +154,17 @@ class PromptFormat:
     name: str
     source: str
     implicit_stops: tuple[str, ...] = ()
+    thinking: ThinkingSyntax = THINK
+
+    @property
+    def thinking_switch(self) -> bool:
+        """Whether the template takes `enable_thinking` (transformers' and llama.cpp's name for it)."""
+        return "enable_thinking" in self.source
+
+    @property
+    def names_thinking(self) -> bool:
+        """Whether the template itself knows its thinking markers (else `<think>` is only a guess)."""
+        return (self.thinking.detect or self.thinking.close) in self.source
 
     def render(
         self,
@@ -115,7 +191,7 @@ def choose_format(choice: str, model_template: str | None) -> PromptFormat:
     A model's template is compiled here, so one that does not compile fails the load, not the first turn."""
     if choice == AUTO:
         if model_template:
-            prompt_format = PromptFormat(MODEL, model_template)
+            prompt_format = PromptFormat(MODEL, model_template, thinking=thinking_syntax(model_template))
             try:
                 _compile(model_template)
             except Exception as error:  # noqa: BLE001 - untrusted source: Jinja's parser can raise more than TemplateError
@@ -141,9 +217,18 @@ def _variables(
         "bos_token": bos_token,
         "eos_token": eos_token,
         **(extra or {}),
-        "messages": [{"role": m.role, "content": m.content} for m in messages],
+        "messages": [_message(m) for m in messages],
         "add_generation_prompt": True,
     }
+
+
+def _message(message: Message) -> dict[str, str]:
+    """A message as a template reads it; a reply's thinking as `reasoning_content` (only where there is one:
+    templates test `is defined`)."""
+    fields = {"role": message.role, "content": message.content}
+    if message.reasoning:
+        fields["reasoning_content"] = message.reasoning
+    return fields
 
 
 def _bounded_render(template: Template, variables: dict[str, Any]) -> str:

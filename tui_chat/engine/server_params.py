@@ -59,6 +59,7 @@ _LLAMA_SERVER = _OPENAI | {
     "mirostat_tau": ServerField("mirostat_tau", also={"mirostat": 2}, off={"mirostat": 0}),
     "logit_bias": ServerField("logit_bias", convert=_bias_pairs, note=_BIAS_NOTE),
     "sampler_order": ServerField("samplers", convert=_llama_stage_names),
+    "thinking_budget": ServerField("thinking_budget_tokens", off={}),
 }
 _LLAMA_CPP_PYTHON = _OPENAI | {
     name: ServerField(name) for name in ("top_k", "min_p", "repeat_penalty", "mirostat_eta")
@@ -68,6 +69,8 @@ _LLAMA_CPP_PYTHON = _OPENAI | {
     "logit_bias": ServerField("logit_bias", also={"logit_bias_type": "tokens"}, convert=dict, note=_BIAS_NOTE),
 }
 _VLLM = _OPENAI | {
+    # vLLM ends the thinking after this many tokens when it was started with a reasoning parser
+    "thinking_budget": ServerField("thinking_token_budget", off={}),
     "top_k": ServerField("top_k", convert=lambda k: k or -1),  # older versions reject 0 for "off"
     "min_p": ServerField("min_p"),
     "repeat_penalty": ServerField("repetition_penalty"),
@@ -87,8 +90,13 @@ SAMPLER_OF = {
     "frequency_penalty": "penalties", "presence_penalty": "penalties", "dry_multiplier": "dry",
     "dry_base": "dry", "dry_allowed_length": "dry", "dry_penalty_last_n": "dry",
     "mirostat_tau": "mirostat_v2", "mirostat_eta": "mirostat_v2", "logit_bias": "logit_bias",
-    "sampler_order": "order",
+    "sampler_order": "order", "thinking_budget": "thinking",
 }
+
+# The chat's thinking switch, for families that pass template variables on (`chat_template_kwargs`);
+# sent only to switch thinking off, so a server's own default stands otherwise.
+_THINKING_OFF = {"chat_template_kwargs": {"enable_thinking": False}}
+THINKING_SWITCH = ("llama.cpp server", "vLLM")
 
 
 def ignored_settings(server: str) -> tuple[str, ...]:
@@ -122,7 +130,14 @@ def server_fields(server: str, params: SamplingParams) -> tuple[dict[str, Any], 
 
 
 def _in_use(sampler: str, params: SamplingParams) -> bool:
+    if sampler == "thinking":
+        return params.thinking_budget >= 0
     return params.sampler_order != DEFAULT_ORDER if sampler == "order" else is_on(sampler, params)
+
+
+def thinking_fields(server: str, on: bool) -> dict[str, Any]:
+    """The request fields that switch a reasoning model's thinking off, where this family takes them."""
+    return _THINKING_OFF if not on and server in THINKING_SWITCH else {}
 
 
 def _openai_schema(output: OutputFormat) -> dict[str, Any]:

@@ -24,4 +24,6 @@ CHAT_KEYS = [  # in the footer in this order: what a newcomer needs first, as fa
             tooltip="Models: local ones, and GGUF models to download from the hub"),
     Binding("f6", "system_prompt", "System", id="system_prompt", show=False, priority=True,
             tooltip="Edit this chat's system prompt"),
+    Binding("f7", "toggle_thinking", "Thinking", id="toggle_thinking", show=False,
+            tooltip="Let a reasoning model think before it answers, or not (this chat, from the next reply)"),
 ]

@@ -22,7 +22,7 @@ from ..base import EngineError, Error, Loaded, ModelInfo, Request, Stream
 from ..formats import KINDS, FormatError, OutputFormat
 from ..params import SamplingParams
 from ..prompts import PLAIN
-from ..server_params import format_fields, server_fields, server_notes
+from ..server_params import format_fields, server_fields, server_notes, thinking_fields
 from .connection import Connection, CuttableStream
 from .servers import GENERIC, LLAMA_CPP_PYTHON, LLAMA_SERVER, PLAIN_FORMAT, VLLM, Served, is_plain, quantization
 from .servers import shown_name
@@ -241,7 +241,7 @@ class OpenAIBackend:
                 stream.put(reply.done("cancelled"))
             else:
                 message = self._network_message(error) if isinstance(error, httpx.HTTPError) else error
-                stream.put(Error(self._clean(str(message)), reply.text))
+                stream.put(Error(self._clean(str(message)), reply.text, reply.reasoning))
             return
         finally:
             with self._live_lock:
@@ -280,6 +280,7 @@ class OpenAIBackend:
         if params.stop or self._implicit_stops:
             body["stop"] = [*params.stop, *self._implicit_stops]
         body |= server_fields(self.kind.name, params)[0] | self._format_fields(request.format) | self.kind.reporting
+        body |= thinking_fields(self.kind.name, request.thinking)
         if request.forced:
             messages.append({"role": "assistant", "content": self._given_start(request)})
             body |= self.kind.continues

@@ -24,6 +24,9 @@ class StreamedReply:
         self.params_version = params_version
         self.n_ctx = n_ctx
         self.text = ""
+        self.reasoning = ""  # the thinking the server sent apart from the answer
+        self.thinking = 0  # tokens of it
+        self.thought_at: float | None = None  # when its last token came
         self.tokens = 0  # tokens the server wrote (a branch's given start excluded)
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
@@ -64,7 +67,9 @@ class StreamedReply:
         if chunk.progress is not None:
             self._read_progress(chunk.progress, stream)
         content = self._unechoed(chunk.content, bool(chunk.tokens))
-        if chunk.tokens:
+        if chunk.reasoning:
+            self._thought(stream, chunk.reasoning, now, chunk.tokens)
+        elif chunk.tokens:
             for index, token in enumerate(chunk.tokens):
                 self._token(stream, content if index == 0 else "", now, token)
         elif content:
@@ -94,17 +99,28 @@ class StreamedReply:
             elapsed = (count(progress, "time_ms") or 0) / 1000
             stream.put(PromptProgress(done - cache, total - cache, elapsed))
 
-    def _token(self, stream: Stream, text: str, now: float, prob: TokenProb | None) -> None:
+    def _thought(self, stream: Stream, text: str, now: float, tokens: tuple[TokenProb, ...]) -> None:
+        """Thinking sent as `reasoning_content`: a token event for each of its tokens (one where the server
+        does not list them), the text with the first, as the in-process engine emits a thinking."""
+        self.reasoning += text
+        self.thought_at = now
+        for index, prob in enumerate(tokens or (None,)):
+            self.thinking += 1
+            self._token(stream, "", now, prob, text if index == 0 else "", thinking=True)
+
+    def _token(self, stream: Stream, text: str, now: float, prob: TokenProb | None, reasoning: str = "",
+               thinking: bool = False) -> None:
         self.tokens += 1
         self.text += text
         self.first_at = self.first_at or now
         self.last_at = now
-        if text and self.visible_at is None:
+        if (text or reasoning) and self.visible_at is None:
             self.visible_at = now
         if prob is None:
-            stream.put(Token(-1, text, now, self.params_version))
+            stream.put(Token(-1, text, now, self.params_version, reasoning=reasoning, thinking=thinking))
         else:
-            stream.put(Token(prob.token_id, text, now, self.params_version, prob.text, prob.prob, prob.top))
+            stream.put(Token(prob.token_id, text, now, self.params_version, prob.text, prob.prob, prob.top,
+                             reasoning=reasoning, thinking=thinking))
 
     def metrics(self) -> TurnMetrics:
         """Counts the server reported win over our own: it knows the prompt, the cache and the tokens."""
@@ -130,6 +146,8 @@ class StreamedReply:
             n_ctx=self.n_ctx,
             server_decode_tok_s=rate(timings, "predicted_per_second"),
             prompt_estimated=not reported and self.estimate is not None,
+            reasoning_tokens=count(usage, "completion_tokens_details", "reasoning_tokens") or self.thinking,
+            thinking_s=None if self.thought_at is None else self.thought_at - self.first_at,
         )
 
     def _prefill_s(self, prompt: int, timed: bool, ttft: float | None) -> float:
@@ -142,7 +160,8 @@ class StreamedReply:
 
     def done(self, reason: StopReason) -> Done:
         incomplete = self.request.format.constrained and reason in ("length", "cancelled")
-        return Done(reason, self.text, self.metrics(), incomplete=incomplete)
+        return Done(reason, self.text, self.metrics(), incomplete=incomplete, reasoning=self.reasoning,
+                    answer_from=self.thinking)
 
 
 def stop_reason(finish_reason: str | None, params: SamplingParams, implicit_stops: tuple[str, ...] = ()) -> StopReason:

@@ -40,6 +40,7 @@ class Chunk:
     """The parts of one `chat.completion.chunk` we use; absent parts are empty or None."""
 
     content: str = ""
+    reasoning: str = ""  # the thinking, sent apart: `reasoning_content` (llama-server, DeepSeek) or `reasoning` (vLLM)
     finish_reason: str | None = None
     tokens: tuple[TokenProb, ...] = ()
     usage: dict[str, Any] | None = None
@@ -71,12 +72,22 @@ def parse_chunk(data: str) -> Chunk:
     finish = choice.get("finish_reason")
     return Chunk(
         content=content or "",
+        reasoning=_reasoning(delta),
         finish_reason=finish if isinstance(finish, str) else None,
         tokens=_token_probs(choice.get("logprobs")),
         usage=_table(payload.get("usage")),
         timings=_table(payload.get("timings")),
         progress=_table(payload.get("prompt_progress")),
     )
+
+
+def _reasoning(delta: Any) -> str:
+    if not isinstance(delta, dict):
+        return ""
+    text = delta.get("reasoning_content", delta.get("reasoning"))
+    if text is not None and not isinstance(text, str):
+        raise MalformedEvent("the server sent a malformed event: 'reasoning_content' is not text")
+    return text or ""
 
 
 def _token_probs(logprobs: Any) -> tuple[TokenProb, ...]:

@@ -108,7 +108,8 @@ class ChatScreen(Screen):
     def _new_session(self, model: str = "") -> ChatSession:
         saving = Saving(self.history, self._price()) if self.history is not None else None
         return ChatSession(self.live, saving=saving, system_prompt=self.config.system_prompt, model=model,
-                           top_logprobs=self.config.inspector_top, warn=self._warn_saving, streaming=self.streaming)
+                           top_logprobs=self.config.inspector_top, warn=self._warn_saving, streaming=self.streaming,
+                           thinking=self.config.thinking)
 
     def _price(self):
         return self.query_one(MetricsPanel).price if self.is_mounted else self.config.prices[self.config.price]
@@ -136,8 +137,9 @@ class ChatScreen(Screen):
         """Where the side panel is hidden, the title line carries its key figures."""
         model = model_label(self.session.model) if self.session.model else "no model yet"
         hidden = self.has_class("-panel-hidden") or (self.has_class("-narrow") and not self.has_class("-panel-shown"))
-        metrics = self.query_one(MetricsPanel).metrics
-        self.view.show_title(model, metrics if hidden and metrics.n_ctx else None)
+        panel = self.query_one(MetricsPanel)
+        panel.show_thinking(self.session.thinking)
+        self.view.show_title(model, panel.metrics if hidden and panel.metrics.n_ctx else None)
 
     async def _model_loaded(self, job: LoadJob, info: ModelInfo) -> None:
         if self.backend is not None:
@@ -285,6 +287,12 @@ class ChatScreen(Screen):
         if self.view.heatmap and not self.config.inspector_top:
             self.notify("The inspector is off (inspector_top = 0 in the config): replies carry no probabilities.",
                         severity="warning", timeout=6)
+
+    def action_toggle_thinking(self) -> None:
+        self.session.set_thinking(not self.session.thinking)
+        self._show_title()
+        self.notify(f"Thinking {'on' if self.session.thinking else 'off'} in this chat, from the next reply",
+                    timeout=3, markup=False)
 
     async def action_show_earlier(self) -> None:
         await self.view.log_view.show_earlier()

@@ -122,6 +122,10 @@ class ConversationView(Vertical):
             return
         if update.status is not None:
             widget.show_status(update.status)
+        writing = self.session.writing
+        thinking = writing is not None and writing.tokens and writing.tokens[-1].thinking
+        if self.session.streaming and (update.reasoning or thinking):
+            await widget.think()
         ending = update.ending
         if update.text and self.session.streaming:
             await widget.append(update.text)

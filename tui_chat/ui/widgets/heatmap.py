@@ -76,8 +76,10 @@ def has_probabilities(tokens: Sequence[Token]) -> bool:
     return bool(tokens) and all(token.prob is not None for token in tokens)
 
 
-def heatmap_text(tokens: Sequence[Token], text: str, styles: Sequence[Style], selected: int | None) -> Text:
-    """The reply as its tokens, each styled by its band and tagged with its index for mouse clicks.
+def heatmap_text(tokens: Sequence[Token], text: str, styles: Sequence[Style], selected: int | None,
+                 offset: int = 0) -> Text:
+    """The reply (or its part: its thinking, its answer) as its tokens, each styled by its band and tagged
+    with its index in the reply (`offset` that of the first) for mouse clicks.
 
     Only tokens inside the visible text are drawn: the tokens of a cut stop sequence are not.
     Leading whitespace is dropped, as the plain rendering does.
@@ -85,7 +87,7 @@ def heatmap_text(tokens: Sequence[Token], text: str, styles: Sequence[Style], se
     out = Text(no_wrap=False)
     drawn = 0
     started = False
-    for index, token in enumerate(tokens):
+    for index, token in enumerate(tokens, start=offset):
         if drawn + len(token.piece) > len(text):
             break
         drawn += len(token.piece)

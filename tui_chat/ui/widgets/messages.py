@@ -25,11 +25,12 @@ from textual.widget import Widget
 from textual.widgets import Markdown, Static
 
 from ...config import data_dir
-from ...engine.base import Token
+from ...engine.base import Token, thinking_line
 from ...safetext import terminal_safe
 from ...session import Branch, Turn, Writing
 from ..clipboard import copy
 from .heatmap import band_styles, grammar_line, has_probabilities, heatmap_text
+from .thinking import ThinkingBlock, thinking_view
 
 FREEZE_AFTER_CHARS = 3000
 _FENCE = "```"
@@ -107,6 +108,8 @@ class ReplyMessage(ChatMessage, Vertical):
 
     The turn may have sibling branches (regenerated, or branched from a token); one is shown.
     With the heatmap on, the shown branch is drawn token by token, and a token can be picked.
+    A reasoning model's thinking is a folded block above the answer (thinking.py); its tokens come first
+    in `tokens`, and can be picked once it is unfolded.
     """
 
     BINDINGS = [
@@ -145,6 +148,7 @@ class ReplyMessage(ChatMessage, Vertical):
         self.turn = turn
         self.writing = writing  # the branch in progress, while it is written
         self.heatmap = False
+        self.unfolded = False  # the thinking shown in full
         self.selected = 0
         self._tail = self.text
         self._frozen_chars = 0
@@ -157,6 +161,27 @@ class ReplyMessage(ChatMessage, Vertical):
         if self.writing is not None:
             return self.writing.text
         return self.turn.reply.text if self.turn.reply else ""
+
+    @property
+    def reasoning(self) -> str:
+        if self.writing is not None:
+            return self.writing.reasoning
+        return self.turn.reply.reasoning if self.turn.reply else ""
+
+    @property
+    def answer_from(self) -> int:
+        """How many of `tokens` are the thinking's."""
+        if self.writing is not None:
+            return self.writing.thinking
+        return self.turn.reply.answer_from if self.turn.reply else 0
+
+    @property
+    def thought(self) -> str:
+        """The thinking's header: its time and tokens so far while it is written."""
+        if self.writing is not None:
+            line = thinking_line(self.writing.thinking_figures())
+            return line.replace("thought for", "thinking…", 1) if line else "thinking…"
+        return (self.turn.reply.thought if self.turn.reply else "") or "thought"
 
     @property
     def footer(self) -> str | None:
@@ -184,6 +209,8 @@ class ReplyMessage(ChatMessage, Vertical):
     # --- drawing ------------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
+        if self.reasoning:
+            yield ThinkingBlock(self._thinking_view())
         if self.footer is not None:
             yield self._finished_body()
         else:
@@ -198,9 +225,9 @@ class ReplyMessage(ChatMessage, Vertical):
     def _finished_body(self, text: str | None = None) -> Static:
         """The last chunk of a finished reply with its footer, or the whole reply as a heatmap."""
         footer = Text(self.footer + self._branch_label(), style="dim")
-        if self.heatmap and has_probabilities(self.tokens):
-            styles = band_styles(self.app.get_css_variables())
-            body = heatmap_text(self.tokens, self.text, styles, self.selected if self.has_focus else None)
+        if self._heat_shown():
+            start = self.answer_from
+            body = heatmap_text(self.tokens[start:], self.text, self._heat_styles(), self._picked(), start)
             mask = grammar_line(self.tokens, self.selected) if self.has_focus else None
             return Static(Group(body, *filter(None, [mask]), footer), classes="chunk last heatmap")
         if text is None:
@@ -208,6 +235,39 @@ class ReplyMessage(ChatMessage, Vertical):
         if not self.text.strip():  # said, so an empty reply is not mistaken for a missing one
             return Static(Group(Text("(no text)", style="dim italic"), footer), classes="chunk last")
         return Static(Group(rendered_markdown(text.strip()), footer), classes="chunk last")
+
+    def _heat_shown(self) -> bool:
+        return self.heatmap and self.footer is not None and has_probabilities(self.tokens)
+
+    def _heat_styles(self) -> list:
+        return band_styles(self.app.get_css_variables())
+
+    def _picked(self) -> int | None:
+        return self.selected if self.has_focus else None
+
+    def _thinking_view(self):
+        heat = None
+        if self.unfolded and self._heat_shown():
+            thinking = self.tokens[: self.answer_from]
+            heat = heatmap_text(thinking, "".join(t.piece for t in thinking), self._heat_styles(), self._picked())
+        return thinking_view(self.thought, self.reasoning, self.unfolded, heat)
+
+    async def think(self) -> None:
+        """The thinking grew (or its figures did): its block, mounted above the answer when it first shows."""
+        if not self.reasoning:
+            return
+        blocks = self.query(ThinkingBlock)
+        if blocks:
+            blocks.first().update(self._thinking_view())
+        elif self.is_attached:
+            await self.mount(ThinkingBlock(self._thinking_view()), before=self.children[0] if self.children else None)
+
+    async def on_thinking_block_toggled(self, event: ThinkingBlock.Toggled) -> None:
+        event.stop()
+        self.unfolded = not self.unfolded
+        if not self.unfolded:
+            self.selected = max(self.selected, self.answer_from)
+        await self.think()
 
     def _branch_label(self) -> str:
         if len(self.branches) < 2:
@@ -256,10 +316,11 @@ class ReplyMessage(ChatMessage, Vertical):
         what streamed when a held-back stop prefix was released at the end): freeze what is left."""
         await self.stop()
         self.writing = None
-        self.selected = min(self.selected, max(len(self.tokens) - 1, 0))
-        if self.heatmap and has_probabilities(self.tokens):
+        self.selected = min(max(self.selected, self.answer_from), max(len(self.tokens) - 1, 0))
+        if self._heat_shown():
             await self.redraw()
             return
+        await self.think()
         await self.query_one(".status").remove()
         await self.query_one(Markdown).remove()
         await self.mount(self._finished_body(self.text[self._frozen_chars :]))
@@ -273,7 +334,7 @@ class ReplyMessage(ChatMessage, Vertical):
     async def show_branch(self) -> None:
         """Draw the turn's active branch (the session switched it)."""
         branch = self.turn.reply
-        self.selected = branch.cut if branch and branch.cut is not None else 0
+        self.selected = branch.cut if branch and branch.cut is not None else self.answer_from
         await self.redraw()
 
     async def redraw(self) -> None:
@@ -281,8 +342,10 @@ class ReplyMessage(ChatMessage, Vertical):
         if self.footer is None:
             return
         self._frozen_chars = 0
-        with self.app.batch_update():
-            await self.remove_children()
+        with self.app.batch_update():  # the thinking's block stays: it may have the focus
+            keep = ThinkingBlock if self.reasoning else ()
+            await self.remove_children([child for child in self.children if not isinstance(child, keep)])
+            await self.think()
             await self.mount(self._finished_body())
 
     async def set_heatmap(self, on: bool) -> None:
@@ -292,7 +355,8 @@ class ReplyMessage(ChatMessage, Vertical):
 
     async def action_select(self, step: int) -> None:
         if self.heatmap and self.tokens:
-            self.selected = max(0, min(self.selected + step, len(self.tokens) - 1))
+            first = 0 if self.unfolded else min(self.answer_from, len(self.tokens) - 1)
+            self.selected = max(first, min(self.selected + step, len(self.tokens) - 1))
             await self.redraw()
 
     def action_inspect(self) -> None:

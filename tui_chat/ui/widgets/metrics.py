@@ -33,6 +33,15 @@ def _prefill(m: TurnMetrics) -> str:
     return _rate(m.prefill_tok_s)
 
 
+def _thought(m: TurnMetrics) -> str:
+    return f"\n         {m.reasoning_tokens:,} thinking · {m.answer_tokens:,} answer" if m.reasoning_tokens else ""
+
+
+def _thinking_cost(price: Price, m: TurnMetrics) -> str:
+    """The thinking's share of the output: a paid API bills it as output too."""
+    return f"  of it thinking {format_usd(price.cost(0, 0, m.reasoning_tokens))}\n" if m.reasoning_tokens else ""
+
+
 def kv_bar(used: int, total: int, width: int = BAR_WIDTH) -> str:
     filled = 0 if total <= 0 else min(width, round(width * used / total))
     return "█" * filled + "░" * (width - filled)
@@ -57,6 +66,7 @@ class MetricsPanel(Vertical):
         self.info: ModelInfo | None = None
         self.metrics = TurnMetrics()
         self.turns: list[TurnMetrics] = []
+        self.thinking = True  # the chat's thinking switch, shown for a model whose template names its markers
         self._last_sample: tuple[int, float] | None = None
 
     def compose(self) -> ComposeResult:
@@ -77,6 +87,11 @@ class MetricsPanel(Vertical):
         self.info = info
         self.metrics = TurnMetrics()
         self.refresh_view(status)
+
+    def show_thinking(self, on: bool) -> None:
+        if on != self.thinking:
+            self.thinking = on
+            self.refresh_view()
 
     def start_reply(self) -> None:
         self._last_sample = None
@@ -139,7 +154,8 @@ class MetricsPanel(Vertical):
             title.update(Content(terminal_safe(info.name)))
             threads = m.threads or info.threads
             hardware = f"{info.offload} · {threads} thread{'s' if threads != 1 else ''}" if threads else info.offload
-            facts.update(Content(terminal_safe(f"{info.quantization} · {hardware}\n{info.description}")))
+            thinks = f"\nThinking {'on' if self.thinking else 'off'} · F7" if info.thinking else ""
+            facts.update(Content(terminal_safe(f"{info.quantization} · {hardware}\n{info.description}{thinks}")))
         server = f"\n  server {_rate(m.server_decode_tok_s)}" if m.server_decode_tok_s else ""  # by its own clock
         grammar = m.grammar_ms_per_token
         self.query_one("#speed", Static).update(
@@ -155,7 +171,7 @@ class MetricsPanel(Vertical):
         restored = restore_note(m.as_dict())
         self.query_one("#tokens", Static).update(
             Content(
-                f"Tokens   in {estimated}{m.prompt_tokens:,} · out {m.completion_tokens:,}\n"
+                f"Tokens   in {estimated}{m.prompt_tokens:,} · out {m.completion_tokens:,}{_thought(m)}\n"
                 f"KV       {kv_bar(m.context_tokens, n_ctx)}\n"
                 f"         {m.context_tokens:,} / {f'{n_ctx:,}' if n_ctx else 'unknown'}\n"
                 f"Reused   {m.cached_tokens:,} tokens this turn" + (f"\n{restored[0].upper()}{restored[1:]}" if restored else "")
@@ -170,6 +186,7 @@ class MetricsPanel(Vertical):
                 f" input   {format_usd(reply.input)}\n"
                 f" cached  {format_usd(reply.cached_input)}\n"
                 f" output  {format_usd(reply.output)}\n"
+                f"{_thinking_cost(self.price, m)}"
                 f"Session  {format_usd(session)}\n"
                 f"Saved    {format_usd(self.uncached_cost() - session)} by reuse"
             )

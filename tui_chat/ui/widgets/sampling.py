@@ -25,7 +25,7 @@ from .order import OrderBar
 from .output_format import FormatPicker
 from .slider import Slider
 
-MAIN_PARAMS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens", "seed")
+MAIN_PARAMS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens", "thinking_budget", "seed")
 MORE_PARAMS = tuple(spec.name for spec in PARAMS if spec.name not in MAIN_PARAMS)
 DEFAULTS = SamplingParams()
 STREAM_HINT = ("On: the reply appears token by token. Off: it is held until complete, then shown whole, "
@@ -40,8 +40,8 @@ HINTS = {spec.name: spec.hint for spec in PARAMS} | {
 
 
 def format_value(spec: ParamSpec, value: float) -> str:
-    if spec.name == "seed" and value < 0:
-        return "random"
+    if value < 0 and spec.below_zero:
+        return spec.below_zero
     return str(value) if spec.kind is int else f"{value:.2f}"
 
 
