@@ -147,8 +147,12 @@ async def test_a_lost_default_model_gives_way_to_the_starter_with_a_warning(tmp_
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         screen = await loaded(pilot)
         assert Path(screen.backend.info.path).resolve() == starter_model.resolve()
-        warnings = [n.message for n in app._notifications if n.severity == "warning"]
-        assert any("my-gemma.gguf" in w and "the starter model opens instead" in w for w in warnings)
+
+        def warned() -> bool:  # a notification is a message: it is listed once the app has handled it
+            warnings = [n.message for n in app._notifications if n.severity == "warning"]
+            return any("my-gemma.gguf" in w and "the starter model opens instead" in w for w in warnings)
+
+        await wait_for(pilot, warned)
         assert screen.session.model == STARTER_NAME
 
 
