@@ -157,7 +157,7 @@ async def test_an_overfull_context_leaves_out_the_oldest_turns_and_says_so(tiny_
             await send(pilot, f"Turn {turn}: " + "tell me more about the weather " * 6)
             reply = await reply_done(pilot)
         assert "earlier turn" in reply.footer and "left out" in reply.footer
-        assert any("left out" in str(n.message) for n in app._notifications)
+        await wait_for(pilot, lambda: any("left out" in str(n.message) for n in app._notifications))
         assert len(said(screen)) == 10, "nothing is dropped from the chat itself"
     [conversation] = stored()
     assert len(conversation.path) == 10
