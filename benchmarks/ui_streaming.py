@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import json
 import os
 import platform
 import random
 import re
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -367,14 +371,28 @@ def print_markdown(cases: list[Case]) -> None:
               f"| {ms(c.stall_stream_s)} / {ms(c.stall_finish_s)} |")
 
 
+def run_alone(history: int, rate: int, seconds: float) -> Case:
+    """Each case in a process of its own, as the app runs: a second app in one process has been seen to stop
+    taking its screen's messages (its ChatScreen detached mid-reply), which one app per process never meets."""
+    command = [sys.executable, __file__, "--one-case", str(history), str(rate), "--seconds", str(seconds)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    return Case(**json.loads(done.stdout.strip().splitlines()[-1]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rates", type=int, nargs="+", default=[2000, 5000], help="offered tok/s, default 2000 5000")
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds of tokens per stream, default 5")
     parser.add_argument("--history", type=int, default=300, help="finished messages already in the chat, default 300")
+    parser.add_argument("--one-case", type=int, nargs=2, metavar=("HISTORY", "RATE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if min(args.rates) < 1 or args.seconds <= 0 or args.history < 0:
         parser.error("--rates must be >= 1, --seconds > 0, --history >= 0")
+    if args.one_case:
+        history, rate = args.one_case
+        case = asyncio.run(run_case(history, rate, round(rate * args.seconds), seed=rate))
+        print(json.dumps(dataclasses.asdict(case)))
+        return
 
     print(f"machine   {os.cpu_count()} CPUs, {platform.system()} {platform.machine()}, "
           f"Python {platform.python_version()}, textual {textual.__version__}, load avg {os.getloadavg()[0]:.2f}")
@@ -396,7 +414,7 @@ def main() -> None:
     cases = []
     for history in sorted({0, args.history}):
         for rate in args.rates:
-            case = asyncio.run(run_case(history, rate, round(rate * args.seconds), seed=rate))
+            case = run_alone(history, rate, args.seconds)
             print_case(case)
             cases.append(case)
     print(f"\nfinished in {time.perf_counter() - started:.0f} s, load avg {os.getloadavg()[0]:.2f}")
