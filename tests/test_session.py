@@ -9,7 +9,7 @@ import pytest
 
 from conftest import GREEDY
 from tui_chat.config import history_path
-from tui_chat.engine.base import Candidate, Message
+from tui_chat.engine.base import Candidate, Error, Message, Stream, Token
 from tui_chat.engine.params import LiveParams
 from tui_chat.history import History
 from tui_chat.pricing import PRESETS
@@ -188,3 +188,25 @@ def test_the_probe_says_why_a_reply_cannot_be_recomputed(tiny):
     assert probe.context(3) == turn.reply.prompt_ids + tuple(t.token_id for t in turn.reply.tokens[:3])
     live.update(temperature=0.5)
     assert probe.settings(turn.reply.tokens[0]) == (GREEDY.with_changes(max_tokens=8), "")
+
+
+def test_a_reply_cut_short_while_thinking_stays_on_the_saved_path(history):
+    """A server's stream that breaks mid-thought: the thinking is kept on screen, so the history keeps it
+    on the chat's path too, and the model sees the same conversation after a reopen."""
+
+    def cut_while_thinking(request):
+        stream = Stream()
+        for index, thought in enumerate(("Hmm", ", let me")):
+            stream.put(Token(-1, "", float(index), 0, reasoning=thought, thinking=True))
+        stream.put(Error("the server closed the connection"))
+        return stream
+
+    session = new_session(history)
+    session.ask("Q1", cut_while_thinking)
+    assert finish(session).kind == "failed"
+    session.ask("Q2", cut_while_thinking)
+    finish(session)
+    stored = history.load(session.conversation_id)
+    assert [(m.role, m.reasoning) for m in stored.path] == [("user", ""), ("assistant", "Hmm, let me"),
+                                                            ("user", ""), ("assistant", "Hmm, let me")]
+    assert [m.role for m in stored.engine_messages()] == ["user", "assistant", "user", "assistant"]

@@ -136,7 +136,7 @@ class Conversation:
     def engine_messages(self) -> list[Message]:
         """What the model sees to continue: the system prompt and the active path, failed replies left out."""
         messages = [Message("system", self.system_prompt)] if self.system_prompt else []
-        messages += [Message(m.role, m.content, m.reasoning) for m in self.path if m.state != "error" or m.content]
+        messages += [Message(m.role, m.content, m.reasoning) for m in self.path if m.state != "error" or m.content or m.reasoning]
         return messages
 
     @property

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .engine.base import Done, Error
+from .engine.base import Done, Error, written
 from .engine.formats import OutputFormat
 from .engine.params import SamplingParams
 from .history import History, ReplyWriter
@@ -45,7 +45,7 @@ class SavedChat:
     def end_reply(self, reply: ReplyWriter, final: Done | Error) -> None:
         if isinstance(final, Error):
             reply.fail(final.message)
-            if final.text:
+            if written(final):
                 self.last_id = reply.id  # a reply cut short is still what the chat goes on from
             return
         m = final.metrics

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
 from .engine.base import Candidate, Done, Error, Event, Message, Metrics, PromptProgress, Request, Stream, Token
-from .engine.base import STOP_LABELS, StopReason, TurnMetrics, restore_note, thinking_line
+from .engine.base import STOP_LABELS, StopReason, TurnMetrics, restore_note, thinking_line, written
 from .engine.context import left_out
 from .engine.formats import TEXT, OutputFormat
 from .engine.params import LiveParams
@@ -320,11 +320,14 @@ class ChatSession:
         """Apply a batch of the writing reply's events; returns what changed."""
         writing, update = self.writing, Update()
         pending: list[str] = []
+        thought: list[str] = []
         for event in events:
             if isinstance(event, Token):
                 writing.tokens.append(writing.forced[len(writing.tokens)] if event.forced else event)
                 pending.append(event.text)
-                self._think(writing, event, update)
+                if event.thinking:
+                    self._think(writing, event)
+                    thought.append(event.reasoning)
                 if not update.versions or update.versions[-1][0] != event.params_version:
                     update.versions.append((event.params_version, len(writing.tokens)))
             elif isinstance(event, PromptProgress):
@@ -332,42 +335,35 @@ class ChatSession:
             elif isinstance(event, Metrics):
                 update.metrics = writing.metrics = event.metrics
             elif isinstance(event, (Done, Error)):
-                self._append(writing, "".join(pending), update)
+                self._append(writing, "".join(pending), "".join(thought), update)
                 update.ending = self._finish(writing, event) if isinstance(event, Done) else self._fail(writing, event)
                 return update
-        self._append(writing, "".join(pending), update)
+        self._append(writing, "".join(pending), "".join(thought), update)
         return update
 
-    def _think(self, writing: Writing, token: Token, update: Update) -> None:
-        """A token of the thinking: its text, count and time."""
-        if not token.thinking:
-            return
+    @staticmethod
+    def _think(writing: Writing, token: Token) -> None:
+        """A token of the thinking: its count and time."""
         writing.thinking += 1
         first = writing.thinking_span[0] if writing.thinking_span else token.at
         writing.thinking_span = (first, token.at)
-        if token.reasoning:
-            writing.reasoning += token.reasoning
-            update.reasoning += token.reasoning
-            if writing.writer is not None:
-                self._save(lambda: writing.writer.append("", token.reasoning))
-            if not writing.visible:
-                writing.visible = True
-                update.status = ""
 
-    def _append(self, writing: Writing, text: str, update: Update) -> None:
-        if not text:
+    def _append(self, writing: Writing, text: str, thought: str, update: Update) -> None:
+        """A batch's new answer text and thinking, kept and saved once."""
+        if not text and not thought:
             return
         if not writing.visible:
             writing.visible = True
             update.status = ""
         writing.text += text
-        update.text = text
+        writing.reasoning += thought
+        update.text, update.reasoning = text, thought
         if writing.writer is not None:
-            self._save(lambda: writing.writer.append(text))
+            self._save(lambda: writing.writer.append(text, thought))
 
     def _finish(self, writing: Writing, done: Done, keep_empty: bool = False) -> Ending:
         self.writing = None
-        if done.stop_reason == "cancelled" and not (done.text + done.reasoning).strip() and not keep_empty:
+        if done.stop_reason == "cancelled" and not written(done) and not keep_empty:
             return replace(self._take_back(writing), done=done)
         footer = reply_footer(done.stop_reason, done.metrics.as_dict() | {"incomplete": done.incomplete})
         notes: list[str] = []
@@ -390,8 +386,9 @@ class ChatSession:
     def _fail(self, writing: Writing, error: Error) -> Ending:
         """The engine gave up. What it wrote stays (a server's stream cut mid-reply), marked as such."""
         self.writing = None
-        reasoning = error.reasoning or writing.reasoning
-        if not (error.text + reasoning).strip():
+        error = replace(error, reasoning=error.reasoning or writing.reasoning)
+        reasoning = error.reasoning
+        if not written(error):
             self._take_back(writing)
             return Ending("restored" if writing.is_branch else "taken_back", error.message)
         if writing.writer is not None and self.saved is not None:

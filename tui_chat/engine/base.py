@@ -369,6 +369,11 @@ class Error:
     reasoning: str = ""
 
 
+def written(final: Done | Error) -> bool:
+    """Whether a reply that ended wrote anything to keep: answer or thinking."""
+    return bool((final.text + final.reasoning).strip())
+
+
 Event = LoadProgress | Loaded | PromptProgress | Token | Metrics | Done | Error | XRay | WordProbability
 FINAL_EVENTS = (Loaded, Done, Error, XRay, WordProbability)
 
