@@ -114,3 +114,13 @@ def test_the_ui_runs_without_llama_cpp_and_the_engine_without_textual():
     for script in (code, textual_free):
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
         assert done.returncode == 0, done.stderr
+
+
+def test_the_command_line_and_the_server_backend_load_neither_textual_nor_llama_cpp():
+    """`tui-chat run --remote …` talks HTTP only: starting it, or opening a server, loads no native library
+    and no UI (each costs start-up time on every command)."""
+    script = ("import sys, tui_chat.cli, tui_chat.engine.openai\n"
+              "loaded = [m for m in sys.modules if m.split('.')[0] in ('llama_cpp', 'textual')]\n"
+              "assert not loaded, loaded\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr

@@ -63,3 +63,17 @@ def test_removing_a_model_deletes_its_caches(tiny_model, models):
     removed = run_cli("models", "rm", "tiny-copy.gguf")
     assert removed.returncode == 0 and removed.stdout.endswith(" and its 1 saved KV cache\n"), removed
     assert [entry.model_name for entry in KvStore(kv_cache_dir()).list_entries()] == ["tiny.gguf"]
+
+
+def test_a_continued_chat_keeps_its_format_unless_a_flag_names_another(tiny_model):
+    """`--format text` is a choice too: it takes a JSON chat back to free text; no flag keeps the chat's own."""
+    run_cli("run", "--save", "--max-tokens", "8", "--format", "json", "-m", str(tiny_model), "-p", "Hi")
+
+    def format_of_next_turn(*flags: str) -> str | None:
+        done = run_cli("run", "--continue", "1", "--max-tokens", "4", "--json", *flags, "-p", "More")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["turns"][0].get("format")
+
+    assert format_of_next_turn() == "json"
+    assert format_of_next_turn("--format", "text") is None  # free text: no format in the report
+    assert format_of_next_turn() is None, "the chat now goes on as free text"

@@ -479,7 +479,8 @@ async def test_panel_costs_match_the_pricing_module(tiny, tiny_model):
         screen.query_one(PromptInput).text = "Hello world"
         draft = screen.query_one("#draft")
         sonnet = PRESETS["Claude Sonnet 4"]
-        sending = sonnet.cost(tiny.count_tokens("Hello world"), panel.metrics.context_tokens)
+        context = panel.metrics.context_tokens  # billed as the reply will be: the provider's caching rule applies
+        sending = turn_cost(sonnet, tiny.count_tokens("Hello world") + context, context, 0).total
         await wait_for(pilot, lambda: f"sending ≈ {format_usd(sending)}" in str(draft.render()))
         assert f"up to {format_usd(sonnet.cost(0, 0, GREEDY.max_tokens))} out on Claude Sonnet 4" in str(draft.render())
 

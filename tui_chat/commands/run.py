@@ -32,7 +32,7 @@ from ..history import Conversation, History
 from ..pricing import find_preset
 from ..recording import Saving
 from ..session import ChatSession, Ending, Writing, opened, wait_note
-from .common import INTERRUPTED, RUNTIME_ERROR, add_model_options, opener_for, writer
+from .common import INTERRUPTED, RUNTIME_ERROR, add_model_options, fail, one_line, opener_for, writer
 
 MODEL_FLAGS = ("model", "backend", "base_url", "remote")  # any of these opens another model than a continued chat's
 LIST_METAVARS = {"stop": "STR", "logit_bias": "TEXT=BIAS", "sampler_order": "A,B,C"}
@@ -53,7 +53,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         run.add_argument(f"--{listed.name.replace('_', '-')}", action="append" if listed.repeatable else "store",
                          metavar=LIST_METAVARS[listed.name], help=listed.hint + more)
     output = run.add_mutually_exclusive_group()
-    output.add_argument("--format", choices=("text", "json"), default="text",
+    output.add_argument("--format", choices=("text", "json"),
                         help="json: the reply is any valid JSON value (a grammar allows nothing else)")
     output.add_argument("--json-schema", metavar="FILE_OR_JSON", help="the reply is JSON matching this schema")
     output.add_argument("--grammar", metavar="FILE", help="the reply follows this GBNF grammar (a file, or its text)")
@@ -128,8 +128,7 @@ def _run_opened(backend: Backend, args: argparse.Namespace, config: Config, mode
         try:
             return run_conversation(backend, session, args.prompt, as_json=args.json)
         except EngineError as error:
-            print(f"tui-chat: error: {error}", file=sys.stderr)
-            return RUNTIME_ERROR
+            return fail(error, RUNTIME_ERROR)
     finally:
         backend.close()
 
@@ -167,12 +166,12 @@ def _output_format(args: argparse.Namespace) -> OutputFormat:
         return choose("json_schema", args.json_schema)
     if args.grammar is not None:
         return choose("grammar", args.grammar)
-    return TEXT if args.format == "text" else choose(args.format)
+    return TEXT if args.format in (None, "text") else choose(args.format)
 
 
 def _format_given(args: argparse.Namespace) -> bool:
     """A continued chat keeps its output format unless a flag names another."""
-    return args.format != "text" or args.json_schema is not None or args.grammar is not None
+    return args.format is not None or args.json_schema is not None or args.grammar is not None
 
 
 def _stream_turn(session: ChatSession, write: Callable[[str], None], as_json: bool) -> tuple[Ending, list[dict]]:
@@ -283,4 +282,4 @@ def _saving(config: Config) -> Saving:
 
 
 def _warn(message: str) -> None:
-    print(f"tui-chat: warning: {message}", file=sys.stderr)
+    print(f"tui-chat: warning: {one_line(message)}", file=sys.stderr)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .chain import is_on
+from .stages import is_on
 from .formats import KINDS, TEXT, OutputFormat
 from .params import DEFAULT_ORDER, SamplingParams
 

@@ -11,7 +11,7 @@ from textual.content import Content
 from textual.widgets import Static
 
 from ...engine.base import Backend, EngineError
-from ...pricing import Price, format_usd
+from ...pricing import Price, format_usd, turn_cost
 
 COUNT_DELAY_S = 0.15
 IDLE = "Enter sends · Ctrl+J new line"
@@ -61,7 +61,7 @@ class DraftMeter(Static):
         if not self.is_attached or text != self.text:
             return  # the app closed, or typing went on: a newer count is on its way
         costs = self.costs()
-        sending = costs.price.cost(count, costs.context_tokens)
+        sending = turn_cost(costs.price, count + costs.context_tokens, costs.context_tokens, 0).total
         self.update(Content(
             f"{count:,} token{'s' if count != 1 else ''} · sending ≈ {format_usd(sending)}"
             f" + up to {format_usd(costs.price.cost(0, 0, costs.max_tokens))} out on {costs.price.name}"
