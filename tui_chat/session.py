@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
 from .engine.base import Candidate, Done, Error, Event, Message, Metrics, PromptProgress, Request, Stream, Token
-from .engine.base import STOP_LABELS, StopReason, TurnMetrics, restore_note, thinking_line, written
+from .engine.base import INCOMPLETE_LABEL, STOP_LABELS, StopReason, TurnMetrics, restore_note, thinking_line
+from .engine.base import written
 from .engine.context import left_out
 from .engine.formats import TEXT, OutputFormat
 from .engine.params import LiveParams
@@ -36,7 +37,7 @@ def reply_footer(reason: StopReason, metrics: Mapping[str, Any]) -> str:
     if metrics.get("ttft_s") is not None:
         parts.append(f"TTFT {metrics['ttft_s']:.2f} s")
     if metrics.get("incomplete"):
-        parts.append("incomplete: it stopped before the output format was complete")
+        parts.append(INCOMPLETE_LABEL)
     return " · ".join(filter(None, [*parts, restore_note(metrics)]))
 
 

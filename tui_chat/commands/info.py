@@ -11,6 +11,7 @@ import platform
 from importlib import metadata
 
 from ..config import Config, cache_dir, config_path, data_dir, history_path, log_dir, models_dir
+from ..guard import LOG_NAME
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -82,7 +83,7 @@ def report(config: Config) -> dict[str, object]:
             "models": str(models_dir()),
             "history": str(history_path()),
             "log": str(log_dir() / "llama.log"),
-            "stderr_log": str(log_dir() / "stderr.log"),
+            "stderr_log": str(log_dir() / LOG_NAME),
             "cache": str(cache_dir()),
         },
         "default_model": config.default_model or ("gemma-3-270m (starter)" if starter_installed() else None),

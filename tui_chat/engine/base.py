@@ -27,6 +27,7 @@ STOP_LABELS: dict[str, str] = {  # how a reply's end is said everywhere a person
 }
 
 
+INCOMPLETE_LABEL = "incomplete: it stopped before the output format was complete"  # footers and exports
 PREFILL_RATE_MIN_TOKENS = 8  # below this a prompt-reading rate says nothing
 
 
@@ -183,14 +184,16 @@ def restore_note(metrics: Mapping[str, Any]) -> str:
     return note + (f" (reading them would take ~{_duration(avoided)})" if avoided else "")
 
 
-def thinking_line(metrics: Mapping[str, Any]) -> str:
-    """`thought for 4.2 s · 312 tokens`: from `TurnMetrics.as_dict()` or a stored reply's figures ("" for a reply
-    that did not think, or one stored before replies kept their thinking's figures)."""
+def thinking_line(metrics: Mapping[str, Any], ongoing: bool = False) -> str:
+    """`thought for 4.2 s · 312 tokens` (`thinking… 2.1 s · 57 tokens` while it goes on): from
+    `TurnMetrics.as_dict()` or a stored reply's figures ("" for a reply that did not think, or one stored
+    before replies kept their thinking's figures)."""
     seconds = metrics.get("thinking_s")
     if seconds is None:
         return ""
     tokens = metrics.get("reasoning_tokens") or 0
-    return f"thought for {seconds:.1f} s · {tokens:,} token{'' if tokens == 1 else 's'}"
+    verb = "thinking…" if ongoing else "thought for"
+    return f"{verb} {seconds:.1f} s · {tokens:,} token{'' if tokens == 1 else 's'}"
 
 
 def _duration(seconds: float) -> str:

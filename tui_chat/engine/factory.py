@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .base import Backend, EngineError
+from .kvstore import DEFAULT_BUDGET_BYTES
 from .models import resolve_model
 
 REMOTE_MARK = "@"
@@ -38,7 +39,7 @@ class LocalOptions:
     extra_buffers: str = "auto"
     cache_dir: Path | None = None
     kv_dir: Path | None = None  # KV states saved after each reply, restored later (None: none saved)
-    kv_budget_bytes: int | None = None  # their total size (None: kvstore's default)
+    kv_budget_bytes: int = DEFAULT_BUDGET_BYTES  # their total size
 
 
 class ServerProfile(Protocol):
@@ -81,9 +82,10 @@ class BackendOpener:
         logs.install(local.log_dir)
         mark_used(local.models_dir, path)
         shown = name if name and not name.lower().endswith(".gguf") else path.stem
-        budget = {} if local.kv_budget_bytes is None else {"kv_budget_bytes": local.kv_budget_bytes}
-        settings = LlamaSettings(path, local.n_ctx, local.gpu_layers, local.chat_template, local.extra_buffers,
-                                 local.threads, local.threads_batch, local.cache_dir, local.kv_dir, **budget)
+        settings = LlamaSettings(path, n_ctx=local.n_ctx, gpu_layers=local.gpu_layers,
+                                 chat_template=local.chat_template, extra_buffers=local.extra_buffers,
+                                 threads=local.threads, threads_batch=local.threads_batch, cache_dir=local.cache_dir,
+                                 kv_dir=local.kv_dir, kv_budget_bytes=local.kv_budget_bytes)
         return LlamaBackend(settings, name=shown)
 
     def _open_server(self, name: str) -> Backend:

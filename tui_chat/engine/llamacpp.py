@@ -351,10 +351,7 @@ class LlamaSession:
         """
         if not context:
             raise EngineError("there is no text before this position to compute it from")
-        limit = min(len(self.tokens), len(context) - 1)
-        shared = 0
-        while shared < limit and self.tokens[shared] == context[shared]:
-            shared += 1
+        shared = self.common_prefix(context)
         rows = np.empty((len(then) + 1, self.n_vocab), dtype=np.float32)
         try:
             if shared:

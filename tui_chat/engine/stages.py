@@ -15,23 +15,7 @@ from collections.abc import Callable
 
 from .params import SamplingParams
 
-SELECTORS = ("dist", "greedy", "mirostat_v2")  # the last element: it picks the token
 _KEEP_LIKELIEST = frozenset({"top_n_sigma", "top_k", "top_p", "min_p"})
-
-# The settings each stage reads, for labels, the X-ray and the remote mappings.
-STAGE_SETTINGS: dict[str, tuple[str, ...]] = {
-    "logit_bias": ("logit_bias",),
-    "penalties": ("repeat_penalty", "frequency_penalty", "presence_penalty"),
-    "dry": ("dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n"),
-    "top_n_sigma": ("top_n_sigma",),
-    "top_k": ("top_k",),
-    "typical_p": ("typical_p",),
-    "top_p": ("top_p",),
-    "min_p": ("min_p",),
-    "xtc": ("xtc_probability", "xtc_threshold"),
-    "temperature": ("temperature",),
-    "mirostat_v2": ("mirostat_tau", "mirostat_eta"),
-}
 
 
 _ON: dict[str, Callable[[SamplingParams], bool]] = {

@@ -229,9 +229,7 @@ class ChatScreen(Screen):
 
     def _ended(self, ending: Ending) -> None:
         """The reply counts as being written until its widget has settled: actions wait for that."""
-        self._writing = None
-        self.writing = False
-        self.memory.reply_ended()
+        self._settled()
         if ending.kind in ("finished", "failed") and ending.done is not None:
             self.query_one(MetricsPanel).finish_reply(ending.done.metrics)
         self._show_title()
@@ -242,6 +240,11 @@ class ChatScreen(Screen):
         elif ending.message:
             self.notify(ending.message, severity="warning", timeout=6, markup=False)
         self._recount_draft()
+
+    def _settled(self) -> None:
+        self._writing = None
+        self.writing = False
+        self.memory.reply_ended()
 
     # --- actions -------------------------------------------------------------------------------
 
@@ -340,9 +343,7 @@ class ChatScreen(Screen):
         """Another conversation on screen; a reply still being written ends as stopped."""
         if self.writing:
             self.session.abandon()
-            self._writing = None
-            self.writing = False
-            self.memory.reply_ended()
+            self._settled()
         self.query_one(SamplingPanel).set_values(settings.as_dict())
         self.query_one(MetricsPanel).forget_turns()
         self.session = session

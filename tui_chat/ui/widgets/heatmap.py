@@ -17,6 +17,7 @@ from textual.color import Color
 
 from ...engine.base import Token
 from ...safetext import terminal_safe
+from .xray import grammar_summary
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +112,8 @@ def grammar_line(tokens: Sequence[Token], index: int) -> Text | None:
     mask = tokens[index].grammar if 0 <= index < len(tokens) else None
     if mask is None:
         return None
-    line = Text(f"token {index + 1}: the format's grammar removed {mask.removed:.1%} of the probability", style="dim")
-    line.append(" · forced: it left one choice (italics)" if mask.forced else f" · it allowed {mask.allowed:,}")
-    return line
+    return Text(f"token {index + 1}: the format's {grammar_summary(mask)}" + (" (italics)" if mask.forced else ""),
+                style="dim")
 
 
 def legend(styles: Sequence[Style]) -> Text:

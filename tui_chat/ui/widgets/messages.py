@@ -179,8 +179,7 @@ class ReplyMessage(ChatMessage, Vertical):
     def thought(self) -> str:
         """The thinking's header: its time and tokens so far while it is written."""
         if self.writing is not None:
-            line = thinking_line(self.writing.thinking_figures())
-            return line.replace("thought for", "thinking…", 1) if line else "thinking…"
+            return thinking_line(self.writing.thinking_figures(), ongoing=True) or "thinking…"
         return (self.turn.reply.thought if self.turn.reply else "") or "thought"
 
     @property
@@ -201,10 +200,6 @@ class ReplyMessage(ChatMessage, Vertical):
     @property
     def active(self) -> int:
         return self.turn.active
-
-    @property
-    def message_id(self) -> int | None:
-        return self.turn.reply.message_id if self.turn.reply else None
 
     # --- drawing ------------------------------------------------------------------------------
 

@@ -147,10 +147,6 @@ class SamplingPanel(Vertical):
         else:
             self.reply_ended()
 
-    @property
-    def streaming(self) -> bool:
-        return self.query_one("#stream", Checkbox).value
-
     def show_backend(self, info: ModelInfo) -> None:
         """A server may pass on only some settings, and only when a reply starts: say so on each control."""
         self.per_token = info.params_per_token

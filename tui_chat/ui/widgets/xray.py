@@ -71,13 +71,12 @@ def word_text(asked: WordProbability, top: Sequence[Candidate]) -> Text:
     return line
 
 
+def grammar_summary(mask: GrammarMask, where: str = "") -> str:
+    """What an output format's grammar did at one token, in the words the heatmap and the inspector share."""
+    did = "forced: it left one choice" if mask.forced else f"it allowed {mask.allowed:,}"
+    return f"grammar removed {percent(mask.removed)} of the probability{where} · {did}"
+
+
 def grammar_text(mask: GrammarMask | None) -> Text:
-    """What an output format's grammar did at this token, or nothing without one."""
-    if mask is None:
-        return Text()
-    out = Text(f"\nThe output format's grammar removed {percent(mask.removed)} of the probability here")
-    if mask.forced:
-        out.append(" · forced: it left one choice", style="bold")
-    else:
-        out.append(f" · it allowed {mask.allowed:,} of the likeliest")
-    return out
+    """The inspector's line for it, or nothing without a format."""
+    return Text() if mask is None else Text(f"\nThe output format's {grammar_summary(mask, ' here')}")
