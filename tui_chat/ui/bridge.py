@@ -3,6 +3,11 @@
 One UI message per token floods the event loop at high token rates. The forwarder posts at most one
 batch every ~33 ms and never a second one before the UI has handled the first: when the UI is busy,
 batches simply grow. The engine never waits for any of this (its event queue is unbounded).
+
+The forwarder and the UI never wait on each other for good. Every event has a number; the UI says how
+many it has applied. A batch not acknowledged within `RESEND_AFTER_S` (lost, or its handler died) is
+posted again together with what came since, and the UI applies only the events it has not applied yet,
+so the final events always arrive while the screen runs, and a slow handler merely sees a repeat it skips.
 """
 
 from __future__ import annotations
@@ -16,45 +21,77 @@ from textual.message_pump import MessagePump
 from ..engine.base import Event, Stream
 
 BATCH_INTERVAL_S = 0.033
+RESEND_AFTER_S = 2.0
 _CHECK_ALIVE_S = 0.25
 
 
-class EngineBatch(Message):
-    """Events of one engine job, in order. `job` says which request they answer; the handler must
-    call `done()` when it has applied them, so the next batch can go out."""
+class Receipts:
+    """How many of one job's events the UI has applied; written on the UI thread, read by the forwarder."""
 
-    def __init__(self, job: object, events: list[Event], handled: threading.Event) -> None:
+    def __init__(self) -> None:
+        self.applied = 0
+        self.changed = threading.Condition()
+
+    def wait_for(self, count: int, timeout: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: self.applied >= count, timeout)
+
+    def applied_up_to(self, count: int) -> None:
+        with self.changed:
+            self.applied = max(self.applied, count)
+            self.changed.notify_all()
+
+
+class EngineBatch(Message):
+    """Events of one engine job, in order, numbered from `first`. `job` says which request they answer.
+    The handler takes `events` (only those not applied before) and must call `done()` when it has applied
+    them, so the next batch can go out."""
+
+    def __init__(self, job: object, events: list[Event], receipts: Receipts | None = None, first: int = 0) -> None:
         super().__init__()
         self.job = job
-        self.events = events
-        self._handled = handled
+        self.receipts = receipts or Receipts()
+        self._events = events
+        self._first = first
+
+    @property
+    def events(self) -> list[Event]:
+        """Read when handled: a batch posted again skips what an earlier, slower copy already applied."""
+        return self._events[max(0, self.receipts.applied - self._first):]
 
     def done(self) -> None:
-        self._handled.set()
+        self.receipts.applied_up_to(self._first + len(self._events))
 
 
 def forward_events(stream: Stream, target: MessagePump, job: object) -> None:
-    """Run in a thread worker: drain `stream` until its final event, posting batches to `target`.
-
-    The first event after a quiet spell goes out at once, so TTFT on screen is not delayed.
-    """
-    handled = threading.Event()
-    handled.set()
+    """Run in a thread worker: drain `stream` until its final event has been applied, posting batches to
+    `target`. The first event after a quiet spell goes out at once, so TTFT on screen is not delayed."""
+    receipts = Receipts()
+    sent: list[Event] = []  # every event posted, so an unacknowledged batch can be posted again
     last_post = 0.0
-    pending: list[Event] = []
     while True:
-        if pending:
-            due = last_post + BATCH_INTERVAL_S - time.monotonic()
-            if due > 0 and not stream.finished:
-                time.sleep(due)
-            while not handled.wait(_CHECK_ALIVE_S):
-                if not target.is_running:
-                    return
-            pending += stream.drain(timeout=0)
-            handled.clear()
-            target.post_message(EngineBatch(job, pending, handled))
-            pending = []
-            last_post = time.monotonic()
-        if stream.finished:
+        fresh = stream.drain(timeout=0.5)  # empty once the final event was drained
+        if not fresh and stream.finished and receipts.applied >= len(sent):
             return
-        pending = stream.drain(timeout=0.5)
+        if fresh and not stream.finished:
+            time.sleep(max(0.0, last_post + BATCH_INTERVAL_S - time.monotonic()))
+            fresh += stream.drain(timeout=0)
+        if not _acknowledged(receipts, len(sent), target):
+            if not target.is_running:
+                return
+            fresh = sent[receipts.applied:] + fresh  # lost, or its handler died: post it again with the rest
+            del sent[receipts.applied:]
+        if fresh:
+            first = len(sent)
+            sent += fresh
+            target.post_message(EngineBatch(job, fresh, receipts, first))
+            last_post = time.monotonic()
+
+
+def _acknowledged(receipts: Receipts, count: int, target: MessagePump) -> bool:
+    """Wait until the UI has applied `count` events; False after RESEND_AFTER_S or once `target` stops."""
+    deadline = time.monotonic() + RESEND_AFTER_S
+    while not receipts.wait_for(count, _CHECK_ALIVE_S):
+        if not target.is_running or time.monotonic() >= deadline:
+            return False
+    return True

@@ -3,7 +3,6 @@ model in use keeps answering until the new one is ready (a failed load leaves it
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -67,7 +66,7 @@ class ModelLoader:
         try:
             job.backend = self._open(job)
         except EngineError as error:
-            self.screen.post_message(EngineBatch(job, [Error(str(error))], threading.Event()))
+            self.screen.post_message(EngineBatch(job, [Error(str(error))]))
             return
         forward_events(job.backend.load(), self.screen, job)
 

@@ -139,7 +139,7 @@ class ConversationView(Vertical):
         elif ending.kind == "restored":
             await widget.give_way()
         else:
-            await widget.stop()
+            widget.stop()
             await self.log_view.remove_turn(turn)
             self.prompt.set_draft(turn.question)
 

@@ -4,6 +4,11 @@ A reply streams into a Textual Markdown tail; every few thousand characters the 
 blocks are frozen into one Static, so the live Markdown (one widget per block) stays small however
 long the reply grows. A finished message is a single Static: hundreds of them keep layout cheap.
 
+Each batch of text is appended to the tail directly and awaited: the bridge already coalesces tokens
+into batches while the UI is busy. Not Textual's `MarkdownStream`: its `stop()` on a stream whose task
+has not run yet re-raises the task's cancellation in the caller, which ends the screen's message loop
+for good (a reply that never finished, at high token rates, when a batch froze a chunk and ended the reply).
+
 Model text is untrusted: it is shown literally, never parsed as Rich markup, and control
 characters become visible escapes before anything reaches the terminal. Its Markdown is honest
 formatting, but a link's text may lie about where it goes: a finished reply shows each link's
@@ -152,7 +157,7 @@ class ReplyMessage(ChatMessage, Vertical):
         self.selected = 0
         self._tail = self.text
         self._frozen_chars = 0
-        self._stream = None
+        self._live: Markdown | None = None  # the tail being written into, while the reply is written
 
     # --- what it shows, from the turn ---------------------------------------------------------
 
@@ -215,7 +220,7 @@ class ReplyMessage(ChatMessage, Vertical):
     def on_mount(self) -> None:
         tail = self.query(Markdown)
         if self.footer is None and tail:  # none: the app closed before the reply's parts were mounted
-            self._stream = Markdown.get_stream(tail.first())
+            self._live = tail.first()
 
     def _finished_body(self, text: str | None = None) -> Static:
         """The last chunk of a finished reply with its footer, or the whole reply as a heatmap."""
@@ -276,40 +281,38 @@ class ReplyMessage(ChatMessage, Vertical):
             line.update(Content(status))
 
     async def append(self, text: str) -> None:
-        """Text the session added to the writing branch: streamed into the live tail."""
+        """Text the session added to the writing branch: appended to the live tail."""
+        if self._live is None:  # the reply's parts are gone (the app is closing)
+            return
         self._tail += text
-        await self._stream.write(terminal_safe(text))
+        await self._live.append(terminal_safe(text))
         if len(self._tail) > FREEZE_AFTER_CHARS:
             cut = freeze_point(self._tail)
             if cut is not None:
-                await self._freeze(cut)
+                await self._freeze(self._live, cut)
 
-    async def _freeze(self, cut: int) -> None:
+    async def _freeze(self, tail: Markdown, cut: int) -> None:
         frozen, self._tail = self._tail[:cut], self._tail[cut + 2 :]
         self._frozen_chars += cut + 2
-        await self._stream.stop()
-        tail = self.query_one(Markdown)
         await self.mount(Static(rendered_markdown(frozen), classes="chunk"), before=tail)
         await tail.update(terminal_safe(self._tail))
-        self._stream = Markdown.get_stream(tail)
 
-    async def stop(self) -> None:
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
+    def stop(self) -> None:
+        """Nothing more is written into the tail."""
+        self._live = None
 
     async def start(self, writing: Writing) -> None:
         """Write a new branch in place; the ones before it stay in the turn."""
-        await self.stop()
+        self.stop()
         await self.remove_children()
         self.writing, self._tail, self._frozen_chars = writing, "", 0
-        await self.mount_all([markdown_tail(), Static(classes="status")])
-        self._stream = Markdown.get_stream(self.query_one(Markdown))
+        self._live = markdown_tail()
+        await self.mount_all([self._live, Static(classes="status")])
 
     async def finish(self) -> None:
         """The turn's newest branch is final (the engine's last word on the text, which may differ from
         what streamed when a held-back stop prefix was released at the end): freeze what is left."""
-        await self.stop()
+        self.stop()
         self.writing = None
         self.selected = min(max(self.selected, self.answer_from), max(len(self.tokens) - 1, 0))
         if self._heat_shown():
@@ -322,7 +325,7 @@ class ReplyMessage(ChatMessage, Vertical):
 
     async def give_way(self) -> None:
         """The branch being written came to nothing: the one shown before it is back."""
-        await self.stop()
+        self.stop()
         self.writing = None
         await self.show_branch()
 
