@@ -18,7 +18,6 @@ import os
 import platform
 import random
 import re
-import statistics
 import subprocess
 import sys
 import threading
@@ -30,10 +29,12 @@ import textual
 from textual import events
 
 from tui_chat.config import Config
-from tui_chat.engine.base import Done, Loaded, Metrics, ModelInfo, Request, Stream, Token, TurnMetrics
+from tui_chat.lag import LagMonitor, Stall
+from tui_chat.engine.base import Candidate, Done, Loaded, Metrics, ModelInfo, Request, Stream, Token, TurnMetrics
 from tui_chat.session import Branch, Turn
 from tui_chat.ui.app import ChatApp
 from tui_chat.ui.screens.chat import ChatScreen
+from tui_chat.ui.screens.inspector import InspectorScreen
 from tui_chat.ui.widgets.messages import ReplyMessage
 from tui_chat.ui.widgets.prompt import PromptInput
 
@@ -43,6 +44,7 @@ BEAT_S = 0.005
 METRICS_EVERY_S = 0.1
 HISTORY_REPLY_TOKENS = 300
 KEY_TARGET_S = 0.050
+STALL_TARGET_S = 0.050
 RATIO_TARGET = 0.95
 INFO = ModelInfo(
     name="synthetic", path="-", description="paced synthetic tokens", quantization="-", size_bytes=0,
@@ -124,10 +126,12 @@ class SyntheticBackend:
     batch instead of falling behind the schedule.
     """
 
-    def __init__(self, pieces: list[str], rate: float) -> None:
+    def __init__(self, pieces: list[str], rate: float, probabilities: bool = False, thinking: int = 0) -> None:
         self.info: ModelInfo | None = None
         self.pieces = pieces
         self.rate = rate
+        self.probabilities = probabilities  # each token with its probability and top 10, as the engine records
+        self.thinking = thinking  # the first `thinking` tokens are the reply's thinking
         self.first_at: float | None = None
         self.last_at: float | None = None
         self.done = threading.Event()
@@ -180,7 +184,7 @@ class SyntheticBackend:
             due = min(n, int((time.perf_counter() - start) * self.rate) + 1)
             while i < due:
                 now = time.perf_counter()
-                stream.put(Token(i, pieces[i], now, version))
+                stream.put(self._token(i, now, version))
                 self.first_at = self.first_at or now
                 self.last_at = now
                 i += 1
@@ -189,54 +193,81 @@ class SyntheticBackend:
                 next_metrics = self.last_at + METRICS_EVERY_S
             if i < n:
                 time.sleep(max(0.0, start + i / self.rate - time.perf_counter()))
-        stream.put(Done("cancelled" if i < n else "length", "".join(pieces[:i]), metrics(i)))
+        answer = pieces[self.thinking:i]
+        stream.put(Done("cancelled" if i < n else "length", "".join(answer), metrics(i),
+                        reasoning="".join(pieces[:min(i, self.thinking)]), answer_from=min(i, self.thinking)))
         self.done.set()
+
+    def _token(self, i: int, now: float, version: int) -> Token:
+        piece = self.pieces[i]
+        top = tuple(Candidate(j, f"alt{j}", 0.5 / (j + 1)) for j in range(10)) if self.probabilities else ()
+        prob = 0.3 + (i % 7) / 10 if self.probabilities else None
+        if i < self.thinking:
+            return Token(i, "", now, version, piece, prob, top, reasoning=piece, thinking=True)
+        return Token(i, piece, now, version, piece, prob, top)
 
 
 # --- measuring the app ---------------------------------------------------------------------------
 
 
+MODES = ("plain", "heatmap", "thinking", "inspector")
+
+
 @dataclass
 class Case:
-    """One stream through one fresh app, with what the UI made of it."""
+    """One stream through one fresh app, with what the UI made of it. `mode`: plain; heatmap (on, tokens
+    with probabilities); thinking (its first third is thinking, the block unfolded); inspector (open on
+    the previous reply while this one streams behind it: keys go to the inspector, so none are timed)."""
 
     history: int
     rate: int
     tokens: int
+    mode: str = "plain"
     produced_tok_s: float = 0.0
     achieved_tok_s: float = 0.0
     shown_lag_s: float = 0.0
     end_lag_s: float = 0.0
     keys_s: list[float] = field(default_factory=list)
-    stall_stream_s: float = 0.0
-    stall_finish_s: float = 0.0
+    stalls: list[dict] = field(default_factory=list)  # every stall >= 20 ms, streaming or finishing, with its cause
 
     @property
     def ratio(self) -> float:
         return self.achieved_tok_s / self.rate
 
-    @property
-    def key_p95_s(self) -> float | None:
-        """Nearest rank: with the 10 to 20 keys of a 5 s stream, the worst or second-worst."""
+    def key_quantile_s(self, q: float) -> float | None:
+        """Nearest rank: with the 10 to 20 keys of a 5 s stream, p95 is the worst or second-worst."""
         keys = sorted(self.keys_s)
-        return keys[round(0.95 * (len(keys) - 1))] if keys else None
+        return keys[round(q * (len(keys) - 1))] if keys else None
 
-    def key_ms(self) -> tuple[str, str, str]:
-        """Median, p95 and max keypress latency in ms ("-" when no key went in while tokens flowed)."""
-        if not self.keys_s:
-            return "-", "-", "-"
-        return ms(statistics.median(self.keys_s)), ms(self.key_p95_s), ms(max(self.keys_s))
+    @property
+    def worst_stall_s(self) -> float:
+        return max((stall["late_s"] for stall in self.stalls), default=0.0)
+
+    def summary(self) -> dict:
+        """The figures a script reads (`--json`)."""
+        def key_ms(q: float) -> float | None:
+            value = self.key_quantile_s(q)
+            return None if value is None else round(value * 1000, 1)
+
+        return {
+            "history": self.history, "mode": self.mode, "offered_tok_s": self.rate,
+            "achieved_tok_s": round(self.achieved_tok_s, 1), "ratio": round(self.ratio, 3),
+            "key_median_ms": key_ms(0.5), "key_p95_ms": key_ms(0.95), "key_p99_ms": key_ms(0.99),
+            "key_max_ms": key_ms(1.0), "worst_stall_ms": round(self.worst_stall_s * 1000, 1),
+            "end_lag_ms": round(self.end_lag_s * 1000, 1), "stalls": self.stalls,
+        }
 
 
 class Monitor:
-    """One task on the app's event loop, waking every BEAT_S: the gaps between wake-ups are the loop's
-    stalls, and it notes when the reply holds all the text and when the reply is finished:
-    its frozen body is laid out, so the costly Rich render of the whole reply is counted. The checks
-    are O(1): a DOM query here walks every block of a long reply and would add lag of its own."""
+    """The app's own lag monitor (tui_chat/lag.py: each stall timed and attributed) and a task on the
+    event loop, waking every BEAT_S, that notes when the reply holds all the text and when the reply is
+    finished: its frozen body is laid out, so the costly Rich render of the whole reply is counted. The
+    checks are O(1): a DOM query here walks every block of a long reply and would add lag of its own."""
 
     def __init__(self, screen: ChatScreen) -> None:
         self.screen = screen
-        self.beats: list[tuple[float, float]] = []  # (woke at, seconds late)
+        self.lag = LagMonitor()
+        self.lag.start()
         self.widget: ReplyMessage | None = None
         self.chars = 0
         self.shown_at: float | None = None
@@ -247,12 +278,9 @@ class Monitor:
         self.widget, self.chars = widget, chars
 
     async def _run(self) -> None:
-        last = time.perf_counter()
         while True:
             await asyncio.sleep(BEAT_S)
             now = time.perf_counter()
-            self.beats.append((now, now - last - BEAT_S))
-            last = now
             if self.widget is None:
                 continue
             if self.shown_at is None and len(self.widget.text) >= self.chars:
@@ -262,11 +290,13 @@ class Monitor:
             if self.finished_at is None and self.screen.reply is None and frozen:
                 self.finished_at = now
 
-    def worst_stall(self, start: float, end: float) -> float:
-        return max((late for at, late in self.beats if start <= at <= end), default=0.0)
+    def stalls(self, start: float, end: float) -> list[Stall]:
+        """Stalls that ended in [start, end] (a stall ending later began before `end`: counted too)."""
+        return [stall for stall in self.lag.stalls if start <= stall.at and stall.at - stall.late_s <= end]
 
     def stop(self) -> None:
         self._task.cancel()
+        self.lag.stop()
 
 
 def press(app: ChatApp, key: str, char: str | None) -> None:
@@ -297,29 +327,42 @@ async def prefill(screen: ChatScreen, messages: int, rng: random.Random) -> None
     await screen.view.show(screen.session)
 
 
-async def run_case(history: int, rate: int, tokens: int, seed: int) -> Case:
+async def run_case(history: int, rate: int, tokens: int, seed: int, mode: str = "plain") -> Case:
     rng = random.Random(seed)
     pieces = split_tokens(markdown_reply(rng, tokens))[:tokens]
-    backend = SyntheticBackend(pieces, rate)
-    case = Case(history, rate, tokens)
+    backend = SyntheticBackend(pieces, rate, probabilities=mode in ("heatmap", "inspector"),
+                               thinking=tokens // 3 if mode == "thinking" else 0)
+    case = Case(history, rate, tokens, mode)
     app = ChatApp(Config(), lambda name: backend, "synthetic")
     async with app.run_test(size=SIZE) as pilot:
         screen: ChatScreen = app.screen
         await until(lambda: screen.backend is not None, 30)
         await prefill(screen, history, rng)
+        if mode == "heatmap":
+            await screen.view.set_heatmap(True)
+        if mode == "inspector":
+            await answered_once(screen, backend, pieces)
         await pilot.pause()  # the history's first layout is done before anything is timed
         prompt = screen.query_one(PromptInput)
         prompt.text = "Write it all out, please."
         monitor = Monitor(screen)
         press(app, "enter", "\r")
         await until(lambda: screen.reply is not None and screen.view.log_view.reply_of(screen.reply.turn), 30)
-        monitor.watch(screen.view.log_view.reply_of(screen.reply.turn), sum(map(len, pieces)))
+        widget = screen.view.log_view.reply_of(screen.reply.turn)
+        widget.unfolded = mode == "thinking"  # as if unfolded the moment it showed
+        monitor.watch(widget, sum(map(len, pieces[backend.thinking:])))
+        if mode == "inspector":
+            earlier = screen.query(ReplyMessage)[-2]
+            earlier.post_message(ReplyMessage.Inspect(earlier, 3))
+            await until(lambda: isinstance(app.screen, InspectorScreen), 10)
 
         typed = ""
         next_key = time.perf_counter()
         while not backend.done.is_set():
             next_key += KEY_EVERY_S  # on a fixed schedule, so a slow key does not thin out the next ones
             await asyncio.sleep(max(0.0, next_key - time.perf_counter()))
+            if mode == "inspector":
+                continue
             char = chr(ord("a") + len(typed) % 26)
             typed += char
             sent = time.perf_counter()
@@ -335,23 +378,36 @@ async def run_case(history: int, rate: int, tokens: int, seed: int) -> Case:
     case.achieved_tok_s = tokens / (monitor.shown_at - first)
     case.shown_lag_s = monitor.shown_at - last
     case.end_lag_s = monitor.finished_at - last
-    case.stall_stream_s = monitor.worst_stall(first, last)
-    case.stall_finish_s = monitor.worst_stall(last, monitor.finished_at)
+    case.stalls = [dataclasses.asdict(stall) | {"at": round(stall.at - first, 3)}
+                   for stall in monitor.stalls(first, monitor.finished_at)]
     return case
+
+
+async def answered_once(screen: ChatScreen, backend: SyntheticBackend, pieces: list[str]) -> None:
+    """A short reply with probabilities first, for the inspector to open on."""
+    backend.pieces = pieces[:40]
+    screen.query_one(PromptInput).text = "A short one first."
+    press(screen.app, "enter", "\r")
+    await until(lambda: screen.reply is not None, 30)
+    await until(lambda: screen.reply is None, 30)
+    backend.pieces = pieces
 
 
 # --- reporting -----------------------------------------------------------------------------------
 
 
-def ms(seconds: float) -> str:
-    return f"{seconds * 1000:.0f}"
+def ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f}"
 
 
 def print_case(case: Case) -> None:
-    print(f"{case.history:>7}  {case.rate:>7}  {case.tokens:>6}  {case.produced_tok_s:>8.0f}  "
+    keys = "  ".join(f"{ms(case.key_quantile_s(q)):>5}" for q in (0.5, 0.95, 0.99, 1.0))
+    print(f"{case.history:>7}  {case.mode:>9}  {case.rate:>7}  {case.tokens:>6}  {case.produced_tok_s:>8.0f}  "
           f"{case.achieved_tok_s:>8.0f}  {case.ratio:>5.2f}  {ms(case.shown_lag_s):>6}  {ms(case.end_lag_s):>6}  "
-          f"{len(case.keys_s):>4}  {'  '.join(f'{k:>5}' for k in case.key_ms())}  "
-          f"{ms(case.stall_stream_s):>9}  {ms(case.stall_finish_s):>9}", flush=True)
+          f"{len(case.keys_s):>4}  {keys}  {ms(case.worst_stall_s):>6}", flush=True)
+    for stall in sorted(case.stalls, key=lambda stall: -stall["late_s"])[:3]:
+        print(f"{'':>9}stall {ms(stall['late_s']):>4} ms at {stall['at']:.2f} s: {stall['cause']}"
+              f"{' in ' + stall['where'] if stall['where'] else ''}", flush=True)
 
 
 def mark(ok: bool) -> str:
@@ -360,23 +416,29 @@ def mark(ok: bool) -> str:
 
 def print_markdown(cases: list[Case]) -> None:
     """The summary as a table for README.md; the keypress target is checked on the p95."""
-    print(f"\n| prior messages | offered tok/s | achieved tok/s | ratio (≥ {RATIO_TARGET}) | end lag ms | "
-          f"keypress median / p95 ms (< {ms(KEY_TARGET_S)}) | worst stall ms, streaming / finishing |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"\n| prior messages | mode | offered tok/s | achieved tok/s | ratio (≥ {RATIO_TARGET}) | end lag ms | "
+          f"keypress median / p95 / p99 / max ms (p95 < {ms(KEY_TARGET_S)}) | worst stall ms (< {ms(STALL_TARGET_S)}) |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for c in cases:
-        median, p95, _ = c.key_ms()
-        keys_ok = c.key_p95_s is not None and c.key_p95_s < KEY_TARGET_S
-        print(f"| {c.history} | {c.rate:,} | {c.achieved_tok_s:,.0f} | {c.ratio:.2f} {mark(c.ratio >= RATIO_TARGET)} "
-              f"| {ms(c.end_lag_s)} | {median} / {p95} {mark(keys_ok)} "
-              f"| {ms(c.stall_stream_s)} / {ms(c.stall_finish_s)} |")
+        keys = " / ".join(ms(c.key_quantile_s(q)) for q in (0.5, 0.95, 0.99, 1.0))
+        p95 = c.key_quantile_s(0.95)
+        keys_ok = "" if p95 is None else " " + mark(p95 < KEY_TARGET_S)
+        print(f"| {c.history} | {c.mode} | {c.rate:,} | {c.achieved_tok_s:,.0f} | {c.ratio:.2f} "
+              f"{mark(c.ratio >= RATIO_TARGET)} | {ms(c.end_lag_s)} | {keys}{keys_ok} "
+              f"| {ms(c.worst_stall_s)} {mark(c.worst_stall_s < STALL_TARGET_S)} |")
 
 
-def run_alone(history: int, rate: int, seconds: float) -> Case:
-    """Each case in a process of its own, as the app runs: a second app in one process has been seen to stop
-    taking its screen's messages (its ChatScreen detached mid-reply), which one app per process never meets."""
-    command = [sys.executable, __file__, "--one-case", str(history), str(rate), "--seconds", str(seconds)]
+def run_alone(history: int, rate: int, seconds: float, mode: str) -> Case:
+    """Each case in a process of its own, as the app runs."""
+    command = [sys.executable, __file__, "--one-case", str(history), str(rate), "--seconds", str(seconds),
+               "--mode", mode]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     return Case(**json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def cpu_name() -> str:
+    with open("/proc/cpuinfo", encoding="utf-8") as info:
+        return next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), platform.machine())
 
 
 def main() -> None:
@@ -384,20 +446,46 @@ def main() -> None:
     parser.add_argument("--rates", type=int, nargs="+", default=[2000, 5000], help="offered tok/s, default 2000 5000")
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds of tokens per stream, default 5")
     parser.add_argument("--history", type=int, default=300, help="finished messages already in the chat, default 300")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES,
+                        help="plain runs every rate into an empty chat and a long one; the others the top rate "
+                             "into the long chat (default: all)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of the tables")
     parser.add_argument("--one-case", type=int, nargs=2, metavar=("HISTORY", "RATE"), help=argparse.SUPPRESS)
+    parser.add_argument("--mode", default="plain", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if min(args.rates) < 1 or args.seconds <= 0 or args.history < 0:
         parser.error("--rates must be >= 1, --seconds > 0, --history >= 0")
     if args.one_case:
         history, rate = args.one_case
-        case = asyncio.run(run_case(history, rate, round(rate * args.seconds), seed=rate))
+        case = asyncio.run(run_case(history, rate, round(rate * args.seconds), seed=rate, mode=args.mode))
         print(json.dumps(dataclasses.asdict(case)))
         return
 
-    print(f"machine   {os.cpu_count()} CPUs, {platform.system()} {platform.machine()}, "
-          f"Python {platform.python_version()}, textual {textual.__version__}, load avg {os.getloadavg()[0]:.2f}")
+    plan = [(history, rate, "plain") for history in sorted({0, args.history}) for rate in args.rates
+            if "plain" in args.modes]
+    plan += [(args.history, max(args.rates), mode) for mode in args.modes if mode != "plain"]
+    if not args.json:
+        print_header(args)
+    started = time.perf_counter()
+    cases = []
+    for history, rate, mode in plan:
+        case = run_alone(history, rate, args.seconds, mode)
+        cases.append(case)
+        if not args.json:
+            print_case(case)
+    if args.json:
+        print(json.dumps({"cases": [case.summary() for case in cases], "cpu": cpu_name(), "cpus": os.cpu_count(),
+                          "textual": textual.__version__, "seconds": args.seconds}, indent=1))
+        return
+    print(f"\nfinished in {time.perf_counter() - started:.0f} s, load avg {os.getloadavg()[0]:.2f}")
+    print_markdown(cases)
+
+
+def print_header(args: argparse.Namespace) -> None:
+    print(f"machine   {cpu_name()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+          f"textual {textual.__version__}, load avg {os.getloadavg()[0]:.2f}")
     print(f"app       ChatApp headless at {SIZE[0]}x{SIZE[1]}; a key into the prompt every "
-          f"{KEY_EVERY_S * 1000:.0f} ms while tokens flow; event loop sampled every {BEAT_S * 1000:.0f} ms")
+          f"{KEY_EVERY_S * 1000:.0f} ms while tokens flow; stalls from tui_chat/lag.py (>= 20 ms, with their cause)")
     sample = split_tokens(markdown_reply(random.Random(0), 4000))
     print(f"reply     Markdown sections of ~400 tokens (heading, paragraphs, list, python block), "
           f"{sum(map(len, sample)) / len(sample):.1f} chars/token; the chat holds {args.history} finished messages "
@@ -405,20 +493,10 @@ def main() -> None:
     print("columns   produced: the backend's real pace; achieved: tokens / (first token produced -> all text\n"
           "          in the reply's Markdown); shown / end: ms from the last token produced to all text in the\n"
           "          Markdown / to the reply finished (frozen body laid out); k: ms from a key posted to\n"
-          "          PromptInput.text holding it, before it is painted; stall: the event loop's worst stall in ms,\n"
-          "          while tokens flow / from the last one to finished\n")
-    print(f"{'history':>7}  {'offered':>7}  {'tokens':>6}  {'produced':>8}  {'achieved':>8}  {'ratio':>5}  "
-          f"{'shown':>6}  {'end':>6}  {'keys':>4}  {'k med':>5}  {'k p95':>5}  {'k max':>5}  "
-          f"{'stall str':>9}  {'stall fin':>9}")
-    started = time.perf_counter()
-    cases = []
-    for history in sorted({0, args.history}):
-        for rate in args.rates:
-            case = run_alone(history, rate, args.seconds)
-            print_case(case)
-            cases.append(case)
-    print(f"\nfinished in {time.perf_counter() - started:.0f} s, load avg {os.getloadavg()[0]:.2f}")
-    print_markdown(cases)
+          "          PromptInput.text holding it (median, p95, p99, max); stall: the event loop's worst, in ms,\n"
+          "          from the first token to the reply finished, and the three worst with their causes\n")
+    print(f"{'history':>7}  {'mode':>9}  {'offered':>7}  {'tokens':>6}  {'produced':>8}  {'achieved':>8}  {'ratio':>5}  "
+          f"{'shown':>6}  {'end':>6}  {'keys':>4}  {'k med':>5}  {'k p95':>5}  {'k p99':>5}  {'k max':>5}  {'stall':>6}")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import llama_cpp
+import time
+
 import pytest
 
 from conftest import GREEDY, open_backend, run_cli
@@ -274,3 +276,12 @@ def test_threads_set_by_flag_reach_llama_cpp(tiny_model):
     done = run_cli("run", "-m", str(tiny_model), "-p", "Hello", "--max-tokens", "4", "--threads", "1", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["turns"][0]["threads"] == 1
+
+
+def test_the_main_thread_the_ui_runs_on_counts_as_load_on_the_machine():
+    """The chat app's UI shares the cores with llama.cpp: its CPU time is not the engine's own."""
+    watch = LoadWatch()
+    end = time.monotonic() + 0.4
+    while time.monotonic() < end:
+        sum(range(1000))
+    assert watch.busy_elsewhere() >= 0.6

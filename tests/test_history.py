@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -174,10 +175,37 @@ def test_a_streaming_reply_reaches_the_file_within_the_flush_interval(db):
         assert stored().content == "" and stored().state == "streaming"
         time.sleep(FLUSH_INTERVAL_S)
         reply.append("four")
+        writer.later.settle()
         assert stored().content == "one two three four"
         reply.fail("the model stopped answering")
         assert stored().state == "error" and stored().error == "the model stopped answering"
         assert stored().content == "one two three four"
+
+
+def test_the_streaming_writes_leave_the_callers_thread_and_the_final_one_comes_last(db, monkeypatch):
+    """The UI's event loop never waits for SQLite mid-reply; the finished text is never overwritten by a
+    streaming write still queued."""
+    threads = []
+    real = History._write_reply
+
+    def spy(self, *args, **kwargs):
+        threads.append(threading.current_thread().name)
+        time.sleep(0.05)  # a slow disk, or another process holding the write lock
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(History, "_write_reply", spy)
+    with History(db) as writer, History(db) as reader:
+        conversation = writer.create()
+        reply = writer.start_reply(conversation, writer.add_user_message(conversation, "Count", None))
+        started = time.monotonic()
+        for n in range(30):
+            reply.append(f"{n} ")
+            time.sleep(FLUSH_INTERVAL_S / 10)
+        assert time.monotonic() - started < 30 * FLUSH_INTERVAL_S / 10 + 0.05  # no append waited for a write
+        reply.finish("done.", "eos")
+        assert reader.load(conversation).path[-1].content == "done."
+    assert threads[:-1] and set(threads[:-1]) == {"history-writer"}
+    assert threads[-1] == threading.current_thread().name
 
 
 def test_migrations_run_in_order_and_keep_the_data(db, monkeypatch):

@@ -95,3 +95,15 @@ async def test_the_heatmap_and_the_inspector_work_inside_the_thinking(thinker_mo
         await pilot.click(block, offset=(token_x(block, 1, 1), 1))
         inspector = await screen_open(pilot, InspectorScreen)
         assert inspector.index == 1 and inspector.tokens[1].piece == "Hmm"
+
+
+def test_a_long_thinking_unfolded_while_it_streams_draws_only_its_end():
+    from tui_chat.ui.widgets.messages import THINKING_TAIL_CHARS, thinking_tail
+
+    short = "a short thought\nstill short"
+    assert thinking_tail(short) == short
+    long = "".join(f"line {n} of the thought\n" for n in range(2000))
+    shown = thinking_tail(long)
+    head, _, rest = shown.partition("\n")
+    assert len(rest) <= THINKING_TAIL_CHARS and long.endswith(rest) and rest.startswith("line ")
+    assert head == f"… {len(long) - len(rest):,} characters above, shown when the reply ends"

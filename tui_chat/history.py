@@ -234,8 +234,13 @@ class History:
         except HistoryError:
             self._db.close()
             raise
+        self.later = LaterWrites(self)
 
     def close(self) -> None:
+        try:
+            self.later.settle()
+        except HistoryError:
+            pass  # said already, or about to be lost with the chat that is closing
         with self._lock:
             self._db.close()
 
@@ -518,9 +523,59 @@ def metrics_record(metrics: TurnMetrics | None, cost: Decimal | None) -> dict[st
     return record
 
 
+class LaterWrites:
+    """A streaming reply's periodic writes, off the caller's thread (the UI's event loop must not wait for
+    SQLite, nor for another process holding the write lock). Only each reply's newest text is written;
+    `settle` waits for what is queued and raises the error a write met, so the caller says it once."""
+
+    def __init__(self, history: History) -> None:
+        self._history = history
+        self._changed = threading.Condition()
+        self._queued: dict[int, tuple[str, str]] = {}
+        self._writing = False
+        self._error: HistoryError | None = None
+        self._thread: threading.Thread | None = None
+
+    def submit(self, message_id: int, text: str, reasoning: str) -> None:
+        with self._changed:
+            self._queued[message_id] = (text, reasoning)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="history-writer", daemon=True)
+                self._thread.start()
+            self._changed.notify_all()
+
+    def check(self) -> None:
+        """Raise the error a write met since the last check, without waiting."""
+        with self._changed:
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def settle(self) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: not self._queued and not self._writing)
+        self.check()
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._queued)
+                message_id, (text, reasoning) = self._queued.popitem()
+                self._writing = True
+            try:
+                self._history._write_reply(message_id, text, reasoning)
+            except HistoryError as error:
+                self._error = error
+            finally:
+                with self._changed:
+                    self._writing = False
+                    self._changed.notify_all()
+
+
 class ReplyWriter:
     """A reply being generated, its thinking and its answer. `append` is cheap per token; the text reaches the
-    database at most FLUSH_INTERVAL_S after it arrived, and at once on `finish`, `fail` or `flush`."""
+    database at most FLUSH_INTERVAL_S after it arrived (written by `History.later`), and at once on `finish`
+    or `fail`, after what was queued."""
 
     def __init__(self, history: History, conversation_id: int, message_id: int, text: str) -> None:
         self.history = history
@@ -534,14 +589,11 @@ class ReplyWriter:
     def append(self, text: str, reasoning: str = "") -> None:
         self.text += text
         self.reasoning += reasoning
-        if time.monotonic() - self._saved_at >= FLUSH_INTERVAL_S:
-            self.flush()
-
-    def flush(self) -> None:
-        if (self.text, self.reasoning) != self._saved:
-            self.history._write_reply(self.id, self.text, self.reasoning)
+        self.history.later.check()
+        if time.monotonic() - self._saved_at >= FLUSH_INTERVAL_S and (self.text, self.reasoning) != self._saved:
+            self.history.later.submit(self.id, self.text, self.reasoning)
             self._saved = (self.text, self.reasoning)
-        self._saved_at = time.monotonic()
+            self._saved_at = time.monotonic()
 
     def finish(
         self, text: str, stop_reason: StopReason, metrics: TurnMetrics | None = None, cost: Decimal | None = None,
@@ -552,6 +604,7 @@ class ReplyWriter:
         and its figures. `incomplete`: it stopped before its output format was complete (kept with the figures)."""
         self.text, self.reasoning = text, reasoning
         record = metrics_record(metrics, cost) | ({"incomplete": True} if incomplete else {})
+        self.history.later.settle()
         self.history._write_reply(
             self.id, text, reasoning, state="stopped" if stop_reason == "cancelled" else "complete",
             stop_reason=stop_reason, metrics=json.dumps(record), writer=None,
@@ -560,5 +613,6 @@ class ReplyWriter:
 
     def fail(self, message: str) -> None:
         """The engine gave up: what arrived stays, with the reason."""
+        self.history.later.settle()
         self.history._write_reply(self.id, self.text, self.reasoning, state="error", error=message, writer=None)
         self._saved = (self.text, self.reasoning)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,11 +68,15 @@ def choose_threads(topology: Topology, busy_elsewhere: float = 0.0) -> Threads:
 
 
 class LoadWatch:
-    """What other processes use of our CPUs, from /proc/stat minus this process's own CPU time."""
+    """What else uses our CPUs, from /proc/stat minus the CPU time of this process's engine threads.
 
-    def __init__(self, cpus: set[int] | None = None, stat: Path = PROC_STAT) -> None:
+    The process's main thread counts as "else": in the chat app it is the UI, which shares the machine
+    with llama.cpp. Its CPU time is subtracted from the process's (os.times) to leave the engine's own."""
+
+    def __init__(self, cpus: set[int] | None = None, stat: Path = PROC_STAT, main_thread: Path | None = None) -> None:
         self.cpus = cpus if cpus is not None else _allowed_cpus()
         self.stat = stat
+        self.main_thread = main_thread or Path(f"/proc/self/task/{threading.main_thread().native_id}/stat")
         self._last = self._sample()
 
     def busy_elsewhere(self) -> float | None:
@@ -100,7 +105,15 @@ class LoadWatch:
                 user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
                 busy_ticks += user + nice + system + irq + softirq + steal
         times = os.times()
-        return time.monotonic(), busy_ticks / _TICKS_PER_S, times.user + times.system
+        return time.monotonic(), busy_ticks / _TICKS_PER_S, times.user + times.system - self._main_thread_s()
+
+    def _main_thread_s(self) -> float:
+        """The main thread's CPU seconds (utime + stime, fields 14 and 15 of its stat); 0 if unreadable."""
+        try:
+            fields = self.main_thread.read_text().rpartition(")")[2].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:

@@ -10,6 +10,7 @@ from textual.screen import Screen
 
 from ..config import Config, config_dir, save_setting
 from ..engine.params import PRESETS, LiveParams
+from ..lag import monitor_from_env
 from ..safetext import terminal_safe
 from .screens.chat import ChatScreen
 from .screens.model_loader import OpenBackend
@@ -29,8 +30,11 @@ class ChatApp(App[None]):
         self.model = model
         self.keymap_overrides = dict(config.keys)
         self._saved_theme: str | None = None
+        self.lag = monitor_from_env()  # the event loop's stalls, when TUI_CHAT_LAG_LOG asks for them
 
     def on_mount(self) -> None:
+        if self.lag is not None:
+            self.lag.start()
         themes, problems = load_themes(config_dir() / "themes")
         for theme in themes:
             self.register_theme(theme)
@@ -44,6 +48,10 @@ class ChatApp(App[None]):
         self._saved_theme = self.theme
         self.set_keymap(self.keymap_overrides)
         self.push_screen(ChatScreen(self.open_backend, self.model, LiveParams(self.config.sampling), self.config))
+
+    def on_unmount(self) -> None:
+        if self.lag is not None:
+            self.lag.stop()
 
     def watch_theme(self, theme: str) -> None:
         """Remember the theme the user picked (command palette → Change theme)."""

@@ -2,7 +2,10 @@
 
 One UI message per token floods the event loop at high token rates. The forwarder posts at most one
 batch every ~33 ms and never a second one before the UI has handled the first: when the UI is busy,
-batches simply grow. The engine never waits for any of this (its event queue is unbounded).
+batches simply grow. A slow stream (a CPU's 40 tok/s: one token a batch) is posted every 100 ms instead:
+every batch costs the UI a layout of the whole screen, and the UI shares the CPU with the engine, whose
+threads all wait for one that the UI delays. The engine never waits for any of this (its event queue is
+unbounded).
 
 The forwarder and the UI never wait on each other for good. Every event has a number; the UI says how
 many it has applied. A batch not acknowledged within `RESEND_AFTER_S` (lost, or its handler died) is
@@ -20,7 +23,9 @@ from textual.message_pump import MessagePump
 
 from ..engine.base import Event, Stream
 
-BATCH_INTERVAL_S = 0.033
+BATCH_INTERVAL_S = 0.033  # the shortest gap between two batches
+SLOW_INTERVAL_S = 0.1  # the gap when a batch would hold fewer than FULL_BATCH events
+FULL_BATCH = 16
 RESEND_AFTER_S = 2.0
 _CHECK_ALIVE_S = 0.25
 
@@ -73,9 +78,10 @@ def forward_events(stream: Stream, target: MessagePump, job: object) -> None:
         fresh = stream.drain(timeout=0.5)  # empty once the final event was drained
         if not fresh and stream.finished and receipts.applied >= len(sent):
             return
-        if fresh and not stream.finished:
-            time.sleep(max(0.0, last_post + BATCH_INTERVAL_S - time.monotonic()))
-            fresh += stream.drain(timeout=0)
+        if fresh:
+            fresh += _gathered(stream, last_post + BATCH_INTERVAL_S)
+            if len(fresh) < FULL_BATCH:
+                fresh += _gathered(stream, last_post + SLOW_INTERVAL_S)
         if not _acknowledged(receipts, len(sent), target):
             if not target.is_running:
                 return
@@ -86,6 +92,14 @@ def forward_events(stream: Stream, target: MessagePump, job: object) -> None:
             sent += fresh
             target.post_message(EngineBatch(job, fresh, receipts, first))
             last_post = time.monotonic()
+
+
+def _gathered(stream: Stream, until: float) -> list[Event]:
+    """The events that arrive until `until` (monotonic), or until the final one."""
+    events: list[Event] = []
+    while not stream.finished and (left := until - time.monotonic()) > 0:
+        events += stream.drain(timeout=left)
+    return events
 
 
 def _acknowledged(receipts: Receipts, count: int, target: MessagePump) -> bool:

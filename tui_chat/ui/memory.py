@@ -2,7 +2,11 @@
 
 A full collection walks every object the chat has made and can pause the event loop for hundreds of
 milliseconds: mid-reply that is a visible stall. So a reply freezes everything made before it
-(`gc.freeze`: collections skip it) and unfreezes when it ends. Freezing also shields the garbage made
+(`gc.freeze`: collections skip it) and unfreezes when it ends. While it streams, the collector's own
+schedule is off (the reply's thousands of new objects would still trigger full collections of
+everything the reply made so far): only the youngest generation is collected, every `YOUNG_EVERY_S`,
+which costs in proportion to what is new. The collector stays off until the full collection, once the
+chat is quiet after the reply, so the reply's finish is not paused by one either. Freezing also shields the garbage made
 before the reply (a new chat's old widgets, a finished reply's live Markdown): only a full collection
 frees it, so one runs after each reply once the chat is quiet, or before the next reply freezes again.
 Without it memory grew about 1 MB a turn.
@@ -17,6 +21,7 @@ from textual.message_pump import MessagePump
 from .textual_fixes import release_styles_caches
 
 IDLE_COLLECT_S = 1.0  # the full collection after a reply waits for a quiet moment
+YOUNG_EVERY_S = 0.1
 
 
 class ReplyMemory:
@@ -24,19 +29,33 @@ class ReplyMemory:
         self.owner = owner
         self.streaming = False
         self._owed = False
+        self._young = None
 
     def reply_started(self) -> None:
+        if self.streaming:
+            return
         self._collect()
         gc.freeze()
+        gc.disable()
         self.streaming = True
+        self._young = self.owner.set_interval(YOUNG_EVERY_S, lambda: gc.collect(0))
 
     def reply_ended(self) -> None:
         if not self.streaming:
             return
         self.streaming = False
-        gc.unfreeze()
+        self._young.stop()
         self._owed = True
         self.owner.set_timer(IDLE_COLLECT_S, self._collect_when_idle)
+
+    def close(self) -> None:
+        """The screen is going: the collector back to its own schedule (a test process runs many apps)."""
+        if self.streaming:
+            self._young.stop()
+        if self.streaming or self._owed:
+            self.streaming = self._owed = False
+            gc.unfreeze()
+            gc.enable()
 
     def _collect_when_idle(self) -> None:
         if not self.streaming:
@@ -45,5 +64,7 @@ class ReplyMemory:
     def _collect(self) -> None:
         if self._owed:
             self._owed = False
+            gc.unfreeze()
+            gc.enable()
             release_styles_caches()
             gc.collect()

@@ -38,7 +38,7 @@ from ..widgets.sampling import SamplingPanel
 from .model_loader import LoadJob, ModelLoader, OpenBackend
 from .open_model import ModelChoice
 
-PANEL_REFRESH_S = 0.15
+PANEL_REFRESH_S = 0.5  # while a reply streams: each refresh lays the screen out again
 NARROW_BELOW = 100  # columns; a narrower screen gives the chat the width and shows the panel on F2
 IDLE_ONLY = frozenset({"regenerate", "edit_last", "continue_reply"})  # actions that cannot run while a reply is written
 
@@ -84,6 +84,7 @@ class ChatScreen(Screen):
 
     def on_unmount(self) -> None:
         self.session.abandon()  # quitting mid-reply: the reply is kept as stopped, not left "streaming"
+        self.memory.close()
         if self.history is not None:
             self.history.close()
 

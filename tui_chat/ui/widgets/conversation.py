@@ -21,6 +21,7 @@ from ...session import ChatSession, Turn, Update
 from ..screens.inspector import InspectorScreen
 from .chat_log import ChatLog
 from .draft_meter import DraftCosts, DraftMeter
+from .figures import show
 from .heatmap import band_styles, legend
 from .messages import ReplyMessage, UserMessage
 from .prompt import PromptInput
@@ -47,6 +48,7 @@ class ConversationView(Vertical):
         self._title: tuple[str, TurnMetrics | None] = ("", None)
         self._delete_asked: tuple[Turn, float] | None = None
         self._backend = backend  # the model loaded now: the inspector asks it about a reply's positions
+        self._live: ReplyMessage | None = None  # the widget of the reply being written: no lookup per batch
 
     def compose(self) -> ComposeResult:
         yield Static(id="chat-title")
@@ -78,7 +80,7 @@ class ConversationView(Vertical):
         tail = " · ".join(part for part in (model, figures) if part)
         room = max(8, self.size.width - 2 - len(tail) - 3)
         title = self.session.title if len(self.session.title) <= room else self.session.title[: room - 1] + "…"
-        self.query_one("#chat-title", Static).update(Content(terminal_safe(f"{title} · {tail}")))
+        show(self.query_one("#chat-title", Static), Content(terminal_safe(f"{title} · {tail}")))
 
     def on_resize(self) -> None:
         self.show_title(*self._title)
@@ -113,12 +115,13 @@ class ConversationView(Vertical):
         else:
             await widget.start(writing)
         widget.show_status("Reading prompt…")
+        self._live = widget
         return widget
 
     async def apply(self, turn: Turn, update: Update) -> None:
         """Draw what a batch of events changed in `turn`'s reply."""
-        widget = self.log_view.reply_of(turn)
-        if widget is None:
+        widget = self._live if self._live is not None and self._live.turn is turn else self.log_view.reply_of(turn)
+        if widget is None or not widget.is_attached:
             return
         if update.status is not None:
             widget.show_status(update.status)
@@ -133,6 +136,7 @@ class ConversationView(Vertical):
             widget.show_status(widget.writing.held_line())
         if ending is None:
             return
+        self._live = None
         if ending.kind in ("finished", "failed"):
             await widget.finish()
             await self.log_view.trim()

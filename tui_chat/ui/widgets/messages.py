@@ -1,13 +1,14 @@
 """Chat messages.
 
-A reply streams into a Textual Markdown tail; every few thousand characters the finished leading
-blocks are frozen into one Static, so the live Markdown (one widget per block) stays small however
-long the reply grows. A finished message is a single Static: hundreds of them keep layout cheap.
+A reply streams into a live tail (live_tail.py: the reply's Markdown as it will look finished, cheap to
+update); every few thousand characters the finished leading blocks are frozen into one Static, so the
+tail's Markdown, parsed again at each update, stays short however long the reply grows. A finished
+message is a single Static: hundreds of them keep layout cheap.
 
-Each batch of text is appended to the tail directly and awaited: the bridge already coalesces tokens
-into batches while the UI is busy. Not Textual's `MarkdownStream`: its `stop()` on a stream whose task
-has not run yet re-raises the task's cancellation in the caller, which ends the screen's message loop
-for good (a reply that never finished, at high token rates, when a batch froze a chunk and ended the reply).
+The tail is updated directly, once a batch: the bridge already coalesces tokens into batches while the
+UI is busy. (Not Textual's Markdown widget with its `MarkdownStream`: the stream's `stop()` on a stream
+whose task has not run yet re-raises the task's cancellation in the caller, which ended the screen's
+message loop for good; and each update laid the whole screen out again.)
 
 Model text is untrusted: it is shown literally, never parsed as Rich markup, and control
 characters become visible escapes before anything reaches the terminal. Its Markdown is honest
@@ -27,17 +28,19 @@ from textual.containers import Vertical
 from textual.content import Content
 from textual.message import Message
 from textual.widget import Widget
-from textual.widgets import Markdown, Static
+from textual.widgets import Static
 
 from ...config import data_dir
 from ...engine.base import Token, thinking_line
 from ...safetext import terminal_safe
 from ...session import Branch, Turn, Writing
 from ..clipboard import copy
+from .live_tail import LiveTail
 from .heatmap import band_styles, grammar_line, has_probabilities, heatmap_text
 from .thinking import ThinkingBlock, thinking_view
 
 FREEZE_AFTER_CHARS = 3000
+THINKING_TAIL_CHARS = 3000  # of a thinking unfolded while it streams: drawn again at every batch
 _FENCE = "```"
 
 
@@ -45,9 +48,9 @@ def rendered_markdown(text: str) -> RichMarkdown:
     return RichMarkdown(terminal_safe(text), code_theme="monokai", hyperlinks=False)
 
 
-def markdown_tail() -> Markdown:
-    """Where a reply streams in: its links are not opened on a click (see the module's docstring)."""
-    return Markdown(classes="tail", open_links=False)
+def live_tail() -> LiveTail:
+    """Where a reply streams in."""
+    return LiveTail(rendered_markdown, classes="tail")
 
 
 def freeze_point(text: str) -> int | None:
@@ -58,6 +61,16 @@ def freeze_point(text: str) -> int | None:
             return cut
         cut = text.rfind("\n\n", 0, cut)
     return None
+
+
+def thinking_tail(reasoning: str) -> str:
+    """The end of a thinking still being written, from a line's start: what is drawn at each batch stays
+    short however long the thought (the whole of it is drawn once the reply ends)."""
+    if len(reasoning) <= THINKING_TAIL_CHARS:
+        return reasoning
+    cut = reasoning.find("\n", len(reasoning) - THINKING_TAIL_CHARS)
+    start = cut + 1 if 0 <= cut < len(reasoning) - 1 else len(reasoning) - THINKING_TAIL_CHARS
+    return f"… {start:,} characters above, shown when the reply ends\n{reasoning[start:]}"
 
 
 class ChatMessage(Widget):
@@ -128,7 +141,6 @@ class ReplyMessage(ChatMessage, Vertical):
     ]
     DEFAULT_CSS = """
     ReplyMessage { border-left: thick $accent; }
-    ReplyMessage Markdown { margin: 0; padding: 0; background: transparent; }
     ReplyMessage .chunk { height: auto; margin: 0 0 1 0; }
     ReplyMessage .chunk.last { margin: 0; }
     ReplyMessage .status { color: $text-muted; height: auto; }
@@ -157,7 +169,7 @@ class ReplyMessage(ChatMessage, Vertical):
         self.selected = 0
         self._tail = self.text
         self._frozen_chars = 0
-        self._live: Markdown | None = None  # the tail being written into, while the reply is written
+        self._live: LiveTail | None = None  # the tail being written into, while the reply is written
 
     # --- what it shows, from the turn ---------------------------------------------------------
 
@@ -214,11 +226,11 @@ class ReplyMessage(ChatMessage, Vertical):
         if self.footer is not None:
             yield self._finished_body()
         else:
-            yield markdown_tail()
+            yield live_tail()
             yield Static(classes="status")
 
     def on_mount(self) -> None:
-        tail = self.query(Markdown)
+        tail = self.query(LiveTail)
         if self.footer is None and tail:  # none: the app closed before the reply's parts were mounted
             self._live = tail.first()
 
@@ -250,15 +262,18 @@ class ReplyMessage(ChatMessage, Vertical):
         if self.unfolded and self._heat_shown():
             thinking = self.tokens[: self.answer_from]
             heat = heatmap_text(thinking, "".join(t.piece for t in thinking), self._heat_styles(), self._picked())
-        return thinking_view(self.thought, self.reasoning, self.unfolded, heat)
+        reasoning = self.reasoning if self.writing is None else thinking_tail(self.reasoning)
+        return thinking_view(self.thought, reasoning, self.unfolded, heat)
 
-    async def think(self) -> None:
-        """The thinking grew (or its figures did): its block, mounted above the answer when it first shows."""
+    async def think(self, toggled: bool = False) -> None:
+        """The thinking grew (or its figures did), or was folded or unfolded (`toggled`): its block, mounted
+        above the answer when it first shows."""
         if not self.reasoning:
             return
         blocks = self.query(ThinkingBlock)
         if blocks:
-            blocks.first().update(self._thinking_view())
+            # folded, it stays one line: no layout of the screen for its figures
+            blocks.first().update(self._thinking_view(), layout=self.unfolded or toggled)
         elif self.is_attached:
             await self.mount(ThinkingBlock(self._thinking_view()), before=self.children[0] if self.children else None)
 
@@ -267,7 +282,7 @@ class ReplyMessage(ChatMessage, Vertical):
         self.unfolded = not self.unfolded
         if not self.unfolded:
             self.selected = max(self.selected, self.answer_from)
-        await self.think()
+        await self.think(toggled=True)
 
     def _branch_label(self) -> str:
         if len(self.branches) < 2:
@@ -285,17 +300,16 @@ class ReplyMessage(ChatMessage, Vertical):
         if self._live is None:  # the reply's parts are gone (the app is closing)
             return
         self._tail += text
-        await self._live.append(terminal_safe(text))
         if len(self._tail) > FREEZE_AFTER_CHARS:
             cut = freeze_point(self._tail)
             if cut is not None:
                 await self._freeze(self._live, cut)
+        self._live.set_text(self._tail.lstrip("\n"))
 
-    async def _freeze(self, tail: Markdown, cut: int) -> None:
+    async def _freeze(self, tail: LiveTail, cut: int) -> None:
         frozen, self._tail = self._tail[:cut], self._tail[cut + 2 :]
         self._frozen_chars += cut + 2
         await self.mount(Static(rendered_markdown(frozen), classes="chunk"), before=tail)
-        await tail.update(terminal_safe(self._tail))
 
     def stop(self) -> None:
         """Nothing more is written into the tail."""
@@ -306,7 +320,7 @@ class ReplyMessage(ChatMessage, Vertical):
         self.stop()
         await self.remove_children()
         self.writing, self._tail, self._frozen_chars = writing, "", 0
-        self._live = markdown_tail()
+        self._live = live_tail()
         await self.mount_all([self._live, Static(classes="status")])
 
     async def finish(self) -> None:
@@ -320,7 +334,7 @@ class ReplyMessage(ChatMessage, Vertical):
             return
         await self.think()
         await self.query_one(".status").remove()
-        await self.query_one(Markdown).remove()
+        await self.query_one(LiveTail).remove()
         await self.mount(self._finished_body(self.text[self._frozen_chars :]))
 
     async def give_way(self) -> None:

@@ -15,6 +15,7 @@ from ...config import save_setting
 from ...engine.base import PREFILL_RATE_MIN_TOKENS, ModelInfo, TurnMetrics, restore_note
 from ...pricing import Price, format_usd, turn_cost
 from ...safetext import terminal_safe
+from .figures import show
 
 BAR_WIDTH = 20
 
@@ -151,36 +152,31 @@ class MetricsPanel(Vertical):
             title.update(Content(status or "No model loaded"))
             facts.update("")
         else:
-            title.update(Content(terminal_safe(info.name)))
+            show(title, Content(terminal_safe(info.name)))
             threads = m.threads or info.threads
             hardware = f"{info.offload} · {threads} thread{'s' if threads != 1 else ''}" if threads else info.offload
             thinks = f"\nThinking {'on' if self.thinking else 'off'} · F7" if info.thinking else ""
-            facts.update(Content(terminal_safe(f"{info.quantization} · {hardware}\n{info.description}{thinks}")))
+            show(facts, Content(terminal_safe(f"{info.quantization} · {hardware}\n{info.description}{thinks}")))
         server = f"\n  server {_rate(m.server_decode_tok_s)}" if m.server_decode_tok_s else ""  # by its own clock
         grammar = m.grammar_ms_per_token
-        self.query_one("#speed", Static).update(
-            Content(
+        show(self.query_one("#speed", Static), Content(
                 f"TTFT     {_seconds(m.ttft_s)}\n"
                 f"Prefill  {_prefill(m)}\n"
                 f"Decode   {_rate(m.decode_tok_s)}{server}"
                 + ("" if grammar is None else f"\nGrammar  {grammar:.2f} ms/token")
-            )
-        )
+            ))
         n_ctx = m.n_ctx or (info.n_ctx if info else 0)
         estimated = "~" if m.prompt_estimated else ""  # counted here until the server says
         restored = restore_note(m.as_dict())
-        self.query_one("#tokens", Static).update(
-            Content(
+        show(self.query_one("#tokens", Static), Content(
                 f"Tokens   in {estimated}{m.prompt_tokens:,} · out {m.completion_tokens:,}{_thought(m)}\n"
                 f"KV       {kv_bar(m.context_tokens, n_ctx)}\n"
                 f"         {m.context_tokens:,} / {f'{n_ctx:,}' if n_ctx else 'unknown'}\n"
                 f"Reused   {m.cached_tokens:,} tokens this turn" + (f"\n{restored[0].upper()}{restored[1:]}" if restored else "")
-            )
-        )
+            ))
         reply = turn_cost(self.price, m.prompt_tokens, m.cached_tokens, m.completion_tokens)
         session = self.session_cost()
-        self.query_one("#cost", Static).update(
-            Content(
+        show(self.query_one("#cost", Static), Content(
                 f"prices read {self.price.read_on}\n"
                 f"Reply    {format_usd(reply.total)}\n"
                 f" input   {format_usd(reply.input)}\n"
@@ -189,5 +185,4 @@ class MetricsPanel(Vertical):
                 f"{_thinking_cost(self.price, m)}"
                 f"Session  {format_usd(session)}\n"
                 f"Saved    {format_usd(self.uncached_cost() - session)} by reuse"
-            )
-        )
+            ))

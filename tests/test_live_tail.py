@@ -1,0 +1,56 @@
+"""The live tail of a reply: drawn as the finished reply will be, and the screen laid out again only when
+its height changes (a layout of the whole screen per batch kept a core busy while the engine decoded)."""
+
+from __future__ import annotations
+
+from textual.app import App
+
+from tui_chat.ui.widgets.live_tail import LiveTail
+from tui_chat.ui.widgets.messages import rendered_markdown
+
+
+class Spied(LiveTail):
+    def __init__(self) -> None:
+        super().__init__(rendered_markdown)
+        self.layouts: list[bool] = []
+
+    def refresh(self, *regions, repaint=True, layout=False, recompose=False):
+        self.layouts.append(layout)
+        return super().refresh(*regions, repaint=repaint, layout=layout, recompose=recompose)
+
+
+class Holder(App):
+    def compose(self):
+        yield Spied()
+
+
+def shown(tail: LiveTail) -> list[str]:
+    return [tail.render_line(y).text.rstrip() for y in range(tail.size.height)]
+
+
+async def test_text_on_the_same_line_repaints_and_a_new_line_lays_out():
+    app = Holder()
+    async with app.run_test(size=(40, 10)) as pilot:
+        tail = app.query_one(Spied)
+        tail.set_text("The capital")
+        await pilot.pause()
+        assert shown(tail) == ["The capital"]
+        tail.layouts.clear()
+        tail.set_text("The capital of France")
+        await pilot.pause()
+        assert shown(tail) == ["The capital of France"]
+        assert tail.layouts[0] is False  # the same one line: no layout of the screen
+        tail.set_text("The capital of France is Paris, a city on the Seine.")
+        await pilot.pause()
+        assert tail.layouts[1] is True  # a second line: the screen is laid out again
+        assert tail.size.height == 2 and "Seine" in shown(tail)[1]
+
+
+async def test_markdown_and_model_text_render_as_the_finished_reply_does():
+    app = Holder()
+    async with app.run_test(size=(40, 10)) as pilot:
+        tail = app.query_one(Spied)
+        tail.set_text("**bold** and [a link](https://example.com)\x1b[2J")
+        await pilot.pause()
+        assert "bold and a link (https://example.com)" in " ".join(shown(tail))  # a link shows its target
+        assert "\x1b" not in "".join(shown(tail)) and "\\x1b" in "".join(shown(tail))

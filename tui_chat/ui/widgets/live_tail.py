@@ -1,0 +1,61 @@
+"""The end of a reply while it is written: its last few thousand characters, drawn as the finished reply
+will be (one Rich Markdown), so nothing changes look when the reply ends.
+
+Cheap to update, because a reply is updated many times a second while the engine shares the CPU with
+the UI: the Markdown is rendered once per update, at the widget's width, into lines that are then only
+copied to the screen; and the screen is laid out again only when the number of lines changes. Text added
+to a line already on screen repaints this widget alone (a layout of the whole screen costs tens of
+milliseconds, and every millisecond the UI holds a core stalls all of llama.cpp's threads).
+"""
+
+from __future__ import annotations
+
+from rich.console import RenderableType
+from textual.geometry import Size
+from textual.strip import Strip
+from textual.widget import Widget
+
+
+class LiveTail(Widget):
+    DEFAULT_CSS = "LiveTail { height: auto; }"
+
+    def __init__(self, render, **kwargs) -> None:
+        """`render(text)` gives the renderable for the tail's text (the reply's Markdown)."""
+        super().__init__(**kwargs)
+        self.text = ""
+        self._render_text = render
+        self._lines: list[Strip] = []
+        self._width = 0  # the width `_lines` were rendered at; 0: not rendered
+
+    def set_text(self, text: str) -> None:
+        """Show `text`; lay the screen out again only if the widget's height changes."""
+        height = len(self._lines)
+        self.text = text
+        if self._width:
+            self._lines = self._rendered(self._width)
+            self.refresh(layout=len(self._lines) != height)
+        else:
+            self.refresh(layout=True)
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._width = 0  # the theme changed: render the lines again in its colours
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        if width != self._width:
+            self._lines, self._width = self._rendered(width), width
+        return len(self._lines)
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        if width != self._width:
+            self._lines, self._width = self._rendered(width), width
+        return self._lines[y] if y < len(self._lines) else Strip.blank(width, self.rich_style)
+
+    def _rendered(self, width: int) -> list[Strip]:
+        if width <= 0 or not self.text:
+            return []
+        renderable: RenderableType = self._render_text(self.text)
+        console, style = self.app.console, self.rich_style
+        options = console.options.update(width=width, height=None, highlight=False)
+        return [Strip(line, width) for line in console.render_lines(renderable, options, style=style, pad=True)]
