@@ -8,8 +8,9 @@ from textual.app import App, SystemCommand
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
-from ..config import Config, config_dir, save_setting
+from ..config import Config, config_dir, log_dir, save_setting
 from ..engine.params import PRESETS, LiveParams
+from ..guard import LOG_NAME, exception_line
 from ..safetext import terminal_safe
 from .screens.chat import ChatScreen
 from .screens.model_loader import OpenBackend
@@ -29,6 +30,7 @@ class ChatApp(App[None]):
         self.model = model
         self.keymap_overrides = dict(config.keys)
         self._saved_theme: str | None = None
+        self.crash: str | None = None  # the line to say after the screen is back, when a bug ended the app
 
     def on_mount(self) -> None:
         themes, problems = load_themes(config_dir() / "themes")
@@ -44,6 +46,19 @@ class ChatApp(App[None]):
         self._saved_theme = self.theme
         self.set_keymap(self.keymap_overrides)
         self.push_screen(ChatScreen(self.open_backend, self.model, LiveParams(self.config.sampling), self.config))
+
+    def _handle_exception(self, error: Exception) -> None:
+        """A bug ends the app as a crash does (guard.py): the traceback goes to the log and the terminal
+        gets one line (commands/chat.py), not Textual's traceback with every local's value, which here
+        can be a chat's whole token record: thousands of lines."""
+        if self.crash is None:
+            self.crash = exception_line(error, log_dir() / LOG_NAME)
+        super()._handle_exception(error)
+        self._exit_renderables.clear()
+
+    def _fatal_error(self) -> None:
+        """Textual's own renders that traceback first, which takes minutes for a long value."""
+        self._close_messages_no_wait()
 
     def watch_theme(self, theme: str) -> None:
         """Remember the theme the user picked (command palette → Change theme)."""
