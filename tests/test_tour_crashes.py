@@ -16,6 +16,8 @@ from test_guard import Terminal
 from test_ui import loaded, reply_done, scripted_app, send
 from tui_chat.config import log_dir
 from tui_chat.guard import LOG_NAME
+from tui_chat.hub.local import record_pull
+from tui_chat.hub.names import parse_ref
 from tui_chat.ui.widgets.messages import ReplyMessage, UserMessage
 from tui_chat.ui.widgets.prompt import PromptInput
 
@@ -71,3 +73,15 @@ def test_a_bug_in_the_app_is_one_line_and_a_failing_status_with_the_traceback_in
     assert b"Traceback" not in terminal.output and b"x" * 1000 not in terminal.output
     logged = log.read_text()
     assert "Traceback (most recent call last)" in logged and "ValueError: Turn(" in logged
+
+
+# --- a data dir that takes no writes --------------------------------------------------------------------
+
+
+def test_the_models_registry_is_lost_quietly_where_nothing_can_be_written(tmp_path):
+    """Where the models dir cannot be written, even removing the unfinished registry file fails (on a
+    read-only file system with EROFS; here, as root meets it too, under a plain file with ENOTDIR)."""
+    in_the_way = tmp_path / "a file"
+    in_the_way.write_text("where the data dir should be")
+    record_pull(in_the_way / "models", parse_ref("owner/name:model-Q4_K_M.gguf"), "0123abcd")
+    assert in_the_way.read_text() == "where the data dir should be"
