@@ -11,13 +11,15 @@ import time
 from pathlib import Path
 
 from textual import events
+from textual.widgets._toast import Toast
 
 from test_guard import Terminal
 from test_ui import loaded, reply_done, scripted_app, send
-from tui_chat.config import log_dir
+from tui_chat.config import config_path, log_dir
 from tui_chat.guard import LOG_NAME
 from tui_chat.hub.local import record_pull
 from tui_chat.hub.names import parse_ref
+from tui_chat.ui.app import DEFAULT_THEME
 from tui_chat.ui.widgets.messages import ReplyMessage, UserMessage
 from tui_chat.ui.widgets.prompt import PromptInput
 
@@ -85,3 +87,18 @@ def test_the_models_registry_is_lost_quietly_where_nothing_can_be_written(tmp_pa
     in_the_way.write_text("where the data dir should be")
     record_pull(in_the_way / "models", parse_ref("owner/name:model-Q4_K_M.gguf"), "0123abcd")
     assert in_the_way.read_text() == "where the data dir should be"
+
+
+# --- a theme the config names that is not there ---------------------------------------------------------
+
+
+async def test_an_unknown_theme_in_the_config_is_said_on_the_chat_screen_and_the_apps_own_default_is_used():
+    app = scripted_app(theme="no-such-theme")
+    async with app.run_test(size=(100, 32), notifications=True) as pilot:
+        await loaded(pilot)
+        await pilot.pause()
+        shown = [str(toast.render()) for toast in app.screen.query(Toast)]
+        assert app.theme == DEFAULT_THEME
+    said = (f"theme 'no-such-theme' in {config_path()} is not a theme tui-chat knows: using {DEFAULT_THEME} "
+            "(Ctrl+P, then Theme, lists them)")
+    assert [note for note in shown if "no-such-theme" in note] == [said]

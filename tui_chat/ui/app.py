@@ -8,7 +8,7 @@ from textual.app import App, SystemCommand
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
-from ..config import Config, config_dir, log_dir, save_setting
+from ..config import Config, config_dir, config_path, log_dir, save_setting
 from ..engine.params import PRESETS, LiveParams
 from ..guard import LOG_NAME, exception_line
 from ..safetext import terminal_safe
@@ -39,10 +39,11 @@ class ChatApp(App[None]):
         for problem in problems:
             self.notify(problem, severity="warning", timeout=6, markup=False)
         wanted = self.config.theme or DEFAULT_THEME
-        if wanted in self.available_themes:
-            self.theme = wanted
-        else:
-            self.notify(f"theme {wanted!r} not found; using {self.theme}", severity="warning", markup=False)
+        if wanted not in self.available_themes:
+            self.notify(f"theme {wanted!r} in {config_path()} is not a theme tui-chat knows: using {DEFAULT_THEME} "
+                        "(Ctrl+P, then Theme, lists them)", severity="warning", timeout=12, markup=False)
+            wanted = DEFAULT_THEME
+        self.theme = wanted
         self._saved_theme = self.theme
         self.set_keymap(self.keymap_overrides)
         self.push_screen(ChatScreen(self.open_backend, self.model, LiveParams(self.config.sampling), self.config))
