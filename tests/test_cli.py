@@ -162,6 +162,20 @@ def test_bad_sampling_and_format_flags_are_one_line_and_exit_2(args, message):
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("flag", "given", "message"),
+    [
+        ("--grammar", 'root ::= "yes" | foo', "the grammar does not parse: Undefined rule identifier 'foo'"),
+        ("--grammar", 'answer ::= "yes"', "the grammar does not parse: grammar does not contain a 'root' symbol"),
+        ("--json-schema", '{"type": "string", "pattern": "abc"}', "the JSON schema cannot be converted to a grammar: "),
+    ],
+)
+def test_a_grammar_that_does_not_parse_is_the_users_input_one_line_and_exit_2(tiny_model, flag, given, message):
+    result = run("run", "-m", str(tiny_model), "-p", "hi", flag, given)
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert result.stderr.startswith(f"tui-chat: error: {message}") and result.stderr.count("\n") == 1
+
+
 def test_xray_on_a_server_is_refused_in_one_line():
     from fake_openai import fake_server
 
