@@ -180,10 +180,10 @@ def test_kill_9_of_the_app_gives_back_every_mode_it_set_autowrap_too(tiny_model)
         deadline = time.monotonic() + 30
         while b"Type a message" not in terminal.read(0.2) and time.monotonic() < deadline:
             pass
-        before = terminal.read(0.5).decode("utf-8", "replace")
+        mark = len(terminal.read(0.5))
         os.kill(terminal.child_pid(), signal.SIGKILL)
         assert terminal.wait() == 128 + signal.SIGKILL
-        after = terminal.output.decode("utf-8", "replace")[len(before):]
+        before, after = (part.decode("utf-8", "replace") for part in (terminal.output[:mark], terminal.output[mark:]))
     finally:
         terminal.close()
     modes = {}
