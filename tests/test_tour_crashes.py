@@ -1,6 +1,7 @@
-"""What a tour of the app by a new user, a power user and a saboteur crashed (issue 25): keys pressed
-twice, a bug's traceback, a read-only data dir, a terminal left without autowrap, a closed pipe, and
-input that is the user's to fix."""
+"""What a tour of the app by a new user, a power user and a saboteur crashed (issue 25): a key pressed
+twice, a bug's traceback, a models dir that takes no writes, a theme that is not there. The terminal's
+modes after a crash are in test_guard.py, a read-only data dir in test_faults.py, a closed pipe and a
+grammar that does not parse in test_cli.py."""
 
 from __future__ import annotations
 

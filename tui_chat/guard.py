@@ -115,7 +115,8 @@ def exception_line(error: BaseException, log: Path) -> str:
 def _line(who: str, what: str, where: str, said: str, details: str) -> str:
     said = terminal_safe(said.strip().splitlines()[0] if said.strip() else "")
     said = f": {said[:160]}{'…' if len(said) > 160 else ''}" if said else ""
-    return f"tui-chat: {who} crashed with {what}{' ' + where if where else ''}{said}. The chat so far is kept; {details}"
+    return (f"tui-chat: {who} crashed with {what}{' ' + where if where else ''}{said}. "
+            f"The chat so far is kept; {details}")
 
 
 def restore_terminal(attributes: list | None) -> None:
