@@ -1,6 +1,10 @@
 """`tui-chat run` as a script would call it: a real process, real exit codes, real stdout/stderr."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -158,6 +162,20 @@ def test_bad_sampling_and_format_flags_are_one_line_and_exit_2(args, message):
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("flag", "given", "message"),
+    [
+        ("--grammar", 'root ::= "yes" | foo', "the grammar does not parse: Undefined rule identifier 'foo'"),
+        ("--grammar", 'answer ::= "yes"', "the grammar does not parse: grammar does not contain a 'root' symbol"),
+        ("--json-schema", '{"type": "string", "pattern": "abc"}', "the JSON schema cannot be converted to a grammar: "),
+    ],
+)
+def test_a_grammar_that_does_not_parse_is_the_users_input_one_line_and_exit_2(tiny_model, flag, given, message):
+    result = run("run", "-m", str(tiny_model), "-p", "hi", flag, given)
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert result.stderr.startswith(f"tui-chat: error: {message}") and result.stderr.count("\n") == 1
+
+
 def test_xray_on_a_server_is_refused_in_one_line():
     from fake_openai import fake_server
 
@@ -165,3 +183,19 @@ def test_xray_on_a_server_is_refused_in_one_line():
         result = run("run", "--base-url", server.base_url, "-p", "hi", "--xray", "--json")
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == "tui-chat: error: --xray needs a local model: a server does not show its sampler chain's stages\n"
+
+
+def test_output_into_a_pipe_whose_reader_stopped_ends_quietly(tiny_model):
+    """`tui-chat … | head`: head is gone before the command writes. Every command ends without a word,
+    with the status of a program ended by SIGPIPE."""
+    commands = [("info", "--json"), ("info",), ("--version",), ("estimate", "--output-tokens", "5"),
+                ("run", "-m", str(tiny_model), "-p", "Hello", "--max-tokens", "4")]
+    for args in commands:
+        reader, writer = os.pipe()
+        os.close(reader)
+        try:
+            result = subprocess.run([sys.executable, "-m", "tui_chat", *args], stdout=writer, stderr=subprocess.PIPE,
+                                    text=True, timeout=120, check=False)
+        finally:
+            os.close(writer)
+        assert (result.returncode, result.stderr) == (128 + signal.SIGPIPE, ""), args

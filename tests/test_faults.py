@@ -190,6 +190,61 @@ def test_without_a_data_dir_run_answers_and_history_commands_fail_in_one_line(ti
     assert no_starter.stderr.startswith(f"tui-chat: error: cannot unpack the starter model into {unusable_data_dir}")
 
 
+READ_ONLY_APP = """
+import asyncio, json, sys
+sys.path.insert(0, sys.argv[1])
+from test_ui import loaded, make_app, reply_done, send
+
+async def chat():
+    app = make_app("tiny.gguf")
+    async with app.run_test(size=(100, 32)) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Hello there")
+        reply = await reply_done(pilot)
+        notes = [str(note.message) for note in app._notifications]
+    print(json.dumps({"reply": reply.text, "notes": notes}))
+
+asyncio.run(chat())
+"""
+
+
+def read_only(folder: Path, *command: str) -> subprocess.CompletedProcess:
+    """`command` with `folder` mounted read-only, as a read-only disk is (EROFS, which root meets too), in a
+    mount namespace of its own; skips where this machine allows none."""
+    mounted = (f'mount --bind "{folder}" "{folder}" && mount -o remount,ro,bind "{folder}" "{folder}" && '
+               f'touch "{folder}/probe" 2>/dev/null && exit 99; exec "$@"')
+    for unshare in (["unshare", "--map-root-user", "--mount"], ["unshare", "--mount"]):
+        try:
+            result = subprocess.run([*unshare, "sh", "-c", mounted, "sh", *command], capture_output=True,
+                                    text=True, timeout=180, check=False)
+        except FileNotFoundError:
+            break
+        if not result.stderr.startswith(("unshare:", "mount:")) and result.returncode != 99:
+            return result
+    pytest.skip("no mount namespace here to make a read-only folder in")
+
+
+def test_a_read_only_data_dir_holding_its_model_starts_answers_and_says_once_nothing_is_saved(
+        tiny_model, tmp_path, monkeypatch):
+    """The data dir as the issue met it: the model already in it (a name from the models dir, so its
+    last-use time would be written), the whole folder on a read-only file system."""
+    data = tmp_path / "read-only-data"
+    (data / "tui-chat" / "models").mkdir(parents=True)
+    (data / "tui-chat" / "models" / "tiny.gguf").write_bytes(tiny_model.read_bytes())
+    monkeypatch.setenv("XDG_DATA_HOME", str(data))
+    answered = read_only(data, sys.executable, "-m", "tui_chat", "run", "-m", "tiny.gguf", "-p", "Hello",
+                         "--max-tokens", "8")
+    assert answered.returncode == 0 and answered.stdout.strip() and answered.stderr == "", answered.stderr
+    chatted = read_only(data, sys.executable, "-c", READ_ONLY_APP, str(Path(__file__).parent))
+    assert chatted.returncode == 0, chatted.stderr[-2000:]
+    shown = json.loads(chatted.stdout.splitlines()[-1])
+    assert shown["reply"]
+    [note] = [note for note in shown["notes"] if "saved" in note]
+    assert note == (f"cannot open the history {data / 'tui-chat' / 'history.sqlite3'}: {data / 'tui-chat'} is "
+                    "read-only (unable to open database file): this session is not saved")
+    assert list((data / "tui-chat" / "models").iterdir()) == [data / "tui-chat" / "models" / "tiny.gguf"]
+
+
 # --- a config edited by hand --------------------------------------------------------------------------
 
 

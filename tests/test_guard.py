@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pty
+import re
 import signal
 import sqlite3
 import subprocess
@@ -20,6 +21,7 @@ from tui_chat.guard import RESTORE, crash_line
 from tui_chat.history import History
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the watcher forks")
+MODE_DEFAULTS = {"7": "h", "25": "h"}  # a terminal's private modes are off at start, but autowrap and the cursor
 
 
 class Terminal:
@@ -164,6 +166,36 @@ def test_the_app_killed_mid_reply_restores_the_terminal_and_the_reply_reopens_in
     with History(history_path()) as history:
         conversation = history.load(history.conversations()[0].id)
     assert conversation.messages[-1].state == "interrupted" and conversation.messages[-1].content
+
+
+def test_kill_9_of_the_app_gives_back_every_mode_it_set_autowrap_too(tiny_model):
+    """Whatever the real app set on the terminal (Textual's driver: alternate screen, mouse reports,
+    bracketed paste, focus events, autowrap off, the keyboard protocol), the watcher sets back after
+    `kill -9` of the app, so the crash line and every later line in that shell wrap."""
+    config = Path(os.environ["XDG_CONFIG_HOME"]) / "tui-chat" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text(f'default_model = "{tiny_model}"\n')
+    terminal = Terminal([sys.executable, "-m", "tui_chat"])
+    try:
+        deadline = time.monotonic() + 30
+        while b"Type a message" not in terminal.read(0.2) and time.monotonic() < deadline:
+            pass
+        mark = len(terminal.read(0.5))
+        os.kill(terminal.child_pid(), signal.SIGKILL)
+        assert terminal.wait() == 128 + signal.SIGKILL
+        before, after = (part.decode("utf-8", "replace") for part in (terminal.output[:mark], terminal.output[mark:]))
+    finally:
+        terminal.close()
+    modes = {}
+    for mode, state in re.findall(r"\x1b\[\?(\d+)([hl])", before):
+        modes[mode] = state
+    left = {mode: state for mode, state in modes.items() if state != MODE_DEFAULTS.get(mode, "l")}
+    assert "7" in left and "1049" in left, "the app turned autowrap off and used the alternate screen"
+    for mode in left:
+        assert f"\x1b[?{mode}{MODE_DEFAULTS.get(mode, 'l')}" in after, f"mode {mode} left as the app set it"
+    if re.search(r"\x1b\[>\d+u", before):
+        assert "\x1b[<u" in after, "the keyboard protocol the app pushed is popped"
+    assert after.index("\x1b[?7h") < after.index("crashed with SIGKILL"), "the line itself wraps"
 
 
 def _streaming_reply() -> int | None:

@@ -136,6 +136,8 @@ def test_estimate_counts_text_with_the_model_tokenizer(tiny, tiny_model, tmp_pat
         (["--calls", "ten"], "--calls must be a whole number (got 'ten')"),
         (["--file", "/no/such/file.txt"], "cannot read /no/such/file.txt"),
         (["--text", "a", "--input-tokens", "3"], "not allowed with argument"),
+        ([], "give the work of one call: its input (--text, --file or --input-tokens N) and/or its output"),
+        (["--calls", "3", "--price", "GPT-4o"], "give the work of one call: its input"),
     ],
 )
 def test_estimate_bad_input_is_one_line(args, message):

@@ -102,6 +102,7 @@ def test_rewinding_to_edit_leaves_the_history_off_the_active_path(tiny, history)
     finish(session)
     [gone] = session.rewind(session.turns[-1])
     assert gone.question == "Second"
+    assert session.rewind(gone) == [] and session.delete_from(gone) == [], "a turn already gone: nothing to do"
     session.ask("Second, edited", tiny.generate)
     finish(session)
     path = history.load(session.conversation_id).path

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 
 from .commands import cache, chat, estimate, history, info, models, run
@@ -44,12 +46,23 @@ def entry() -> int:
 
 
 def main(argv: list[str] | None = None, *, watched: bool = False) -> int:
-    args = build_parser().parse_args(argv)
-    args.watched = watched
     try:
-        return args.run(args, load_config())
-    except (ConfigError, InvalidParameter, EngineError, PricingError, HistoryError) as error:
-        return fail(error)
+        args = build_parser().parse_args(argv)
+        args.watched = watched
+        try:
+            return args.run(args, load_config())
+        except (ConfigError, InvalidParameter, EngineError, PricingError, HistoryError) as error:
+            return fail(error)
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """Whatever the command, its output went to a pipe whose reader stopped (`| head`): it ends without a
+    word, with the status a program ended by SIGPIPE has. Python would flush stdout again at exit and
+    complain; what is left goes to /dev/null instead."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ history needs nothing more: a reply that was streaming reopens as interrupted, a
 
 In the child, file descriptor 2 goes to `stderr.log`: what llama.cpp's C code prints there (including
 its last words before an abort) and Python's stack at a fatal signal (faulthandler) land in the file,
-never across the screen; Python's own `sys.stderr` keeps the terminal.
+never across the screen; Python's own `sys.stderr` keeps the terminal. A bug in the app's Python code
+ends the same way: its traceback goes to that file and the terminal gets one line (`exception_line`).
 """
 
 from __future__ import annotations
@@ -19,15 +20,20 @@ import os
 import re
 import signal
 import sys
+import traceback
 from pathlib import Path
+
+from .safetext import terminal_safe
 
 LOG_NAME = "stderr.log"
 _PR_SET_PDEATHSIG = 1
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-# What the terminal needs back after a full-screen app: main screen, cursor, no mouse reports, no
-# bracketed paste, no focus events, no synchronized output, the keyboard protocol popped, attributes reset.
-RESTORE = ("\x1b[?1049l\x1b[?25h\x1b[?1000l\x1b[?1002l\x1b[?1003l\x1b[?1006l\x1b[?1015l"
-           "\x1b[?2004l\x1b[?1004l\x1b[?2026l\x1b[<u\x1b[0m\r\n")
+# What the terminal needs back after a full-screen app (what Textual's driver sets on start): main
+# screen, cursor, no mouse reports (pixels neither), no bracketed paste, no focus events, no in-band
+# resize reports, no synchronized output, the keyboard protocol popped, autowrap on (Textual turns it
+# off: without it every long line later in that shell is cut at the margin), attributes reset.
+RESTORE = ("\x1b[<u\x1b[?1049l\x1b[?25h\x1b[?1000l\x1b[?1002l\x1b[?1003l\x1b[?1006l\x1b[?1015l\x1b[?1016l"
+           "\x1b[?2004l\x1b[?1004l\x1b[?2048l\x1b[?2026l\x1b[?7h\x1b[0m\r\n")
 DOING = {  # the innermost function on the crashed thread's Python stack, said plainly
     "step": "while decoding a token",
     "sample": "while sampling a token",
@@ -88,9 +94,29 @@ def crash_line(number: int, log_text: str, log: Path) -> str:
         else:
             where = f"in {function} ({Path(file).name})"
     last_words = _ABORT_LINE.findall(log_text)
-    said = f": {last_words[-1].strip()[:160]}" if last_words else ""
-    return (f"tui-chat: {who} crashed with {signal_name}{' ' + where if where else ''}{said}. "
-            f"The chat so far is kept; details in {log}")
+    return _line(who, signal_name, where, last_words[-1] if last_words else "", f"details in {log}")
+
+
+def exception_line(error: BaseException, log: Path) -> str:
+    """A bug in the app's Python code, said as a crash by a signal is: its traceback (without the values
+    of locals: a chat's whole token record is one) is added to the log, and one line names it."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f"in {frames[-1].name} ({Path(frames[-1].filename).name})" if frames else ""
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a", encoding="utf-8") as handle:
+            handle.write("".join(traceback.format_exception(error)))
+        details = f"details in {log}"
+    except OSError as failure:
+        details = f"no details: the log {log} cannot be written ({failure.strerror or failure})"
+    return _line("the app", type(error).__name__, where, str(error), details)
+
+
+def _line(who: str, what: str, where: str, said: str, details: str) -> str:
+    said = terminal_safe(said.strip().splitlines()[0] if said.strip() else "")
+    said = f": {said[:160]}{'…' if len(said) > 160 else ''}" if said else ""
+    return (f"tui-chat: {who} crashed with {what}{' ' + where if where else ''}{said}. "
+            f"The chat so far is kept; {details}")
 
 
 def restore_terminal(attributes: list | None) -> None:
@@ -123,7 +149,9 @@ def _become_the_app(log: Path) -> None:
     """The child: C-level stderr to the log file, Python's stderr (and Textual's screen) to the terminal."""
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
-        handle = log.open("w", encoding="utf-8", buffering=1)
+        # appending, so that a traceback the app adds itself (`exception_line`) is never written over
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+        handle = os.fdopen(os.open(log, flags, 0o644), "w", encoding="utf-8", buffering=1)
     except OSError:
         return  # no log: stderr stays as it was, and the watcher still restores the terminal
     terminal = os.fdopen(os.dup(2), "w", buffering=1, encoding=sys.stderr.encoding, errors=sys.stderr.errors)

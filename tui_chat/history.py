@@ -211,6 +211,14 @@ def _writer_gone(writer: str | None) -> bool:
     return False
 
 
+def _cannot_open(path: Path, error: Exception) -> HistoryError:
+    """SQLite says only "unable to open database file" where its folder takes no writes: say that too."""
+    reason = str(error)
+    if path.parent.is_dir() and not os.access(path.parent, os.W_OK):
+        reason = f"{path.parent} is read-only ({reason})"
+    return HistoryError(f"cannot open the history {path}: {reason}")
+
+
 class History:
     """One connection to the history database; safe to share between threads."""
 
@@ -221,7 +229,7 @@ class History:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
         except (OSError, sqlite3.Error) as error:
-            raise HistoryError(f"cannot open the history {path}: {error}") from None
+            raise _cannot_open(path, error) from None
         try:
             self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
             self._db.execute("PRAGMA journal_mode = WAL")
@@ -230,7 +238,7 @@ class History:
             self._migrate()
         except sqlite3.Error as error:
             self._db.close()
-            raise HistoryError(f"cannot open the history {path}: {error}") from None
+            raise _cannot_open(path, error) from None
         except HistoryError:
             self._db.close()
             raise

@@ -236,11 +236,19 @@ class ChatSession:
         if turn.reply.message_id is not None:
             self._save(lambda: self.saved.choose(turn.reply.message_id))
 
+    def position(self, turn: Turn) -> int | None:
+        """Where `turn` is in the conversation; None once it left (a key pressed twice, a message's widget
+        acting late), and then every command on it does nothing."""
+        return next((index for index, held in enumerate(self.turns) if held is turn), None)
+
     def rewind(self, turn: Turn) -> list[Turn]:
         """Take `turn` and the ones after it off the conversation, to edit its question: the next message
         follows what came before it. The history keeps them, off the active path. Returns them."""
-        gone = self.turns[self.turns.index(turn):]
-        del self.turns[self.turns.index(turn):]
+        start = self.position(turn)
+        if start is None:
+            return []
+        gone = self.turns[start:]
+        del self.turns[start:]
         if self.saved is not None:
             self.saved.last_id = turn.parent_id
         return gone
@@ -248,7 +256,7 @@ class ChatSession:
     def delete_from(self, turn: Turn) -> list[Turn]:
         """Delete `turn` and the ones after it, from the history too. Returns them."""
         gone = self.rewind(turn)
-        if turn.question_id is not None:
+        if gone and turn.question_id is not None:
             self._save(lambda: self.saved.take_back(turn.question_id, turn.parent_id))
         return gone
 

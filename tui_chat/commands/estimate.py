@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..config import Config, log_dir, models_dir
 from ..engine.base import EngineError
+from ..engine.params import InvalidParameter
 from ..pricing import Estimate, count, find_preset, words_to_tokens
 
 
@@ -35,6 +36,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
         else count(args.output_tokens or 0, "--output-tokens")
     )
     calls = count(args.calls, "--calls")
+    if all(getattr(args, name) is None for name in ("text", "file", "input_tokens", "output_tokens", "output_words")):
+        raise InvalidParameter("give the work of one call: its input (--text, --file or --input-tokens N) "
+                               "and/or its output (--output-tokens N or --output-words N)")
     if args.text is not None or args.file is not None:
         input_tokens = _count_text_tokens(args, config)
     else:

@@ -122,6 +122,8 @@ def _run_opened(backend: Backend, args: argparse.Namespace, config: Config, mode
             system = config.system_prompt if args.system is None else args.system
             session = ChatSession(live, saving=saving, system_prompt=system, output_format=output,
                                   thinking=config.thinking, **options)
+        if hasattr(backend, "check_format"):  # a local model: a format it cannot use is the user's to fix
+            backend.check_format(session.output_format)
         if args.thinking is not None:
             session.set_thinking(args.thinking == "on")
         session.model = model or config.default_model or backend.info.path  # what opens this model again

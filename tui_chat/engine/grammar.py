@@ -119,6 +119,13 @@ class Constraint:
         llama_cpp.llama_sampler_free(self.grammar)
 
 
+def check_format(vocab: llama_cpp.llama_vocab_p, output: OutputFormat) -> None:
+    """Raises the FormatError a reply in `output` would end with (a grammar that does not parse, a schema
+    the converter gives up on), before any reply starts."""
+    if output.constrained:
+        llama_cpp.llama_sampler_free(compile_grammar(vocab, output.gbnf))
+
+
 def compile_grammar(vocab: llama_cpp.llama_vocab_p, gbnf: str) -> llama_cpp.llama_sampler_p:
     """llama.cpp's grammar sampler for `gbnf`, or a FormatError that says why it does not parse."""
     logs.take_errors()

@@ -35,9 +35,9 @@ from .chain import Chain
 from .context import fit_context
 from .cpu import ThreadGovernor
 from .cpu_path import AUTO, ProbeResult, choose as choose_cpu_path, run_probe
-from .formats import FormatError
+from .formats import FormatError, OutputFormat
 from .ggml import build_features, build_version
-from .grammar import Constraint
+from .grammar import Constraint, check_format
 from .kvcache import DiskCache, Restored, open_disk_cache
 from .kvstore import DEFAULT_BUDGET_BYTES
 from .llamacpp import Inspection, LlamaSession, PrefillAborted, quantization_of, supports_gpu_offload
@@ -135,6 +135,15 @@ class LlamaBackend:
         `WordProbability` or an `Error`. Runs between two tokens when a reply is being written."""
         context = tuple(context)
         return self._quick_job(lambda session: word_probability(session, context, text))
+
+    def check_format(self, output: OutputFormat) -> None:
+        """Raises FormatError where `output` cannot be used with this model, so that a command refuses it
+        as the user's input (exit 2) before a reply starts. Compiling a grammar only reads the vocabulary,
+        so no worker hop."""
+        with self._session_lock:
+            if self._session is None:
+                raise EngineError("no model is loaded")
+            check_format(self._session.vocab, output)
 
     def count_tokens(self, text: str) -> int:
         """Tokens `text` takes in this model; tokenizing only reads the vocabulary, so no worker hop."""

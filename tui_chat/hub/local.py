@@ -9,6 +9,7 @@ Nothing here opens a network connection.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -193,6 +194,7 @@ def _read_registry(models_dir: Path) -> dict[str, dict]:
 
 
 def _write_registry(models_dir: Path, registry: dict[str, dict]) -> None:
+    """Last-used times and pulled commits: on a disk that takes no writes they are lost, nothing more."""
     path = models_dir / REGISTRY
     partial = path.with_name(path.name + ".partial")
     try:
@@ -200,4 +202,5 @@ def _write_registry(models_dir: Path, registry: dict[str, dict]) -> None:
         partial.write_text(json.dumps(registry, indent=1, sort_keys=True), encoding="utf-8")
         os.replace(partial, path)
     except OSError:
-        partial.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only file system refuses even to remove what is not there
+            partial.unlink(missing_ok=True)

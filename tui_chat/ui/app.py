@@ -8,8 +8,9 @@ from textual.app import App, SystemCommand
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
-from ..config import Config, config_dir, save_setting
+from ..config import Config, config_dir, config_path, log_dir, save_setting
 from ..engine.params import PRESETS, LiveParams
+from ..guard import LOG_NAME, exception_line
 from ..lag import monitor_from_env
 from ..safetext import terminal_safe
 from .screens.chat import ChatScreen
@@ -31,6 +32,7 @@ class ChatApp(App[None]):
         self.keymap_overrides = dict(config.keys)
         self._saved_theme: str | None = None
         self.lag = monitor_from_env()  # the event loop's stalls, when TUI_CHAT_LAG_LOG asks for them
+        self.crash: str | None = None  # the line to say after the screen is back, when a bug ended the app
 
     def on_mount(self) -> None:
         if self.lag is not None:
@@ -41,10 +43,11 @@ class ChatApp(App[None]):
         for problem in problems:
             self.notify(problem, severity="warning", timeout=6, markup=False)
         wanted = self.config.theme or DEFAULT_THEME
-        if wanted in self.available_themes:
-            self.theme = wanted
-        else:
-            self.notify(f"theme {wanted!r} not found; using {self.theme}", severity="warning", markup=False)
+        if wanted not in self.available_themes:
+            self.notify(f"theme {wanted!r} in {config_path()} is not a theme tui-chat knows: using {DEFAULT_THEME} "
+                        "(Ctrl+P, then Theme, lists them)", severity="warning", timeout=12, markup=False)
+            wanted = DEFAULT_THEME
+        self.theme = wanted
         self._saved_theme = self.theme
         self.set_keymap(self.keymap_overrides)
         self.push_screen(ChatScreen(self.open_backend, self.model, LiveParams(self.config.sampling), self.config))
@@ -52,6 +55,19 @@ class ChatApp(App[None]):
     def on_unmount(self) -> None:
         if self.lag is not None:
             self.lag.stop()
+
+    def _handle_exception(self, error: Exception) -> None:
+        """A bug ends the app as a crash does (guard.py): the traceback goes to the log and the terminal
+        gets one line (commands/chat.py), not Textual's traceback with every local's value, which here
+        can be a chat's whole token record: thousands of lines."""
+        if self.crash is None:
+            self.crash = exception_line(error, log_dir() / LOG_NAME)
+        super()._handle_exception(error)
+        self._exit_renderables.clear()
+
+    def _fatal_error(self) -> None:
+        """Textual's own renders that traceback first: over 40 s for a 100,000-character value (Rich highlights it)."""
+        self._close_messages_no_wait()
 
     def watch_theme(self, theme: str) -> None:
         """Remember the theme the user picked (command palette → Change theme)."""

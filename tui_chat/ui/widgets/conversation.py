@@ -151,11 +151,14 @@ class ConversationView(Vertical):
     async def _edit(self, event: UserMessage.Edit) -> None:
         """Editing a message takes it and what follows off the chat (they stay in the history, off the
         active path); deleting removes them from the history too, after a second press."""
+        position = self.session.position(event.turn)
+        if position is None:
+            return  # already taken off: the same key twice in one read of the terminal
         if self.session.writing is not None:
             self.notify("A reply is being written: Esc stops it first.", severity="warning", timeout=4)
             return
         if event.delete and not self._confirmed(event.turn):
-            later = len(self.session.turns) - self.session.turns.index(event.turn) - 1
+            later = len(self.session.turns) - position - 1
             self.notify(f"Delete this message{f' and the {later} turns after it' if later else ''}? "
                         "Press Delete again.", timeout=CONFIRM_WITHIN_S, markup=False)
             return
