@@ -118,6 +118,7 @@ class Tmux:
         self.socket = f"tui-chat-bench-{os.getpid()}"
         self("new-session", "-d", "-x", SIZE[0], "-y", SIZE[1], "-s", "app", shlex.join(["exec", *command]))
         self.pid = 0
+        self.socket_path = Path(self("display-message", "-p", "#{socket_path}"))
         try:
             self.pid = self._app_pid(int(self("display-message", "-p", "-t", "app", "#{pane_pid}")))
         except Exception:
@@ -152,6 +153,7 @@ class Tmux:
 
     def close(self) -> None:
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
+        self.socket_path.unlink(missing_ok=True)  # kill-server leaves it behind
         deadline = time.monotonic() + 10
         while Path(f"/proc/{self.pid}").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
