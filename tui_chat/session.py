@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeVar
 
 from .engine.base import Candidate, Done, Error, Event, Message, Metrics, PromptProgress, Request, Stream, Token
 from .engine.base import INCOMPLETE_LABEL, STOP_LABELS, StopReason, TurnMetrics, restore_note, thinking_line
-from .engine.base import written
+from .engine.base import ModelInfo, written
 from .engine.context import left_out
 from .engine.formats import TEXT, OutputFormat
 from .engine.params import LiveParams
@@ -442,6 +442,16 @@ class ChatSession:
         self.thinking = on
         if self.saved is not None and self.saved.id is not None:
             self._save(lambda: self.saved.history.update(self.saved.id, thinking=on))
+
+
+def no_thinking_note(info: ModelInfo) -> str | None:
+    """A local model whose chat template names no thinking markers does not think: the thinking switch
+    changes nothing for it, which the user is told rather than left to wonder. (A server's model cannot be
+    told from here: it may send its thinking apart.)"""
+    if info.thinking or info.remote_host:
+        return None
+    return (f"{info.name} does not think (its chat template names no thinking markers): "
+            "the thinking switch changes nothing for it")
 
 
 def turns_of(conversation: Conversation) -> list[Turn]:

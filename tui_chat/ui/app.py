@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import partial
 
 from textual.app import App, SystemCommand
 from textual.notifications import SeverityLevel
@@ -69,7 +70,8 @@ class ChatApp(App[None]):
             return
         for binding in ChatScreen.BINDINGS:
             key = self.keymap_overrides.get(binding.id, binding.key)
-            yield SystemCommand(binding.tooltip, f"{binding.description} · {key}", getattr(screen, f"action_{binding.action}"))
+            yield SystemCommand(binding.tooltip, f"{binding.description} · {key}",
+                                partial(screen.run_action, binding.action))
         for name in PRESETS:
             yield SystemCommand(f"Preset: {name}", f"Sampling preset {name}", lambda name=name: screen.apply_preset(name))
         for name in self.config.prices:

@@ -15,6 +15,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
 from textual.reactive import reactive
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Checkbox, Footer, Input, Select
 
 from ...config import Config, data_dir, history_path, save_setting
@@ -24,10 +25,11 @@ from ...engine.models import STARTER_NAME, starter_installed
 from ...engine.params import LiveParams, SamplingParams
 from ...history import History, HistoryError, model_label
 from ...recording import Saving
-from ...session import ChatSession, Ending, Turn, Writing, opened
+from ...session import ChatSession, Ending, Turn, Writing, no_thinking_note, opened
 from ..bridge import EngineBatch, forward_events
 from ..keys import CHAT_KEYS
 from ..memory import ReplyMemory
+from ..widgets.chat_log import ChatLog
 from ..widgets.conversation import ConversationView
 from ..widgets.draft_meter import DraftCosts
 from ..widgets.messages import ReplyMessage, UserMessage
@@ -294,11 +296,34 @@ class ChatScreen(Screen):
     def action_toggle_thinking(self) -> None:
         self.session.set_thinking(not self.session.thinking)
         self._show_title()
-        self.notify(f"Thinking {'on' if self.session.thinking else 'off'} in this chat, from the next reply",
-                    timeout=3, markup=False)
+        switched = f"Thinking {'on' if self.session.thinking else 'off'} in this chat, from the next reply"
+        info = self.query_one(MetricsPanel).info
+        note = no_thinking_note(info) if info is not None else None
+        self.notify(f"{note} (kept with the chat: {switched[0].lower()}{switched[1:]})" if note else switched,
+                    severity="warning" if note else "information", timeout=6 if note else 3, markup=False)
 
     async def action_show_earlier(self) -> None:
         await self.view.log_view.show_earlier()
+
+    def action_to_box(self) -> None:
+        self.view.prompt.focus()
+
+    def action_focus_message(self, step: int) -> None:
+        """Alt+↑/↓ walk the messages (and a reply's thinking), which Tab skips; from elsewhere Alt+↑ goes to the
+        latest, and past the latest both keys come back to the message box."""
+        stops = list(self.view.log_view.query("ChatMessage, ThinkingBlock"))
+        index = stops.index(self.focused) + step if self.focused in stops else len(stops) - 1 if step < 0 else None
+        if index is None or index >= len(stops):
+            self.view.prompt.focus()
+        elif index >= 0:
+            stops[index].focus()
+
+    @property
+    def focus_chain(self) -> list[Widget]:
+        """Tab and Shift+Tab skip the messages (Alt+↑/↓ reach them): they go between the message box and
+        the panel, not through a long chat first. A message that has the focus keeps its place."""
+        chain, log = super().focus_chain, self.query_one_optional(ChatLog)  # none while the screen is built
+        return [widget for widget in chain if widget is self.focused or log is None or log not in widget.ancestors]
 
     async def on_key(self, event: events.Key) -> None:
         """Typing anywhere goes to the message box, as in any chat app (keys bound where focus is excepted).

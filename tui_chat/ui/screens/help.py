@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.keys import key_to_character
 from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from ..keys import shown_key
 from ..widgets.messages import ChatMessage, ReplyMessage, UserMessage
 from ..widgets.prompt import PromptInput
 from ..widgets.slider import Slider
@@ -32,14 +32,6 @@ def chat_sections(chat_bindings: Sequence[Binding]) -> list[Section]:
         ("A focused reply (or click one of its tokens)", ReplyMessage.BINDINGS),
         ("A focused slider (or click and drag it)", Slider.BINDINGS),
     ]
-
-
-def shown_key(key: str) -> str:
-    """A key as a person reads it: `[`, not `left_square_bracket`; modifiers and named keys stay words."""
-    *modifiers, name = key.strip().split("+")
-    character = key_to_character(name)
-    printable = character is not None and character.isprintable() and not character.isspace()
-    return "+".join([*modifiers, character if printable else name])
 
 
 def key_lines(sections: Sequence[Section], keymap: dict[str, str]) -> list[str]:

@@ -63,7 +63,8 @@ class ChatMessage(Widget):
     BINDINGS = [Binding("c", "copy", "Copy", id="copy_message")]
     DEFAULT_CSS = """
     ChatMessage { height: auto; margin: 1 0 0 0; padding: 0 1; }
-    ChatMessage:focus { background: $boost; }
+    /* marked by shape as well as colour: the edge's bar becomes a double line */
+    ChatMessage:focus { background: $boost; border-left: double $accent; }
     """
     turn: Turn
     text: str

@@ -19,6 +19,7 @@ from textual.widgets import Button, Checkbox, Collapsible, Input, Static
 from ...engine.base import ModelInfo
 from ...engine.formats import TEXT, OutputFormat
 from ...engine.params import LIST_SPECS, PARAMS, PRESETS, SPECS, InvalidParameter, LiveParams, ParamSpec, SamplingParams
+from ..keys import shown_key
 from .bias import BiasList
 from .fields import TextField
 from .order import OrderBar
@@ -88,7 +89,6 @@ class SamplingPanel(Vertical):
     SamplingPanel .param:focus-within > .hint, SamplingPanel .param.-ignored > .hint { display: block; }
     SamplingPanel .note { color: $success; display: none; }
     SamplingPanel .note.-shown { display: block; }
-    SamplingPanel #row-presets { height: auto; margin: 1 0 0 0; }
     SamplingPanel #presets { height: auto; }
     SamplingPanel #presets Button { width: 1fr; min-width: 0; }
     SamplingPanel Input { margin: 0; }
@@ -102,6 +102,7 @@ class SamplingPanel(Vertical):
         self.live = live
         self.pending_version: int | None = None  # a change made mid-reply, until a token is drawn with it
         self._noted = ""  # the row whose note tells of the last change
+        self._did = ""  # what the key that made it did, e.g. "End: Repeat penalty → 2.00"
         self.per_token = True  # False for a server: a change waits for the next reply
         self.writing = False
 
@@ -109,7 +110,7 @@ class SamplingPanel(Vertical):
         _, params = self.live.snapshot()
         yield Vertical(Horizontal(*(Button(name, id=f"preset-{name.lower()}", compact=True) for name in PRESETS),
                                   id="presets"),
-                       Static(id="note-presets", classes="note"), id="row-presets")
+                       Static(id="note-presets", classes="note"), id="row-presets", classes="param")
         for name in MAIN_PARAMS:
             yield self._param_row(SPECS[name], params)
         yield row("stop", "Stop sequences   a | b",
@@ -162,8 +163,9 @@ class SamplingPanel(Vertical):
 
     # --- applying a change ---------------------------------------------------------------------
 
-    def _apply(self, row_name: str | None, **changes) -> None:
-        """Check and apply `changes`; `row_name`: where to say from when it applies (None: nowhere)."""
+    def _apply(self, row_name: str | None, did: str = "", **changes) -> None:
+        """Check and apply `changes`; `row_name`: where to say from when it applies (None: nowhere), and
+        `did` what a key did there."""
         _, current = self.live.snapshot()
         try:
             if current.with_changes(**changes) == current:
@@ -174,7 +176,7 @@ class SamplingPanel(Vertical):
             return
         self._show(params, changes)
         if row_name is not None:
-            self._note_change(row_name)
+            self._note_change(row_name, did)
 
     def _show(self, params: SamplingParams, changed: dict) -> None:
         """The controls that read the settings follow them (the order row reads them all)."""
@@ -186,10 +188,11 @@ class SamplingPanel(Vertical):
         self.query_one("#more", Collapsible).title = more_title(params)
         self.query_one("#bias-group", Collapsible).title = bias_title(params)
 
-    def _note_change(self, row_name: str) -> None:
+    def _note_change(self, row_name: str, did: str = "") -> None:
         """Mid-reply a change waits for the next token (show_applied says which); otherwise the next
         reply uses it. A server takes settings only when a reply starts."""
         self.pending_version = None
+        self._did = did
         if self.writing and self.per_token:
             self.pending_version = self.live.version
             self._note(row_name, "Waiting for the next token…")
@@ -203,7 +206,7 @@ class SamplingPanel(Vertical):
             self.query_one(f"#note-{self._noted}", Static).remove_class("-shown")
         self._noted = row_name
         note = self.query_one(f"#note-{row_name}", Static)
-        note.update(Content(text))
+        note.update(Content("\n".join(filter(None, (self._did, text)))))
         note.add_class("-shown")
         note.scroll_visible(animate=False)
 
@@ -217,7 +220,7 @@ class SamplingPanel(Vertical):
         self.writing = True
         if self._noted:
             self.query_one(f"#note-{self._noted}", Static).remove_class("-shown")
-            self._noted = ""
+            self._noted = self._did = ""
 
     def reply_ended(self) -> None:
         """A change still waiting when the reply ended is for the next one."""
@@ -230,7 +233,10 @@ class SamplingPanel(Vertical):
 
     @on(Slider.Changed)
     def _slider_changed(self, event: Slider.Changed) -> None:
-        self._apply(event.slider.id, **{event.slider.id: event.value})
+        """A key says what it did, so a stray Home or End does not move a setting unnoticed."""
+        name, spec, key = event.slider.id, SPECS[event.slider.id], event.key and shown_key(event.key)
+        did = f"{key[0].upper()}{key[1:]}: {spec.label} → {format_value(spec, event.value)}" if key else ""
+        self._apply(name, did, **{name: event.value})
 
     @on(Slider.Entered)
     def _number_typed(self, event: Slider.Entered) -> None:

@@ -1,0 +1,110 @@
+"""The chat screen's rough edges a new user met (issue 25): keys that did nothing where the focus was,
+focus that was hard to steer, settings that did not stick with their chat, figures that did not add up.
+Driven through Pilot on the real tiny model."""
+
+from __future__ import annotations
+
+from conftest import GREEDY, run_cli
+from test_ui import SIZE, focused_slider, loaded, make_app, reply_done, send, wait_for
+from tui_chat.ui.keys import CHAT_KEYS
+from tui_chat.ui.widgets.messages import ChatMessage
+from tui_chat.ui.widgets.prompt import PromptInput
+
+
+def notified(app) -> list[str]:
+    return [str(note.message) for note in app._notifications]
+
+
+# --- keys ----------------------------------------------------------------------------------------------------
+
+
+async def test_every_chat_key_works_from_the_message_box(tiny_model):
+    """The message box (a TextArea) binds F6 and F7 itself: F7 once did nothing from it."""
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        ran: list[str] = []
+        for binding in CHAT_KEYS:
+            name = binding.action.split("(")[0]
+            setattr(screen, f"action_{name}", lambda *_args, name=name: ran.append(name))
+        box = screen.query_one(PromptInput)
+        for binding in CHAT_KEYS:
+            screen.writing = binding.action == "stop"  # Esc stops a reply being written, else goes to the box
+            box.focus()
+            await pilot.pause()
+            await pilot.press(binding.key)
+            await pilot.pause()
+            assert ran[-1:] == [binding.action.split("(")[0]], f"{binding.key} from the message box"
+            assert box.text == "", f"{binding.key} typed nothing"
+
+
+async def test_thinking_on_a_model_that_does_not_think_says_so(tiny_model):
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        await pilot.press("f7")
+        await pilot.pause()
+        said = [message for message in notified(app) if "does not think" in message]
+        assert len(said) == 1 and said[0].startswith("tiny does not think (its chat template names no thinking")
+        assert screen.session.thinking is False, "the switch is still kept with the chat"
+    run = run_cli("run", "-m", str(tiny_model), "-p", "Hi", "--max-tokens", "4", "--n-ctx", "512", "--thinking", "on")
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.count("does not think") == 1, run.stderr
+
+
+# --- steering the focus ---------------------------------------------------------------------------------------
+
+
+async def test_esc_with_no_reply_being_written_goes_back_to_the_message_box(tiny_model):
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        slider = await focused_slider(pilot, "temperature")
+        await pilot.press("1", "escape")
+        assert screen.focused is slider and slider.typed is None, "Esc first drops a number being typed"
+        await pilot.press("escape")
+        assert screen.focused is screen.query_one(PromptInput)
+
+
+async def test_tab_skips_the_messages_and_alt_arrows_walk_them(tiny_model):
+    app = make_app(str(tiny_model), sampling=GREEDY.with_changes(max_tokens=4))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        for text in ("One", "Two"):
+            await send(pilot, text)
+            await reply_done(pilot)
+        box = screen.query_one(PromptInput)
+        visited = []
+        for _ in range(200):
+            await pilot.press("tab")
+            if screen.focused is box:
+                break
+            visited.append(screen.focused)
+        assert screen.focused is box, "Tab comes back round to the message box"
+        assert not [widget for widget in visited if isinstance(widget, ChatMessage)]
+        messages = list(screen.query(ChatMessage))
+        await pilot.press("alt+up")
+        assert screen.focused is messages[-1], "Alt+↑ from the box: the latest message"
+        await pilot.press("alt+up", "alt+up")
+        assert screen.focused is messages[-3]
+        assert messages[-3].styles.border_left[0] == "double", "the focused message is marked by shape too"
+        assert messages[-2].styles.border_left[0] != "double"
+        await pilot.press("tab")
+        assert screen.focused is box, "Tab from a message goes on to the message box"
+        await pilot.press("alt+up", "alt+down")
+        assert screen.focused is box, "past the latest message, Alt+↓ comes back to the box"
+        assert box.styles.border_top[0] == "heavy"
+
+
+async def test_a_key_that_moves_a_slider_says_what_it_did(tiny_model):
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        await focused_slider(pilot, "repeat_penalty")
+        await pilot.press("end")
+        await pilot.pause()
+        note = str(screen.query_one("#note-repeat_penalty").render())
+        assert note.startswith("End: Repeat penalty → 2.00\n✓ Set"), note
+        await pilot.press("left")
+        await pilot.pause()
+        assert str(screen.query_one("#note-repeat_penalty").render()).startswith("Left: Repeat penalty → 1.99\n")
