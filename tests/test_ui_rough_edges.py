@@ -5,8 +5,9 @@ Driven through Pilot on the real tiny model."""
 from __future__ import annotations
 
 from conftest import GREEDY, run_cli
-from test_ui import SIZE, focused_slider, loaded, make_app, reply_done, send, wait_for
+from test_ui import SIZE, focused_slider, loaded, make_app, reply_done, screen_open, send, wait_for
 from tui_chat.ui.keys import CHAT_KEYS
+from tui_chat.ui.screens.help import HelpScreen
 from tui_chat.ui.widgets.messages import ChatMessage
 from tui_chat.ui.widgets.prompt import PromptInput
 
@@ -108,3 +109,20 @@ async def test_a_key_that_moves_a_slider_says_what_it_did(tiny_model):
         await pilot.press("left")
         await pilot.pause()
         assert str(screen.query_one("#note-repeat_penalty").render()).startswith("Left: Repeat penalty → 1.99\n")
+
+
+async def test_f1_lists_the_keys_of_the_inspector_the_order_the_bias_list_and_the_chats(tiny_model):
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("f1")
+        help_screen = await screen_open(pilot, HelpScreen)
+        text = str(help_screen.query_one("Static").render())
+        for section, line in [("Token inspector", "x                      X-ray"),
+                              ("Token inspector", "enter                  Branch the reply here"),
+                              ("Sampler order", "shift+left, <          Move earlier"),
+                              ("Logit bias", "delete, backspace      Remove"),
+                              ("Saved chats", "ctrl+r                 Rename"),
+                              ("Chat", "escape                 Back to the message box"),
+                              ("Chat", "alt+up                 Focus the message above")]:
+            assert line in f"\n{text}".split(f"\n{section}\n")[1].split("\n\n")[0], (section, line)

@@ -19,8 +19,18 @@ from ..widgets.slider import Slider
 Section = tuple[str, Sequence[Binding]]
 
 
+def handled(key: str, what: str) -> Binding:
+    """A key a widget handles itself (a list's Enter, a field's Enter): F1 lists it beside the bindings."""
+    return Binding(key, "", what)
+
+
 def chat_sections(chat_bindings: Sequence[Binding]) -> list[Section]:
     """The chat screen's keys, then those of the screens and widgets it opens."""
+    from ..widgets.bias import BiasEntries
+    from ..widgets.order import OrderBar
+    from ..widgets.thinking import ThinkingBlock
+    from .conversations import ConversationsScreen
+    from .inspector import InspectorScreen
     from .models import ModelsScreen
 
     return [
@@ -30,7 +40,19 @@ def chat_sections(chat_bindings: Sequence[Binding]) -> list[Section]:
         ("A focused message", ChatMessage.BINDINGS),
         ("A focused message of yours", UserMessage.BINDINGS),
         ("A focused reply (or click one of its tokens)", ReplyMessage.BINDINGS),
-        ("A focused slider (or click and drag it)", Slider.BINDINGS),
+        ("A reply's thinking", ThinkingBlock.BINDINGS),
+        ("Token inspector", [
+            *InspectorScreen.BINDINGS,
+            handled("up,down", "Pick an alternative"),
+            handled("enter", "Branch the reply here with the picked alternative"),
+            handled("tab", "To the word field: type a word or phrase, Enter gives its probability here"),
+        ]),
+        ("A focused slider (or click and drag it)",
+         [*Slider.BINDINGS, handled("0-9,.", "Type a number (Enter sets it, Esc drops it)")]),
+        ("Sampler order", OrderBar.BINDINGS),
+        ("Logit bias", [handled("enter", "In the field: add TEXT=BIAS (-inf bans it); on a row: edit it"),
+                        *BiasEntries.BINDINGS]),
+        ("Saved chats", [handled("enter", "Open the chat"), *ConversationsScreen.BINDINGS]),
     ]
 
 
@@ -46,7 +68,7 @@ def key_lines(sections: Sequence[Section], keymap: dict[str, str]) -> list[str]:
     lines += [
         "Anywhere",
         f"  {'ctrl+p':<22} command palette (themes, presets, every action)",
-        f"  {'tab, shift+tab':<22} move focus",
+        f"  {'tab, shift+tab':<22} move focus: the message box and the panel (messages: alt+up/down)",
         f"  {'ctrl+q':<22} quit",
     ]
     return lines
