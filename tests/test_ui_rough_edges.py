@@ -4,9 +4,16 @@ Driven through Pilot on the real tiny model."""
 
 from __future__ import annotations
 
+from textual.widgets import Input
+
 from conftest import GREEDY, run_cli
+from test_session import finish, new_session
 from test_ui import SIZE, focused_slider, loaded, make_app, reply_done, screen_open, send, wait_for
+from tui_chat.config import history_path
+from tui_chat.engine.base import Candidate
+from tui_chat.history import History
 from tui_chat.ui.keys import CHAT_KEYS
+from tui_chat.ui.screens.chat import SETTINGS_SAVED_AFTER_S
 from tui_chat.ui.screens.help import HelpScreen
 from tui_chat.ui.widgets.messages import ChatMessage
 from tui_chat.ui.widgets.prompt import PromptInput
@@ -126,3 +133,70 @@ async def test_f1_lists_the_keys_of_the_inspector_the_order_the_bias_list_and_th
                               ("Chat", "escape                 Back to the message box"),
                               ("Chat", "alt+up                 Focus the message above")]:
             assert line in f"\n{text}".split(f"\n{section}\n")[1].split("\n\n")[0], (section, line)
+
+
+# --- settings that stick with their chat ---------------------------------------------------------------------
+
+
+def test_a_regenerate_or_a_branch_keeps_the_settings_it_was_written_with(tiny):
+    with History(history_path()) as history:
+        session = new_session(history)
+        session.live.update(stop=["bread"])
+        session.ask("Hello there", tiny.generate)
+        finish(session)
+        assert history.load(session.conversation_id).sampling.stop == ("bread",)
+        session.live.update(stop=[])
+        session.regenerate(tiny.generate)
+        finish(session)
+        assert history.load(session.conversation_id).sampling.stop == ()
+        session.live.update(top_p=0.77)
+        reply = session.turns[-1].reply
+        session.branch(2, reply.tokens[2].top[1] if reply.tokens[2].top else Candidate(1, "x", 0.1), tiny.generate)
+        finish(session)
+        assert history.load(session.conversation_id).sampling.top_p == 0.77
+
+
+async def test_a_setting_changed_after_the_last_reply_is_there_when_the_chat_reopens(tiny_model):
+    app = make_app(str(tiny_model), sampling=GREEDY.with_changes(max_tokens=4, stop=("bread",)))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        await send(pilot, "Hello there")
+        await reply_done(pilot)
+        stop = screen.query_one("#stop", Input)
+        stop.focus()
+        stop.value = ""
+        await pilot.press("enter")
+        slider = await focused_slider(pilot, "top_p")
+        await pilot.press("pagedown")
+        assert slider.value == 0.8
+        conversation = screen.session.conversation_id
+        await pilot.pause(SETTINGS_SAVED_AFTER_S + 0.3)
+        with History(history_path()) as history:
+            saved = history.load(conversation).sampling
+        assert saved.stop == () and saved.top_p == 0.8, "saved once the settings rest"
+        await pilot.press("left", "ctrl+n")  # at once: the change is still waiting to be saved
+        await pilot.pause()
+        assert screen.live.snapshot()[1].stop == ("bread",), "a new chat: the config's settings"
+        await focused_slider(pilot, "top_p")
+        await pilot.press("end")  # the new chat's, not the one before
+    reopened = make_app(str(tiny_model), sampling=GREEDY)
+    async with reopened.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        await screen.open_conversation(conversation)
+        await pilot.pause()
+        params = screen.live.snapshot()[1]
+        assert params.stop == () and params.top_p == 0.79
+        assert screen.query_one("#stop", Input).value == ""
+
+
+async def test_quitting_right_after_a_change_keeps_it(tiny_model):
+    app = make_app(str(tiny_model), sampling=GREEDY.with_changes(max_tokens=4))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        await send(pilot, "Hello there")
+        await reply_done(pilot)
+        await focused_slider(pilot, "temperature")
+        await pilot.press("end")
+        conversation = screen.session.conversation_id
+    with History(history_path()) as history:
+        assert history.load(conversation).sampling.temperature == 2.0

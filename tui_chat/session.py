@@ -213,6 +213,11 @@ class ChatSession:
         self._start(turn, generate)
         return turn
 
+    def keep_settings(self) -> None:
+        """Save the settings in use now as this chat's (the screen calls it as they change, debounced)."""
+        if self.saved is not None:
+            self._save(lambda: self.saved.keep_settings(self.live.snapshot()[1], self.output_format))
+
     def regenerate(self, generate: Generate) -> Turn:
         """Another reply to the last question; the one before stays as a branch."""
         turn = self.turns[-1]
@@ -304,6 +309,8 @@ class ChatSession:
     def _start(self, turn: Turn, generate: Generate, forced: list[Token] | None = None,
                continuing: bool = False) -> None:
         forced = forced or []
+        if turn.branches:  # another branch of an answered turn: the settings it is written with are the chat's
+            self.keep_settings()
         request = Request(self.messages(turn), self.live, top_logprobs=self.top_logprobs,
                           forced=tuple(token.token_id for token in forced),
                           forced_text=tuple(token.piece or token.text for token in forced), continuing=continuing,
@@ -474,7 +481,8 @@ def opened(conversation: Conversation, live: LiveParams, saving: Saving | None, 
     session = ChatSession(live, saving=None, system_prompt=conversation.system_prompt, model=conversation.model,
                           output_format=conversation.output_format, **{**options, "thinking": conversation.thinking})
     if saving is not None:
-        session.saved = SavedChat(saving, conversation.id, conversation.last_id)
+        session.saved = SavedChat(saving, conversation.id, conversation.last_id,
+                                  (conversation.sampling, conversation.output_format))
     session.turns = turns_of(conversation)
     session.saved_title = conversation.title
     return session

@@ -15,6 +15,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
 from textual.reactive import reactive
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widget import Widget
 from textual.widgets import Checkbox, Footer, Input, Select
 
@@ -41,6 +42,7 @@ from .model_loader import LoadJob, ModelLoader, OpenBackend
 from .open_model import ModelChoice
 
 PANEL_REFRESH_S = 0.15
+SETTINGS_SAVED_AFTER_S = 0.5  # the chat's settings reach the history this long after the last change
 NARROW_BELOW = 100  # columns; a narrower screen gives the chat the width and shows the panel on F2
 IDLE_ONLY = frozenset({"regenerate", "edit_last", "continue_reply"})  # actions that cannot run while a reply is written
 
@@ -65,6 +67,7 @@ class ChatScreen(Screen):
                                   loaded=self._model_loaded, failed=self._model_failed)
         self._writing: Writing | None = None
         self._panel_refreshed = 0.0
+        self._settings_timer: Timer | None = None  # a change of the settings waiting to be saved with the chat
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="main"):
@@ -86,6 +89,7 @@ class ChatScreen(Screen):
 
     def on_unmount(self) -> None:
         self.session.abandon()  # quitting mid-reply: the reply is kept as stopped, not left "streaming"
+        self._keep_settings()
         if self.history is not None:
             self.history.close()
 
@@ -369,6 +373,7 @@ class ChatScreen(Screen):
         if self.writing:
             self.session.abandon()
             self._settled()
+        self._keep_settings()  # the chat's own, before the panel shows the next one's
         self.query_one(SamplingPanel).set_values(settings.as_dict())
         self.query_one(MetricsPanel).forget_turns()
         self.session = session
@@ -466,7 +471,22 @@ class ChatScreen(Screen):
 
     @on(FormatPicker.Chosen)
     def _format_chosen(self, event: FormatPicker.Chosen) -> None:
-        self.session.output_format = event.output  # saved with the chat's next message, as its settings are
+        self.session.output_format = event.output
+        self.session.keep_settings()
+
+    @on(SamplingPanel.Changed)
+    def _settings_changed(self) -> None:
+        """The chat's settings are what was last set in it: saved with it as they change, once they rest
+        (a slider dragged is many changes), as a reply's text is saved while it streams."""
+        if self._settings_timer is not None:
+            self._settings_timer.stop()
+        self._settings_timer = self.set_timer(SETTINGS_SAVED_AFTER_S, self._keep_settings)
+
+    def _keep_settings(self) -> None:
+        if self._settings_timer is not None:
+            self._settings_timer.stop()
+            self._settings_timer = None
+            self.session.keep_settings()
 
     @on(Checkbox.Changed, "#stream")
     def _streaming_chosen(self, event: Checkbox.Changed) -> None:

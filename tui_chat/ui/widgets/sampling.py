@@ -13,6 +13,7 @@ from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
+from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Button, Checkbox, Collapsible, Input, Static
 
@@ -97,6 +98,9 @@ class SamplingPanel(Vertical):
     SamplingPanel Collapsible .param:first-child { margin: 0; }
     """
 
+    class Changed(Message):
+        """A setting changed (by the user, a preset, or a chat that opened with its own)."""
+
     def __init__(self, live: LiveParams, **kwargs) -> None:
         super().__init__(**kwargs)
         self.live = live
@@ -175,6 +179,7 @@ class SamplingPanel(Vertical):
             self.notify(str(error), severity="error", markup=False)
             return
         self._show(params, changes)
+        self.post_message(self.Changed())
         if row_name is not None:
             self._note_change(row_name, did)
 
