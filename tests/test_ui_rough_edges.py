@@ -15,6 +15,7 @@ from tui_chat.history import History
 from tui_chat.ui.keys import CHAT_KEYS
 from tui_chat.ui.screens.chat import SETTINGS_SAVED_AFTER_S
 from tui_chat.ui.screens.help import HelpScreen
+from tui_chat.ui.widgets.chat_log import ChatLog
 from tui_chat.ui.widgets.messages import ChatMessage
 from tui_chat.ui.widgets.prompt import PromptInput
 
@@ -200,3 +201,35 @@ async def test_quitting_right_after_a_change_keeps_it(tiny_model):
         conversation = screen.session.conversation_id
     with History(history_path()) as history:
         assert history.load(conversation).sampling.temperature == 2.0
+
+
+# --- a long chat: reopened at its end, left at once ----------------------------------------------------------
+
+
+def saved_long_chat(model: str, turns: int = 40) -> int:
+    """A chat long enough to scroll, a regenerated reply every fifth turn."""
+    with History(history_path()) as history:
+        conversation = history.create(model=model, sampling=GREEDY)
+        parent = None
+        for n in range(turns):
+            question = history.add_user_message(conversation, f"question {n}", parent)
+            for branch in range(2 if n % 5 == 0 else 1):
+                reply = history.start_reply(conversation, question)
+                reply.finish(f"answer {n}.{branch}\n\n" + "word " * 60, "eos")
+            parent = reply.id
+        return conversation
+
+
+async def test_a_long_chat_with_branches_reopens_at_its_latest_turn(tiny_model):
+    conversation = saved_long_chat(str(tiny_model))
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        log = screen.query_one(ChatLog)
+        for _ in range(2):  # the second time the log had been scrolled up by hand
+            await screen.open_conversation(conversation)
+            await pilot.pause(0.2)
+            assert log.max_scroll_y > 0 and log.scroll_y == log.max_scroll_y
+            assert log.messages()[-1].text.startswith("answer 39.0")
+            log.scroll_home(animate=False)
+            await pilot.pause()

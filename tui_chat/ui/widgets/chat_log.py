@@ -56,13 +56,15 @@ class ChatLog(VerticalScroll):
         return next((m for m in self.messages() if m.turn is turn and isinstance(m, ReplyMessage)), None)
 
     async def show(self, turns: list[Turn]) -> None:
-        """Replace the whole conversation on screen (a new chat, or one reopened)."""
+        """Replace the whole conversation on screen (a new chat, or one reopened), at its latest turn
+        however far up the chat before it was scrolled."""
         await self.remove_children(self.messages())
         shown = messages_of(turns)
         split = max(0, len(shown) - MAX_MOUNTED)
         self.hidden = shown[:split]
         await self.mount_all([widget_for(message) for message in shown[split:]])
         self._update_earlier()
+        self.anchor()
 
     async def remove_turn(self, turn: Turn) -> None:
         await self.remove_children([m for m in self.messages() if m.turn is turn])
