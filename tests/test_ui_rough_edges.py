@@ -4,6 +4,8 @@ Driven through Pilot on the real tiny model."""
 
 from __future__ import annotations
 
+import asyncio
+
 from textual.widgets import Input
 
 from conftest import GREEDY, run_cli
@@ -16,7 +18,7 @@ from tui_chat.ui.keys import CHAT_KEYS
 from tui_chat.ui.screens.chat import SETTINGS_SAVED_AFTER_S
 from tui_chat.ui.screens.help import HelpScreen
 from tui_chat.ui.widgets.chat_log import ChatLog
-from tui_chat.ui.widgets.messages import ChatMessage
+from tui_chat.ui.widgets.messages import ChatMessage, UserMessage
 from tui_chat.ui.widgets.prompt import PromptInput
 
 
@@ -233,3 +235,29 @@ async def test_a_long_chat_with_branches_reopens_at_its_latest_turn(tiny_model):
             assert log.messages()[-1].text.startswith("answer 39.0")
             log.scroll_home(animate=False)
             await pilot.pause()
+
+
+async def test_a_new_chat_clears_the_old_one_at_once_and_fills_after(tiny_model, monkeypatch):
+    """Under load, taking a hundred messages down takes seconds: the old chat must not stay on screen
+    with its old title meanwhile."""
+    conversation = saved_long_chat(str(tiny_model))
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        await screen.open_conversation(conversation)
+        await pilot.pause()
+        taken_down = ChatLog.remove_children
+
+        async def slowly(log, widgets):
+            await asyncio.sleep(1.0)  # a busy machine
+            await taken_down(log, widgets)
+
+        monkeypatch.setattr(ChatLog, "remove_children", slowly)
+        new_chat = asyncio.create_task(screen.action_new_chat())  # as Ctrl+N does, without waiting for it
+        await pilot.pause(0.3)
+        assert screen.query(UserMessage), "still being taken down"
+        shown = "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+        assert "question" not in shown and "answer" not in shown, "the old chat is off the screen at once"
+        assert str(screen.query_one("#chat-title").render()).startswith("New chat · ")
+        await new_chat
+        assert not screen.query(UserMessage)

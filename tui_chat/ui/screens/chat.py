@@ -376,10 +376,10 @@ class ChatScreen(Screen):
         self._keep_settings()  # the chat's own, before the panel shows the next one's
         self.query_one(SamplingPanel).set_values(settings.as_dict())
         self.query_one(MetricsPanel).forget_turns()
-        self.session = session
+        self.session = self.view.session = session
+        self._show_title()  # at once: its messages may take a while to come down and go up
         self.query_one(SamplingPanel).show_format(session.output_format)
         await self.view.show(session)
-        self._show_title()
 
     def action_conversations(self) -> None:
         if self.history is None:
