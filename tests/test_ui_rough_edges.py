@@ -261,3 +261,20 @@ async def test_a_new_chat_clears_the_old_one_at_once_and_fills_after(tiny_model,
         assert str(screen.query_one("#chat-title").render()).startswith("New chat · ")
         await new_chat
         assert not screen.query(UserMessage)
+
+
+# --- what reads without colour, and figures that add up -------------------------------------------------------
+
+
+async def test_stream_replies_reads_on_and_off_without_colour(tiny_model):
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        box = screen.query_one("#stream")
+        shown = {}
+        for _ in range(2):
+            shown[box.value] = box.render().plain
+            box.toggle()
+            await pilot.pause()
+        assert "✓" in shown[True] and "✓" not in shown[False] and "X" not in shown[False]
+        assert shown[True].replace("✓", "") == shown[False].replace(" ", "", 1), "only the mark differs"

@@ -15,14 +15,14 @@ from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.message import Message
 from textual.widget import Widget
-from textual.widgets import Button, Checkbox, Collapsible, Input, Static
+from textual.widgets import Button, Collapsible, Input, Static
 
 from ...engine.base import ModelInfo
 from ...engine.formats import TEXT, OutputFormat
 from ...engine.params import LIST_SPECS, PARAMS, PRESETS, SPECS, InvalidParameter, LiveParams, ParamSpec, SamplingParams
 from ..keys import shown_key
 from .bias import BiasList
-from .fields import TextField
+from .fields import TextField, TickBox
 from .order import OrderBar
 from .output_format import FormatPicker
 from .slider import Slider
@@ -128,7 +128,7 @@ class SamplingPanel(Vertical):
             yield row("logit_bias", LIST_SPECS["logit_bias"].label, BiasList(params.logit_bias, id="logit_bias"),
                       HINTS["logit_bias"])
         yield row("format", "Output format", FormatPicker(id="format"), FORMAT_HINT)
-        yield row("stream", "Streaming", Checkbox("Stream replies", True, compact=True, id="stream"), STREAM_HINT)
+        yield row("stream", "Streaming", TickBox("Stream replies", True, compact=True, id="stream"), STREAM_HINT)
 
     @staticmethod
     def _param_row(spec: ParamSpec, params: SamplingParams) -> Vertical:
