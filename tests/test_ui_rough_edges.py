@@ -18,7 +18,8 @@ from tui_chat.ui.keys import CHAT_KEYS
 from tui_chat.ui.screens.chat import SETTINGS_SAVED_AFTER_S
 from tui_chat.ui.screens.help import HelpScreen
 from tui_chat.ui.widgets.chat_log import ChatLog
-from tui_chat.ui.widgets.messages import ChatMessage, UserMessage
+from tui_chat.ui.widgets.heatmap import REOPENED_NOTE
+from tui_chat.ui.widgets.messages import ChatMessage, ReplyMessage, UserMessage
 from tui_chat.ui.widgets.prompt import PromptInput
 
 
@@ -278,3 +279,21 @@ async def test_stream_replies_reads_on_and_off_without_colour(tiny_model):
             await pilot.pause()
         assert "✓" in shown[True] and "✓" not in shown[False] and "X" not in shown[False]
         assert shown[True].replace("✓", "") == shown[False].replace(" ", "", 1), "only the mark differs"
+
+
+async def test_the_heatmap_says_that_reopened_replies_stay_plain(tiny_model):
+    conversation = saved_long_chat(str(tiny_model), turns=2)
+    app = make_app(str(tiny_model), sampling=GREEDY.with_changes(max_tokens=4), inspector_top=5)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        await send(pilot, "Hello there")
+        await reply_done(pilot)
+        await pilot.press("ctrl+t")
+        legend = screen.query_one("#legend")
+        assert "Heatmap" in legend.render().plain and REOPENED_NOTE not in legend.render().plain
+        await screen.open_conversation(conversation)
+        await pilot.pause()
+        assert REOPENED_NOTE in legend.render().plain.replace("\n", " ")
+        screen.query(ReplyMessage).last().focus()
+        await pilot.press("enter")
+        assert f"Nothing to inspect. {REOPENED_NOTE}" in notified(app)

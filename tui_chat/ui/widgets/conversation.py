@@ -21,7 +21,7 @@ from ...session import ChatSession, Turn, Update
 from ..screens.inspector import InspectorScreen
 from .chat_log import ChatLog
 from .draft_meter import DraftCosts, DraftMeter
-from .heatmap import band_styles, legend
+from .heatmap import REOPENED_NOTE, band_styles, legend
 from .messages import ReplyMessage, UserMessage
 from .prompt import PromptInput
 
@@ -95,6 +95,7 @@ class ConversationView(Vertical):
         await self.log_view.show(session.turns)
         for reply in self.query(ReplyMessage):
             reply.heatmap = self.heatmap
+        self._show_legend()
 
     # --- the reply being written --------------------------------------------------------------
 
@@ -181,6 +182,9 @@ class ConversationView(Vertical):
     @on(ReplyMessage.Inspect)
     def _inspect(self, event: ReplyMessage.Inspect) -> None:
         widget = event.reply
+        if not widget.tokens:
+            self.notify(f"Nothing to inspect. {REOPENED_NOTE}", timeout=6)
+            return
         if not any(token.prob is not None for token in widget.tokens):
             self.notify("This reply has no token probabilities: they are recorded as replies are written "
                         "(inspector_top in the config).", timeout=5)
@@ -217,8 +221,13 @@ class ConversationView(Vertical):
 
     async def set_heatmap(self, on: bool) -> None:
         self.heatmap = on
-        shown = self.query_one("#legend", Static)
-        shown.display = on
-        shown.update(legend(band_styles(self.app.get_css_variables())))
+        self._show_legend()
         for reply in self.query(ReplyMessage):
             await reply.set_heatmap(on)
+
+    def _show_legend(self) -> None:
+        shown = self.query_one("#legend", Static)
+        shown.display = self.heatmap
+        if self.heatmap:
+            reopened = any(turn.reply is not None and not turn.reply.tokens for turn in self.session.turns)
+            shown.update(legend(band_styles(self.app.get_css_variables()), reopened))
