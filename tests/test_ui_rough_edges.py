@@ -297,3 +297,19 @@ async def test_the_heatmap_says_that_reopened_replies_stay_plain(tiny_model):
         screen.query(ReplyMessage).last().focus()
         await pilot.press("enter")
         assert f"Nothing to inspect. {REOPENED_NOTE}" in notified(app)
+
+
+async def test_shrinking_the_terminal_puts_the_panels_figures_on_the_top_line_at_once(tiny_model):
+    app = make_app(str(tiny_model), sampling=GREEDY.with_changes(max_tokens=4))
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await loaded(pilot)
+        await send(pilot, "Hi")
+        await reply_done(pilot)
+        title = screen.query_one("#chat-title")
+        assert "KV" not in str(title.render())
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause(0.2)
+        assert "tok/s · KV " in str(title.render()), "the panel is hidden: its key figures on top"
+        await pilot.resize_terminal(120, 40)
+        await pilot.pause(0.2)
+        assert "KV" not in str(title.render())

@@ -147,6 +147,11 @@ class ChatScreen(Screen):
         panel.show_thinking(self.session.thinking)
         self.view.show_title(model, panel.metrics if hidden and panel.metrics.n_ctx else None)
 
+    def on_resize(self) -> None:
+        """Across the panel's breakpoint the title line takes its figures, or gives them back: once the
+        screen has its new width class (set after this handler)."""
+        self.call_after_refresh(self._show_title)
+
     async def _model_loaded(self, job: LoadJob, info: ModelInfo) -> None:
         if self.backend is not None:
             self.action_stop()  # the reply ends as stopped when the old backend closes
