@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import asyncio
 
+from rich.cells import cell_len
 from textual.widgets import Input
 
 from conftest import GREEDY, run_cli
 from test_session import finish, new_session
-from test_ui import SIZE, focused_slider, loaded, make_app, reply_done, screen_open, send, wait_for
+from test_ui import SIZE, finished_reply, focused_slider, loaded, make_app, reply_done, screen_open, send, wait_for
 from tui_chat.config import history_path
 from tui_chat.engine.base import Candidate
 from tui_chat.history import History
+from tui_chat.safetext import screen_safe, terminal_safe
 from tui_chat.ui.keys import CHAT_KEYS
 from tui_chat.ui.screens.chat import SETTINGS_SAVED_AFTER_S
 from tui_chat.ui.screens.help import HelpScreen
@@ -313,3 +315,31 @@ async def test_shrinking_the_terminal_puts_the_panels_figures_on_the_top_line_at
         await pilot.resize_terminal(120, 40)
         await pilot.pause(0.2)
         assert "KV" not in str(title.render())
+
+
+EMOJI = ["\u26a0\ufe0f", "\U0001f44d\U0001f3fd", "\U0001f468\u200d\U0001f469\u200d\U0001f467",
+         "\U0001f3f3\ufe0f\u200d\U0001f308", "\U0001f469\U0001f3fd\u200d\U0001f4bb", "1\ufe0f\u20e3", "\U0001f3fd"]
+
+
+def test_emoji_sequences_are_drawn_as_parts_every_terminal_measures_alike():
+    """Rich counts an emoji sequence as one 2-cell grapheme; tmux 3.3 draws "⚠️" in 1 cell, "👍🏽" in 4
+    (measured with its cursor): the row shifts over the panel. Drawn as parts, per code point and per
+    grapheme agree."""
+    for text in EMOJI:
+        shown = screen_safe(text)
+        assert cell_len(shown) == sum(cell_len(character) for character in shown) > 0 or not shown, ascii(text)
+        assert terminal_safe(text) == text, "only what a widget draws: run's output and copies keep them"
+
+
+async def test_a_reply_with_emoji_sequences_keeps_the_panels_edge_in_its_column(tiny_model):
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        text = "Done " + " ".join(EMOJI) + " ok"
+        await screen.query_one(ChatLog).mount(finished_reply(text))
+        await pilot.pause(0.2)
+        lines = [strip.text for strip in app.screen._compositor.render_strips()]
+        [row] = [line for line in lines if "Done" in line]
+        assert not any(character in row for character in "\u200d\ufe0f\U0001f3fd")
+        assert cell_len(row) == sum(cell_len(character) for character in row) == SIZE[0]
+        assert screen.query(ReplyMessage).last().text == text, "the reply itself keeps them (copy, history)"

@@ -16,7 +16,7 @@ from textual.widgets import Static
 
 from ...engine.base import Backend, Candidate, TurnMetrics
 from ...probe import TokenProbe
-from ...safetext import terminal_safe
+from ...safetext import screen_safe
 from ...session import ChatSession, Turn, Update
 from ..screens.inspector import InspectorScreen
 from .chat_log import ChatLog
@@ -78,14 +78,14 @@ class ConversationView(Vertical):
         tail = " · ".join(part for part in (model, figures) if part)
         room = max(8, self.size.width - 2 - len(tail) - 3)
         title = self.session.title if len(self.session.title) <= room else self.session.title[: room - 1] + "…"
-        self.query_one("#chat-title", Static).update(Content(terminal_safe(f"{title} · {tail}")))
+        self.query_one("#chat-title", Static).update(Content(screen_safe(f"{title} · {tail}")))
 
     def on_resize(self) -> None:
         self.show_title(*self._title)
 
     def set_status(self, text: str, error: bool = False) -> None:
         status = self.query_one("#status", Static)
-        status.update(Content(terminal_safe(text)))
+        status.update(Content(screen_safe(text)))
         status.display = bool(text)
         status.set_class(error, "-error")
 

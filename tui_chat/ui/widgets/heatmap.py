@@ -16,7 +16,7 @@ from rich.text import Text
 from textual.color import Color
 
 from ...engine.base import Token
-from ...safetext import terminal_safe
+from ...safetext import screen_safe
 from .xray import grammar_summary
 
 
@@ -103,7 +103,7 @@ def heatmap_text(tokens: Sequence[Token], text: str, styles: Sequence[Style], se
             style += FORCED_BY_FORMAT
         if index == selected:
             style += SELECTED
-        out.append(terminal_safe(piece) or ("·" if index == selected else ""), style)
+        out.append(screen_safe(piece) or ("·" if index == selected else ""), style)
     return out
 
 

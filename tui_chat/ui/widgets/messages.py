@@ -5,7 +5,8 @@ blocks are frozen into one Static, so the live Markdown (one widget per block) s
 long the reply grows. A finished message is a single Static: hundreds of them keep layout cheap.
 
 Model text is untrusted: it is shown literally, never parsed as Rich markup, and control
-characters become visible escapes before anything reaches the terminal. Its Markdown is honest
+characters become visible escapes before anything reaches the terminal (emoji sequences are drawn as
+their parts, so the terminal and Textual agree on the row's cells: safetext.screen_safe). Its Markdown is honest
 formatting, but a link's text may lie about where it goes: a finished reply shows each link's
 target after its text, and no link is a terminal hyperlink (OSC 8) or opens anything when clicked.
 """
@@ -26,7 +27,7 @@ from textual.widgets import Markdown, Static
 
 from ...config import data_dir
 from ...engine.base import Token, thinking_line
-from ...safetext import terminal_safe
+from ...safetext import screen_safe
 from ...session import Branch, Turn, Writing
 from ..clipboard import copy
 from .heatmap import band_styles, grammar_line, has_probabilities, heatmap_text
@@ -37,7 +38,7 @@ _FENCE = "```"
 
 
 def rendered_markdown(text: str) -> RichMarkdown:
-    return RichMarkdown(terminal_safe(text), code_theme="monokai", hyperlinks=False)
+    return RichMarkdown(screen_safe(text), code_theme="monokai", hyperlinks=False)
 
 
 def markdown_tail() -> Markdown:
@@ -91,7 +92,7 @@ class UserMessage(ChatMessage, Static):
             self.delete = delete  # from the history too
 
     def __init__(self, turn: Turn, **kwargs) -> None:
-        super().__init__(Content(terminal_safe(turn.question)), **kwargs)
+        super().__init__(Content(screen_safe(turn.question)), **kwargs)
         self.turn = turn
         self.text = turn.question
 
@@ -279,7 +280,7 @@ class ReplyMessage(ChatMessage, Vertical):
     async def append(self, text: str) -> None:
         """Text the session added to the writing branch: streamed into the live tail."""
         self._tail += text
-        await self._stream.write(terminal_safe(text))
+        await self._stream.write(screen_safe(text))
         if len(self._tail) > FREEZE_AFTER_CHARS:
             cut = freeze_point(self._tail)
             if cut is not None:
@@ -291,7 +292,7 @@ class ReplyMessage(ChatMessage, Vertical):
         await self._stream.stop()
         tail = self.query_one(Markdown)
         await self.mount(Static(rendered_markdown(frozen), classes="chunk"), before=tail)
-        await tail.update(terminal_safe(self._tail))
+        await tail.update(screen_safe(self._tail))
         self._stream = Markdown.get_stream(tail)
 
     async def stop(self) -> None:
