@@ -5,23 +5,31 @@ Driven through Pilot on the real tiny model."""
 from __future__ import annotations
 
 import asyncio
+import io
+import re
 
+import pytest
 from rich.cells import cell_len
+from rich.console import Console
+from rich.text import Text
 from textual.widgets import Input
 
 from conftest import GREEDY, run_cli
 from test_session import finish, new_session
 from test_ui import SIZE, finished_reply, focused_slider, loaded, make_app, reply_done, screen_open, send, wait_for
 from tui_chat.config import history_path
-from tui_chat.engine.base import Candidate
+from tui_chat.engine.base import Candidate, EngineError, Message, TurnMetrics
+from tui_chat.engine.context import fit_context
 from tui_chat.history import History
 from tui_chat.safetext import screen_safe, terminal_safe
+from tui_chat.session import Branch, Turn
 from tui_chat.ui.keys import CHAT_KEYS
 from tui_chat.ui.screens.chat import SETTINGS_SAVED_AFTER_S
 from tui_chat.ui.screens.help import HelpScreen
 from tui_chat.ui.widgets.chat_log import ChatLog
 from tui_chat.ui.widgets.heatmap import REOPENED_NOTE
 from tui_chat.ui.widgets.messages import ChatMessage, ReplyMessage, UserMessage
+from tui_chat.ui.widgets.metrics import MetricsPanel
 from tui_chat.ui.widgets.prompt import PromptInput
 
 
@@ -343,3 +351,62 @@ async def test_a_reply_with_emoji_sequences_keeps_the_panels_edge_in_its_column(
         assert not any(character in row for character in "\u200d\ufe0f\U0001f3fd")
         assert cell_len(row) == sum(cell_len(character) for character in row) == SIZE[0]
         assert screen.query(ReplyMessage).last().text == text, "the reply itself keeps them (copy, history)"
+
+
+async def test_the_panels_money_has_one_format_as_the_session_passes_a_cent(tiny_model):
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        panel = screen.query_one(MetricsPanel)
+        reply = TurnMetrics(prompt_tokens=1_000, completion_tokens=300)  # $0.0055 at GPT-4o's prices
+        screen.choose_price("GPT-4o")
+        for _ in range(3):
+            panel.finish_reply(reply)
+        await pilot.pause()
+        figures = re.findall(r"\$[\d,.]+", str(screen.query_one("#cost").render()))
+        assert "$0.005500" in figures and "$0.016500" in figures, figures
+        assert all(re.fullmatch(r"\$[\d,]+\.\d{6}", figure) for figure in figures), figures
+
+
+def test_a_branch_label_never_wraps_inside_its_keys():
+    reply = ReplyMessage(Turn("question", [Branch("one", "end of text"), Branch("two", "end of text")], active=1))
+    label = reply._branch_label()
+    assert label.endswith("branch 2/2 ([/])")
+    for width in range(8, 40):
+        console = Console(width=width, file=io.StringIO())
+        console.print(Text("end of text · 6 tokens · 97.1 tok/s" + label))
+        lines = console.file.getvalue().splitlines()
+        assert any(line.strip().endswith("([/])") or line.strip() == "([/])" for line in lines), (width, lines)
+
+
+async def test_the_delete_prompt_counts_one_turn_after_it_in_the_singular(tiny_model):
+    app = make_app(str(tiny_model), sampling=GREEDY.with_changes(max_tokens=4))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        for text in ("One", "Two", "Three"):
+            await send(pilot, text)
+            await reply_done(pilot)
+        for index, said in [(1, "Delete this message and the turn after it?"),
+                            (0, "Delete this message and the 2 turns after it?"), (2, "Delete this message?")]:
+            screen.query(UserMessage)[index].focus()
+            await pilot.press("delete")
+            await pilot.pause()
+            assert notified(app)[-1].startswith(said)
+
+
+def test_the_context_size_in_an_error_has_thousands_separators():
+    with pytest.raises(EngineError, match="needs 5,000 tokens with the system prompt, but the context holds 4,096"):
+        fit_context([Message("user", "long")], lambda _messages: 5_000, 4_096, 100)
+    with pytest.raises(EngineError, match="the context holds 4,096: shorten the message"):
+        fit_context([Message("user", "long")], lambda _messages: 3_500, 4_096, 1_000)
+
+
+async def test_a_copied_reply_has_no_blank_lines_or_spaces_around_it(tiny_model, monkeypatch):
+    copied = []
+    monkeypatch.setattr("tui_chat.ui.widgets.messages.copy", lambda _app, text, _file: copied.append(text) or "Copied")
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        await screen.query_one(ChatLog).mount(finished_reply("\n\n  Paris is the capital.  \n"))
+        await pilot.press("f3")
+        assert copied == ["Paris is the capital."]

@@ -153,8 +153,8 @@ class ConversationView(Vertical):
             return
         if event.delete and not self._confirmed(event.turn):
             later = len(self.session.turns) - self.session.turns.index(event.turn) - 1
-            self.notify(f"Delete this message{f' and the {later} turns after it' if later else ''}? "
-                        "Press Delete again.", timeout=CONFIRM_WITHIN_S, markup=False)
+            after = {0: "", 1: " and the turn after it"}.get(later, f" and the {later} turns after it")
+            self.notify(f"Delete this message{after}? Press Delete again.", timeout=CONFIRM_WITHIN_S, markup=False)
             return
         gone = self.session.delete_from(event.turn) if event.delete else self.session.rewind(event.turn)
         for turn in gone:

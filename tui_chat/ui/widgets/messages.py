@@ -71,7 +71,8 @@ class ChatMessage(Widget):
     text: str
 
     def action_copy(self) -> None:
-        said = copy(self.app, self.text, data_dir() / "exports" / "copied.txt")
+        """The message as it reads: without the blank lines and spaces a model often leaves around it."""
+        said = copy(self.app, self.text.strip(), data_dir() / "exports" / "copied.txt")
         self.notify(said, timeout=2 if said.startswith("Copied") else 8, markup=False)
 
 
@@ -269,7 +270,7 @@ class ReplyMessage(ChatMessage, Vertical):
     def _branch_label(self) -> str:
         if len(self.branches) < 2:
             return ""
-        return f" · branch {self.active + 1}/{len(self.branches)} ([ ])"
+        return f" · branch {self.active + 1}/{len(self.branches)} ([/])"  # no space: never wrapped inside
 
     def show_status(self, status: str) -> None:
         """Prompt-reading progress before the first token; nothing once text flows (or once the widget is
