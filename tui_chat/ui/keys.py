@@ -20,7 +20,7 @@ def everywhere(key: str, action: str, description: str, **options) -> Binding:
 CHAT_KEYS = [  # in the footer in this order: what a newcomer needs first, as far as the width allows
     Binding("escape", "stop", "Stop", id="stop", tooltip="Stop the reply (keeps what was written)"),
     Binding("escape", "to_box", "Message box", id="to_box", show=False,
-            tooltip="Back to the message box (when no reply is being written)"),
+            tooltip="Back to the message box (with no reply being written)"),
     everywhere("f1", "help", "Help", id="help", tooltip="Show all keys"),
     everywhere("f2", "toggle_panel", "Panel", id="toggle_panel", tooltip="Show or hide the side panel"),
     everywhere("ctrl+n", "new_chat", "New chat", id="new_chat", tooltip="Start a new chat"),
@@ -42,9 +42,9 @@ CHAT_KEYS = [  # in the footer in this order: what a newcomer needs first, as fa
     everywhere("f7", "toggle_thinking", "Thinking", id="toggle_thinking", show=False,
                tooltip="Let a reasoning model think before it answers, or not (this chat, from the next reply)"),
     everywhere("alt+up", "focus_message(-1)", "Earlier message", id="previous_message", show=False,
-               tooltip="Focus the message above (from the message box: the latest); messages are out of Tab's way"),
+               tooltip="Focus the message above (from the box: the latest)"),
     everywhere("alt+down", "focus_message(1)", "Later message", id="next_message", show=False,
-               tooltip="Focus the message below (past the latest: the message box)"),
+               tooltip="Focus the message below (past the latest: the box)"),
 ]
 
 

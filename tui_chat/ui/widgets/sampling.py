@@ -90,6 +90,7 @@ class SamplingPanel(Vertical):
     SamplingPanel .param:focus-within > .hint, SamplingPanel .param.-ignored > .hint { display: block; }
     SamplingPanel .note { color: $success; display: none; }
     SamplingPanel .note.-shown { display: block; }
+    SamplingPanel #row-presets { height: auto; margin: 1 0 0 0; }
     SamplingPanel #presets { height: auto; }
     SamplingPanel #presets Button { width: 1fr; min-width: 0; }
     SamplingPanel Input { margin: 0; }
@@ -114,7 +115,7 @@ class SamplingPanel(Vertical):
         _, params = self.live.snapshot()
         yield Vertical(Horizontal(*(Button(name, id=f"preset-{name.lower()}", compact=True) for name in PRESETS),
                                   id="presets"),
-                       Static(id="note-presets", classes="note"), id="row-presets", classes="param")
+                       Static(id="note-presets", classes="note"), id="row-presets")
         for name in MAIN_PARAMS:
             yield self._param_row(SPECS[name], params)
         yield row("stop", "Stop sequences   a | b",
