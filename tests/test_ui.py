@@ -529,11 +529,12 @@ async def test_regenerate_and_edit_wait_for_the_reply_and_the_footer_says_so(tin
     app = make_app(str(tiny_model), sampling=GREEDY.with_changes(max_tokens=3000), n_ctx=4096)
     async with app.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
-        assert "escape" not in app.active_bindings, "nothing to stop: not offered"
+        assert app.active_bindings["escape"].binding.action == "to_box", "nothing to stop: not offered"
         await send(pilot, "Hello there")
         await wait_for(pilot, lambda: screen.reply is not None and len(screen.reply.tokens) > 10)
         bindings = app.active_bindings
-        assert not bindings["ctrl+r"].enabled and not bindings["ctrl+g"].enabled and bindings["escape"].enabled
+        assert not bindings["ctrl+r"].enabled and not bindings["ctrl+g"].enabled
+        assert bindings["escape"].enabled and bindings["escape"].binding.action == "stop"
         await pilot.press("ctrl+r", "ctrl+g")
         assert screen.reply is not None and [t.question for t in screen.session.turns] == ["Hello there"]
         assert len(screen.session.turns[0].branches) == 0, "no regeneration started"
