@@ -33,7 +33,7 @@ from ..memory import ReplyMemory
 from ..widgets.chat_log import ChatLog
 from ..widgets.conversation import ConversationView
 from ..widgets.draft_meter import DraftCosts
-from ..widgets.messages import ReplyMessage, UserMessage
+from ..widgets.messages import ChatMessage, ReplyMessage, UserMessage
 from ..widgets.metrics import MetricsPanel
 from ..widgets.output_format import FormatPicker
 from ..widgets.prompt import PromptInput
@@ -330,9 +330,15 @@ class ChatScreen(Screen):
     @property
     def focus_chain(self) -> list[Widget]:
         """Tab and Shift+Tab skip the messages (Alt+↑/↓ reach them): they go between the message box and
-        the panel, not through a long chat first. A message that has the focus keeps its place."""
+        the panel, not through a long chat first. The message that has the focus keeps its place, with what
+        is inside it (a reply's thinking)."""
         chain, log = super().focus_chain, self.query_one_optional(ChatLog)  # none while the screen is built
-        return [widget for widget in chain if widget is self.focused or log is None or log not in widget.ancestors]
+        if log is None:
+            return chain
+        around = self.focused.ancestors_with_self if self.focused is not None else []
+        message = next((node for node in around if isinstance(node, ChatMessage)), None)
+        return [widget for widget in chain if log not in widget.ancestors or widget is self.focused
+                or (message is not None and message in widget.ancestors_with_self)]
 
     async def on_key(self, event: events.Key) -> None:
         """Typing anywhere goes to the message box, as in any chat app (keys bound where focus is excepted).
