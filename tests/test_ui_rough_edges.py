@@ -12,7 +12,7 @@ import pytest
 from rich.cells import cell_len
 from rich.console import Console
 from rich.text import Text
-from textual.widgets import Input
+from textual.widgets import Input, Sparkline
 
 from conftest import GREEDY, run_cli
 from test_session import finish, new_session
@@ -264,9 +264,12 @@ async def test_a_new_chat_clears_the_old_one_at_once_and_fills_after(tiny_model,
             await taken_down(log, widgets)
 
         monkeypatch.setattr(ChatLog, "remove_children", slowly)
+        sparkline = screen.query_one("#decode-sparkline", Sparkline)
+        sparkline.data = [30.0, 31.0]  # the old chat's decode rates
         new_chat = asyncio.create_task(screen.action_new_chat())  # as Ctrl+N does, without waiting for it
         await pilot.pause(0.3)
         assert screen.query(UserMessage), "still being taken down"
+        assert sparkline.data == []
         shown = "\n".join(strip.text for strip in app.screen._compositor.render_strips())
         assert "question" not in shown and "answer" not in shown, "the old chat is off the screen at once"
         assert str(screen.query_one("#chat-title").render()).startswith("New chat · ")
@@ -351,6 +354,8 @@ async def test_a_reply_with_emoji_sequences_keeps_the_panels_edge_in_its_column(
         assert not any(character in row for character in "\u200d\ufe0f\U0001f3fd")
         assert cell_len(row) == sum(cell_len(character) for character in row) == SIZE[0]
         assert screen.query(ReplyMessage).last().text == text, "the reply itself keeps them (copy, history)"
+        app.notify(f"Opened “{text}”")  # a chat's title in a notification: drawn over the rows too
+        assert notified(app)[-1] == f"Opened “{screen_safe(text)}”"
 
 
 async def test_the_panels_money_has_one_format_as_the_session_passes_a_cent(tiny_model):

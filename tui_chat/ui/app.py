@@ -11,7 +11,7 @@ from textual.screen import Screen
 
 from ..config import Config, config_dir, save_setting
 from ..engine.params import PRESETS, LiveParams
-from ..safetext import terminal_safe
+from ..safetext import screen_safe
 from .screens.chat import ChatScreen
 from .screens.model_loader import OpenBackend
 from .themes import load_themes
@@ -61,7 +61,7 @@ class ChatApp(App[None]):
         """Notifications quote error messages, file and model names, server answers and chat titles:
         whatever the caller, none of their control characters reaches the terminal. (Markup is the
         caller's to refuse: every call that quotes such text passes markup=False.)"""
-        super().notify(terminal_safe(message), title=terminal_safe(title), severity=severity, timeout=timeout,
+        super().notify(screen_safe(message), title=screen_safe(title), severity=severity, timeout=timeout,
                        markup=markup)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:

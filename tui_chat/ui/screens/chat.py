@@ -305,11 +305,12 @@ class ChatScreen(Screen):
     def action_toggle_thinking(self) -> None:
         self.session.set_thinking(not self.session.thinking)
         self._show_title()
-        switched = f"Thinking {'on' if self.session.thinking else 'off'} in this chat, from the next reply"
+        switch = "on" if self.session.thinking else "off"
         info = self.query_one(MetricsPanel).info
-        note = no_thinking_note(info) if info is not None else None
-        self.notify(f"{note} (kept with the chat: {switched[0].lower()}{switched[1:]})" if note else switched,
-                    severity="warning" if note else "information", timeout=6 if note else 3, markup=False)
+        if note := no_thinking_note(info) if info is not None else None:
+            self.notify(f"{note}. Kept with the chat: thinking {switch}.", severity="warning", timeout=6, markup=False)
+        else:
+            self.notify(f"Thinking {switch} in this chat, from the next reply", timeout=3, markup=False)
 
     async def action_show_earlier(self) -> None:
         await self.view.log_view.show_earlier()

@@ -121,8 +121,11 @@ class MetricsPanel(Vertical):
         self.refresh_view()
 
     def forget_turns(self) -> None:
+        """Another chat: none of the last one's figures stay, its decode rates neither."""
         self.turns.clear()
         self.metrics = TurnMetrics()
+        self._last_sample = None
+        self.query_one(Sparkline).data = []
         self.refresh_view()
 
     class PriceChosen(Message):
