@@ -355,6 +355,7 @@ async def test_a_reply_with_emoji_sequences_keeps_the_panels_edge_in_its_column(
         assert cell_len(row) == sum(cell_len(character) for character in row) == SIZE[0]
         assert screen.query(ReplyMessage).last().text == text, "the reply itself keeps them (copy, history)"
         app.notify(f"Opened “{text}”")  # a chat's title in a notification: drawn over the rows too
+        await pilot.pause()
         assert notified(app)[-1] == f"Opened “{screen_safe(text)}”"
 
 
