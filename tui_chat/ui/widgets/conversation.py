@@ -183,7 +183,7 @@ class ConversationView(Vertical):
     def _inspect(self, event: ReplyMessage.Inspect) -> None:
         widget = event.reply
         if not widget.tokens:
-            self.notify(f"Nothing to inspect. {REOPENED_NOTE}", timeout=6)
+            self.notify(f"Nothing to inspect. {REOPENED_NOTE}", timeout=6, markup=False)
             return
         if not any(token.prob is not None for token in widget.tokens):
             self.notify("This reply has no token probabilities: they are recorded as replies are written "
