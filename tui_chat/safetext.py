@@ -32,8 +32,8 @@ def terminal_safe(text: str) -> str:
 # Emoji sequences: Rich measures one as a single 2-cell grapheme, as grapheme-aware terminals draw it, but
 # many terminals measure by code point. tmux 3.3a draws "⚠️" in 1 cell where Rich counts 2, "👍🏽" in 4 where
 # Rich counts 2, a lone skin tone in 2 where Rich counts 0 (its cursor, measured); a terminal that measures
-# by code point draws a ZWJ family in 6. The row they disagree on is drawn shifted, over the panel's edge. Without their joiners, emoji-style selectors and skin tones,
-# the parts measure alike everywhere, in Rich as in any terminal.
+# by code point draws a ZWJ family in 6. The row they disagree on is drawn shifted, over the panel's edge.
+# Without their joiners, emoji-style selectors and skin tones, the parts measure alike in Rich and anywhere.
 _DISPUTED = re.compile("[\u200d\ufe0f\U0001f3fb-\U0001f3ff]")
 
 

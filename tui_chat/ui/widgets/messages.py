@@ -5,10 +5,11 @@ blocks are frozen into one Static, so the live Markdown (one widget per block) s
 long the reply grows. A finished message is a single Static: hundreds of them keep layout cheap.
 
 Model text is untrusted: it is shown literally, never parsed as Rich markup, and control
-characters become visible escapes before anything reaches the terminal (emoji sequences are drawn as
-their parts, so the terminal and Textual agree on the row's cells: safetext.screen_safe). Its Markdown is honest
-formatting, but a link's text may lie about where it goes: a finished reply shows each link's
-target after its text, and no link is a terminal hyperlink (OSC 8) or opens anything when clicked.
+characters become visible escapes before anything reaches the terminal (emoji sequences are drawn
+as their parts, so the terminal and Textual agree on the row's cells: safetext.screen_safe). Its
+Markdown is honest formatting, but a link's text may lie about where it goes: a finished reply shows
+each link's target after its text, and no link is a terminal hyperlink (OSC 8) or opens anything
+when clicked.
 """
 
 from __future__ import annotations
