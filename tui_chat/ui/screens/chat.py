@@ -307,7 +307,8 @@ class ChatScreen(Screen):
         self._show_title()
         switch = "on" if self.session.thinking else "off"
         info = self.query_one(MetricsPanel).info
-        if note := no_thinking_note(info) if info is not None else None:
+        note = no_thinking_note(info) if info is not None else None
+        if note:
             self.notify(f"{note}. Kept with the chat: thinking {switch}.", severity="warning", timeout=6, markup=False)
         else:
             self.notify(f"Thinking {switch} in this chat, from the next reply", timeout=3, markup=False)
@@ -322,8 +323,11 @@ class ChatScreen(Screen):
         """Alt+↑/↓ walk the messages (and a reply's thinking), which Tab skips; from elsewhere Alt+↑ goes to the
         latest, and past the latest both keys come back to the message box."""
         stops = list(self.view.log_view.query("ChatMessage, ThinkingBlock"))
-        index = stops.index(self.focused) + step if self.focused in stops else len(stops) - 1 if step < 0 else None
-        if index is None or index >= len(stops):
+        if self.focused in stops:
+            index = stops.index(self.focused) + step
+        else:
+            index = len(stops) - 1 if step < 0 else len(stops)
+        if index >= len(stops):
             self.view.prompt.focus()
         elif index >= 0:
             stops[index].focus()
