@@ -59,6 +59,12 @@ def test_cents_for_totals_more_digits_for_tiny_amounts(amount, shown):
     assert format_usd(Decimal(amount)) == shown
 
 
+@pytest.mark.parametrize(("amount", "shown"), [("0", "$0.000000"), ("0.0057", "$0.005700"), ("0.0114", "$0.011400"),
+                                               ("1234.5678905", "$1,234.567891")])
+def test_figures_that_add_up_keep_one_format(amount, shown):
+    assert format_usd(Decimal(amount), fine=True) == shown
+
+
 def test_words_become_tokens_at_1_33():
     assert words_to_tokens(100) == 133 and words_to_tokens(3) == 4 and words_to_tokens(0) == 0
 

@@ -139,12 +139,14 @@ async def test_no_stale_waiting_note_when_idle():
         note = screen.query_one("#note-top_k")
         screen.query_one("#top_k", Slider).focus()
         await pilot.press("right")
-        assert str(note.render()) == "✓ Set: the next reply uses it" and panel.pending_version is None
+        assert str(note.render()) == "Right: Top-k → 41\n✓ Set: the next reply uses it"
+        assert panel.pending_version is None
         panel.reply_started()
         await pilot.press("right")
         assert "Waiting for the next token" in str(note.render()) and panel.pending_version == screen.live.version
         panel.reply_ended()  # the reply ended before a token was drawn with it
-        assert str(note.render()) == "✓ Set: the next reply uses it" and panel.pending_version is None
+        assert str(note.render()) == "Right: Top-k → 42\n✓ Set: the next reply uses it"
+        assert panel.pending_version is None
 
 
 async def test_a_change_mid_reply_says_from_which_token_it_applied(tiny_model):
@@ -163,7 +165,7 @@ async def test_a_change_mid_reply_says_from_which_token_it_applied(tiny_model):
         await pilot.press("ctrl+n")  # the reply is abandoned mid-way: nothing is being written after it
         screen.query_one("#top_k", Slider).focus()
         await pilot.press("right")
-        assert str(note.render()) == "✓ Set: the next reply uses it"
+        assert str(note.render()).endswith("\n✓ Set: the next reply uses it")
 
 
 async def test_every_sampler_has_a_control_and_the_rare_ones_are_folded():

@@ -142,11 +142,13 @@ def words_to_tokens(words: int) -> int:
     return int((WORDS_TO_TOKENS * words).to_integral_value(rounding=ROUND_HALF_UP))
 
 
-def format_usd(amount: Decimal) -> str:
-    """Cents for sums a person pays; more digits where a single reply costs a fraction of a cent."""
-    if amount == 0 or abs(amount) >= Decimal("0.01"):
+def format_usd(amount: Decimal, *, fine: bool = False) -> str:
+    """Cents for sums a person pays; more digits where a single reply costs a fraction of a cent. `fine`:
+    six decimals whatever the amount, for figures shown together that must add up (the panel's replies
+    and the session's total, which would otherwise switch to cents while the replies keep six)."""
+    if not fine and (amount == 0 or abs(amount) >= Decimal("0.01")):
         return f"${amount.quantize(Decimal('0.01'), rounding=ROUND_HALF_UP):,}"
-    return f"${amount.quantize(Decimal('0.000001'), rounding=ROUND_HALF_UP)}"
+    return f"${amount.quantize(Decimal('0.000001'), rounding=ROUND_HALF_UP):,}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,14 +20,21 @@ class Saving:
     price: Price
 
 
-class SavedChat:
-    """The conversation is created with its first message, so opening the app stores nothing."""
+Settings = tuple[SamplingParams, OutputFormat]
 
-    def __init__(self, saving: Saving, conversation_id: int | None = None, last_id: int | None = None) -> None:
+
+class SavedChat:
+    """The conversation is created with its first message, so opening the app stores nothing.
+    `settings`: its sampling and output format as the history has them, so an unchanged one is not
+    written again (which would also move the chat up the list of recent ones)."""
+
+    def __init__(self, saving: Saving, conversation_id: int | None = None, last_id: int | None = None,
+                 settings: Settings | None = None) -> None:
         self.history = saving.history
         self.price = saving.price
         self.id = conversation_id
         self.last_id = last_id  # the message the next one follows on the active path
+        self.settings = settings
 
     def add_user(self, prompt: str, model: str, system: str, params: SamplingParams, output: OutputFormat,
                  thinking: bool = True) -> int:
@@ -36,8 +43,16 @@ class SavedChat:
                                           thinking=thinking)
         else:
             self.history.update(self.id, model=model, sampling=params, output_format=output, thinking=thinking)
+        self.settings = (params, output)
         self.last_id = self.history.add_user_message(self.id, prompt, self.last_id)
         return self.last_id
+
+    def keep_settings(self, params: SamplingParams, output: OutputFormat) -> None:
+        """The chat's settings are what was last set in it: a slider moved after its last reply, a stop
+        sequence cleared before a branch. (A chat not yet saved gets them with its first message.)"""
+        if self.id is not None and (params, output) != self.settings:
+            self.history.update(self.id, sampling=params, output_format=output)
+            self.settings = (params, output)
 
     def start_reply(self, parent_id: int, fork_of: int | None = None, fork_token: int | None = None) -> ReplyWriter:
         return self.history.start_reply(self.id, parent_id, fork_of=fork_of, fork_token=fork_token)

@@ -29,6 +29,21 @@ def terminal_safe(text: str) -> str:
     return _UNSAFE.sub(_escape, text)
 
 
+# Emoji sequences: Rich measures one as a single 2-cell grapheme, as grapheme-aware terminals draw it, but
+# many terminals measure by code point. tmux 3.3a draws "⚠️" in 1 cell where Rich counts 2, "👍🏽" in 4 where
+# Rich counts 2, a lone skin tone in 2 where Rich counts 0 (its cursor, measured); a terminal that measures
+# by code point draws a ZWJ family in 6. The row they disagree on is drawn shifted, over the panel's edge.
+# Without their joiners, emoji-style selectors and skin tones, the parts measure alike in Rich and anywhere.
+_DISPUTED = re.compile("[\u200d\ufe0f\U0001f3fb-\U0001f3ff]")
+
+
+def screen_safe(text: str) -> str:
+    """Untrusted text for a widget that shares its rows with others: `terminal_safe`, and emoji sequences
+    drawn as their parts (👨‍👩‍👧 as three people, 👍🏽 without its skin tone), so Textual and the terminal agree
+    on every cell of the row. Only what is drawn: the text copied, saved or sent keeps them."""
+    return _DISPUTED.sub("", terminal_safe(text))
+
+
 # Whole terminal commands, so a paste loses "ESC ] 0 ; title BEL", not just its ESC and BEL.
 _SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]")
 

@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeVar
 
 from .engine.base import Candidate, Done, Error, Event, Message, Metrics, PromptProgress, Request, Stream, Token
 from .engine.base import INCOMPLETE_LABEL, STOP_LABELS, StopReason, TurnMetrics, restore_note, thinking_line
-from .engine.base import written
+from .engine.base import ModelInfo, written
 from .engine.context import left_out
 from .engine.formats import TEXT, OutputFormat
 from .engine.params import LiveParams
@@ -213,6 +213,11 @@ class ChatSession:
         self._start(turn, generate)
         return turn
 
+    def keep_settings(self) -> None:
+        """Save the settings in use now as this chat's (the screen calls it as they change, debounced)."""
+        if self.saved is not None:
+            self._save(lambda: self.saved.keep_settings(self.live.snapshot()[1], self.output_format))
+
     def regenerate(self, generate: Generate) -> Turn:
         """Another reply to the last question; the one before stays as a branch."""
         turn = self.turns[-1]
@@ -312,6 +317,8 @@ class ChatSession:
     def _start(self, turn: Turn, generate: Generate, forced: list[Token] | None = None,
                continuing: bool = False) -> None:
         forced = forced or []
+        if turn.branches:  # another branch of an answered turn: the settings it is written with are the chat's
+            self.keep_settings()
         request = Request(self.messages(turn), self.live, top_logprobs=self.top_logprobs,
                           forced=tuple(token.token_id for token in forced),
                           forced_text=tuple(token.piece or token.text for token in forced), continuing=continuing,
@@ -452,6 +459,16 @@ class ChatSession:
             self._save(lambda: self.saved.history.update(self.saved.id, thinking=on))
 
 
+def no_thinking_note(info: ModelInfo) -> str | None:
+    """A local model whose chat template names no thinking markers does not think: the thinking switch
+    changes nothing for it, which the user is told rather than left to wonder. (A server's model cannot be
+    told from here: it may send its thinking apart.)"""
+    if info.thinking or info.remote_host:
+        return None
+    return (f"{info.name} does not think (its chat template names no thinking markers): "
+            "the thinking switch changes nothing for it")
+
+
 def turns_of(conversation: Conversation) -> list[Turn]:
     """A saved conversation's active path as turns; each reply carries its sibling branches."""
     turns: list[Turn] = []
@@ -472,7 +489,8 @@ def opened(conversation: Conversation, live: LiveParams, saving: Saving | None, 
     session = ChatSession(live, saving=None, system_prompt=conversation.system_prompt, model=conversation.model,
                           output_format=conversation.output_format, **{**options, "thinking": conversation.thinking})
     if saving is not None:
-        session.saved = SavedChat(saving, conversation.id, conversation.last_id)
+        session.saved = SavedChat(saving, conversation.id, conversation.last_id,
+                                  (conversation.sampling, conversation.output_format))
     session.turns = turns_of(conversation)
     session.saved_title = conversation.title
     return session

@@ -31,7 +31,7 @@ from ..guard import watch
 from ..history import Conversation, History
 from ..pricing import find_preset
 from ..recording import Saving
-from ..session import ChatSession, Ending, Writing, opened, wait_note
+from ..session import ChatSession, Ending, Writing, no_thinking_note, opened, wait_note
 from .common import INTERRUPTED, RUNTIME_ERROR, add_model_options, fail, one_line, opener_for, writer
 
 MODEL_FLAGS = ("model", "backend", "base_url", "remote")  # any of these opens another model than a continued chat's
@@ -126,6 +126,8 @@ def _run_opened(backend: Backend, args: argparse.Namespace, config: Config, mode
             backend.check_format(session.output_format)
         if args.thinking is not None:
             session.set_thinking(args.thinking == "on")
+            if note := no_thinking_note(backend.info):
+                print(f"tui-chat: {note}", file=sys.stderr)
         session.model = model or config.default_model or backend.info.path  # what opens this model again
         try:
             return run_conversation(backend, session, args.prompt, as_json=args.json)

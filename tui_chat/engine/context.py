@@ -78,13 +78,13 @@ def fit_context(
         size = sizes[dropped] if dropped in sizes else prompt_tokens(keep_from(dropped))
     if size >= n_ctx:
         raise EngineError(
-            f"the newest message needs {size} tokens with the system prompt, but the context holds {n_ctx}: "
+            f"the newest message needs {size:,} tokens with the system prompt, but the context holds {n_ctx:,}: "
             "shorten it or raise n_ctx"
         )
     if size > budget:
         raise EngineError(
             f"the newest message needs {size:,} tokens with the system prompt and the reply {reserve:,} more "
-            f"(max tokens, at most a quarter of the context), but the context holds {n_ctx}: shorten the message, "
+            f"(max tokens, at most a quarter of the context), but the context holds {n_ctx:,}: shorten the message, "
             "lower max tokens or raise n_ctx"
         )
     return Fitted(keep_from(dropped), dropped)

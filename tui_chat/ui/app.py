@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import partial
 
 from textual.app import App, SystemCommand
 from textual.notifications import SeverityLevel
@@ -12,7 +13,7 @@ from ..config import Config, config_dir, config_path, log_dir, save_setting
 from ..engine.params import PRESETS, LiveParams
 from ..guard import LOG_NAME, exception_line
 from ..lag import monitor_from_env
-from ..safetext import terminal_safe
+from ..safetext import screen_safe
 from .screens.chat import ChatScreen
 from .screens.model_loader import OpenBackend
 from .themes import load_themes
@@ -84,7 +85,7 @@ class ChatApp(App[None]):
         """Notifications quote error messages, file and model names, server answers and chat titles:
         whatever the caller, none of their control characters reaches the terminal. (Markup is the
         caller's to refuse: every call that quotes such text passes markup=False.)"""
-        super().notify(terminal_safe(message), title=terminal_safe(title), severity=severity, timeout=timeout,
+        super().notify(screen_safe(message), title=screen_safe(title), severity=severity, timeout=timeout,
                        markup=markup)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
@@ -93,7 +94,8 @@ class ChatApp(App[None]):
             return
         for binding in ChatScreen.BINDINGS:
             key = self.keymap_overrides.get(binding.id, binding.key)
-            yield SystemCommand(binding.tooltip, f"{binding.description} · {key}", getattr(screen, f"action_{binding.action}"))
+            yield SystemCommand(binding.tooltip, f"{binding.description} · {key}",
+                                partial(screen.run_action, binding.action))
         for name in PRESETS:
             yield SystemCommand(f"Preset: {name}", f"Sampling preset {name}", lambda name=name: screen.apply_preset(name))
         for name in self.config.prices:

@@ -1,29 +1,56 @@
 """The chat screen's keys, in one list: the screen binds them, the footer shows them, F1 and the command
-palette list them, and `[keys]` in the config rebinds them by id."""
+palette list them, and `[keys]` in the config rebinds them by id.
+
+They work wherever the focus is on the chat screen, so all but Esc are priority bindings: the message
+box (a TextArea) binds F6 and F7 itself, and a widget of the panel may bind others. Esc stays the
+focused widget's first (a slider drops a typed number, a list closes); on the screen it stops a reply,
+or with none being written takes the focus back to the message box."""
 
 from __future__ import annotations
 
 from textual.binding import Binding
+from textual.keys import key_to_character
+
+
+def everywhere(key: str, action: str, description: str, **options) -> Binding:
+    """A key that works wherever the focus is on the chat screen, ahead of the focused widget's own."""
+    return Binding(key, action, description, priority=True, **options)
+
 
 CHAT_KEYS = [  # in the footer in this order: what a newcomer needs first, as far as the width allows
     Binding("escape", "stop", "Stop", id="stop", tooltip="Stop the reply (keeps what was written)"),
-    Binding("f1", "help", "Help", id="help", tooltip="Show all keys"),
-    Binding("f2", "toggle_panel", "Panel", id="toggle_panel", tooltip="Show or hide the side panel"),
-    Binding("ctrl+n", "new_chat", "New chat", id="new_chat", tooltip="Start a new chat"),
-    Binding("ctrl+o", "open_model", "Model", id="open_model", tooltip="Open another model"),
-    Binding("ctrl+l", "conversations", "Chats", id="conversations",
-            tooltip="Saved chats: open, search, rename, delete, export"),
-    Binding("ctrl+r", "regenerate", "Regenerate", id="regenerate", tooltip="Regenerate the last reply"),
-    Binding("ctrl+g", "edit_last", "Edit last", id="edit_last", tooltip="Edit and resend the last message"),
-    Binding("f3", "copy_last", "Copy reply", id="copy_last", tooltip="Copy the last reply"),
-    Binding("f8", "continue_reply", "Continue", id="continue_reply", tooltip="Continue the last reply where it stopped"),
-    Binding("ctrl+t", "toggle_heatmap", "Heatmap", id="toggle_heatmap",
-            tooltip="Colour each token by its probability"),
-    Binding("f4", "show_earlier", "Earlier", id="show_earlier", show=False, tooltip="Show earlier messages"),
-    Binding("f5", "models", "Models", id="models", show=False,
-            tooltip="Models: local ones, and GGUF models to download from the hub"),
-    Binding("f6", "system_prompt", "System", id="system_prompt", show=False, priority=True,
-            tooltip="Edit this chat's system prompt"),
-    Binding("f7", "toggle_thinking", "Thinking", id="toggle_thinking", show=False,
-            tooltip="Let a reasoning model think before it answers, or not (this chat, from the next reply)"),
+    Binding("escape", "to_box", "Message box", id="to_box", show=False,
+            tooltip="Back to the message box (with no reply being written)"),
+    everywhere("f1", "help", "Help", id="help", tooltip="Show all keys"),
+    everywhere("f2", "toggle_panel", "Panel", id="toggle_panel", tooltip="Show or hide the side panel"),
+    everywhere("ctrl+n", "new_chat", "New chat", id="new_chat", tooltip="Start a new chat"),
+    everywhere("ctrl+o", "open_model", "Model", id="open_model", tooltip="Open another model"),
+    everywhere("ctrl+l", "conversations", "Chats", id="conversations",
+               tooltip="Saved chats: open, search, rename, delete, export"),
+    everywhere("ctrl+r", "regenerate", "Regenerate", id="regenerate", tooltip="Regenerate the last reply"),
+    everywhere("ctrl+g", "edit_last", "Edit last", id="edit_last", tooltip="Edit and resend the last message"),
+    everywhere("f3", "copy_last", "Copy reply", id="copy_last", tooltip="Copy the last reply"),
+    everywhere("f8", "continue_reply", "Continue", id="continue_reply",
+               tooltip="Continue the last reply where it stopped"),
+    everywhere("ctrl+t", "toggle_heatmap", "Heatmap", id="toggle_heatmap",
+               tooltip="Colour each token by its probability"),
+    everywhere("f4", "show_earlier", "Earlier", id="show_earlier", show=False, tooltip="Show earlier messages"),
+    everywhere("f5", "models", "Models", id="models", show=False,
+               tooltip="Models: local ones, and GGUF models to download from the hub"),
+    everywhere("f6", "system_prompt", "System", id="system_prompt", show=False,
+               tooltip="Edit this chat's system prompt"),
+    everywhere("f7", "toggle_thinking", "Thinking", id="toggle_thinking", show=False,
+               tooltip="Let a reasoning model think before it answers, or not (this chat, from the next reply)"),
+    everywhere("alt+up", "focus_message(-1)", "Earlier message", id="previous_message", show=False,
+               tooltip="Focus the message above (from the box: the latest)"),
+    everywhere("alt+down", "focus_message(1)", "Later message", id="next_message", show=False,
+               tooltip="Focus the message below (past the latest: the box)"),
 ]
+
+
+def shown_key(key: str) -> str:
+    """A key as a person reads it: `[`, not `left_square_bracket`; modifiers and named keys stay words."""
+    *modifiers, name = key.strip().split("+")
+    character = key_to_character(name)
+    printable = character is not None and character.isprintable() and not character.isspace()
+    return "+".join([*modifiers, character if printable else name])

@@ -15,6 +15,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
 from textual.reactive import reactive
 from textual.screen import Screen
+from textual.timer import Timer
+from textual.widget import Widget
 from textual.widgets import Checkbox, Footer, Input, Select
 
 from ...config import Config, data_dir, history_path, save_setting
@@ -24,13 +26,14 @@ from ...engine.models import STARTER_NAME, starter_installed
 from ...engine.params import LiveParams, SamplingParams
 from ...history import History, HistoryError, model_label
 from ...recording import Saving
-from ...session import ChatSession, Ending, Turn, Writing, opened
+from ...session import ChatSession, Ending, Turn, Writing, no_thinking_note, opened
 from ..bridge import EngineBatch, forward_events
 from ..keys import CHAT_KEYS
 from ..memory import ReplyMemory
+from ..widgets.chat_log import ChatLog
 from ..widgets.conversation import ConversationView
 from ..widgets.draft_meter import DraftCosts
-from ..widgets.messages import ReplyMessage, UserMessage
+from ..widgets.messages import ChatMessage, ReplyMessage, UserMessage
 from ..widgets.metrics import MetricsPanel
 from ..widgets.output_format import FormatPicker
 from ..widgets.prompt import PromptInput
@@ -39,6 +42,7 @@ from .model_loader import LoadJob, ModelLoader, OpenBackend
 from .open_model import ModelChoice
 
 PANEL_REFRESH_S = 0.5  # while a reply streams: each refresh lays the screen out again
+SETTINGS_SAVED_AFTER_S = 0.5  # the chat's settings reach the history this long after the last change
 NARROW_BELOW = 100  # columns; a narrower screen gives the chat the width and shows the panel on F2
 IDLE_ONLY = frozenset({"regenerate", "edit_last", "continue_reply"})  # actions that cannot run while a reply is written
 
@@ -63,6 +67,7 @@ class ChatScreen(Screen):
                                   loaded=self._model_loaded, failed=self._model_failed)
         self._writing: Writing | None = None
         self._panel_refreshed = 0.0
+        self._settings_timer: Timer | None = None  # a change of the settings waiting to be saved with the chat
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="main"):
@@ -84,6 +89,7 @@ class ChatScreen(Screen):
 
     def on_unmount(self) -> None:
         self.session.abandon()  # quitting mid-reply: the reply is kept as stopped, not left "streaming"
+        self._keep_settings()
         self.memory.close()
         if self.history is not None:
             self.history.close()
@@ -141,6 +147,11 @@ class ChatScreen(Screen):
         panel = self.query_one(MetricsPanel)
         panel.show_thinking(self.session.thinking)
         self.view.show_title(model, panel.metrics if hidden and panel.metrics.n_ctx else None)
+
+    def on_resize(self) -> None:
+        """Across the panel's breakpoint the title line takes its figures, or gives them back: once the
+        screen has its new width class (set after this handler)."""
+        self.call_after_refresh(self._show_title)
 
     async def _model_loaded(self, job: LoadJob, info: ModelInfo) -> None:
         if self.backend is not None:
@@ -295,11 +306,45 @@ class ChatScreen(Screen):
     def action_toggle_thinking(self) -> None:
         self.session.set_thinking(not self.session.thinking)
         self._show_title()
-        self.notify(f"Thinking {'on' if self.session.thinking else 'off'} in this chat, from the next reply",
-                    timeout=3, markup=False)
+        switch = "on" if self.session.thinking else "off"
+        info = self.query_one(MetricsPanel).info
+        note = no_thinking_note(info) if info is not None else None
+        if note:
+            self.notify(f"{note}. Kept with the chat: thinking {switch}.", severity="warning", timeout=6, markup=False)
+        else:
+            self.notify(f"Thinking {switch} in this chat, from the next reply", timeout=3, markup=False)
 
     async def action_show_earlier(self) -> None:
         await self.view.log_view.show_earlier()
+
+    def action_to_box(self) -> None:
+        self.view.prompt.focus()
+
+    def action_focus_message(self, step: int) -> None:
+        """Alt+↑/↓ walk the messages (and a reply's thinking), which Tab skips; from elsewhere Alt+↑ goes to the
+        latest, and past the latest both keys come back to the message box."""
+        stops = list(self.view.log_view.query("ChatMessage, ThinkingBlock"))
+        if self.focused in stops:
+            index = stops.index(self.focused) + step
+        else:
+            index = len(stops) - 1 if step < 0 else len(stops)
+        if index >= len(stops):
+            self.view.prompt.focus()
+        elif index >= 0:
+            stops[index].focus()
+
+    @property
+    def focus_chain(self) -> list[Widget]:
+        """Tab and Shift+Tab skip the messages (Alt+↑/↓ reach them): they go between the message box and
+        the panel, not through a long chat first. The message that has the focus keeps its place, with what
+        is inside it (a reply's thinking)."""
+        chain, log = super().focus_chain, self.query_one_optional(ChatLog)  # none while the screen is built
+        if log is None:
+            return chain
+        around = self.focused.ancestors_with_self if self.focused is not None else []
+        message = next((node for node in around if isinstance(node, ChatMessage)), None)
+        return [widget for widget in chain if log not in widget.ancestors or widget is self.focused
+                or (message is not None and message in widget.ancestors_with_self)]
 
     async def on_key(self, event: events.Key) -> None:
         """Typing anywhere goes to the message box, as in any chat app (keys bound where focus is excepted).
@@ -345,12 +390,13 @@ class ChatScreen(Screen):
         if self.writing:
             self.session.abandon()
             self._settled()
+        self._keep_settings()  # the chat's own, before the panel shows the next one's
         self.query_one(SamplingPanel).set_values(settings.as_dict())
         self.query_one(MetricsPanel).forget_turns()
-        self.session = session
+        self.session = self.view.session = session
+        self._show_title()  # at once: its messages may take a while to come down and go up
         self.query_one(SamplingPanel).show_format(session.output_format)
         await self.view.show(session)
-        self._show_title()
 
     def action_conversations(self) -> None:
         if self.history is None:
@@ -442,7 +488,22 @@ class ChatScreen(Screen):
 
     @on(FormatPicker.Chosen)
     def _format_chosen(self, event: FormatPicker.Chosen) -> None:
-        self.session.output_format = event.output  # saved with the chat's next message, as its settings are
+        self.session.output_format = event.output
+        self.session.keep_settings()
+
+    @on(SamplingPanel.Changed)
+    def _settings_changed(self) -> None:
+        """The chat's settings are what was last set in it: saved with it as they change, once they rest
+        (a slider dragged is many changes), as a reply's text is saved while it streams."""
+        if self._settings_timer is not None:
+            self._settings_timer.stop()
+        self._settings_timer = self.set_timer(SETTINGS_SAVED_AFTER_S, self._keep_settings)
+
+    def _keep_settings(self) -> None:
+        if self._settings_timer is not None:
+            self._settings_timer.stop()
+            self._settings_timer = None
+            self.session.keep_settings()
 
     @on(Checkbox.Changed, "#stream")
     def _streaming_chosen(self, event: Checkbox.Changed) -> None:

@@ -21,7 +21,7 @@ from ...config import kv_cache_dir
 from ...engine.kvstore import KvStore
 from ...export import to_json, to_markdown
 from ...history import ConversationSummary, History, HistoryError, model_label
-from ...safetext import terminal_safe
+from ...safetext import screen_safe
 from .ask import AskText
 
 CONFIRM_WITHIN_S = 3.0
@@ -29,8 +29,8 @@ CONFIRM_WITHIN_S = 3.0
 
 def summary_line(summary: ConversationSummary) -> Text:
     when = datetime.fromtimestamp(summary.updated_at).strftime("%Y-%m-%d %H:%M")
-    line = Text(terminal_safe(summary.title or "(untitled)"), style="bold")
-    line.append(f"\n  {when} · {summary.messages} messages · {terminal_safe(model_label(summary.model))}",
+    line = Text(screen_safe(summary.title or "(untitled)"), style="bold")
+    line.append(f"\n  {when} · {summary.messages} messages · {screen_safe(model_label(summary.model))}",
                 style="dim")
     return line
 

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.keys import key_to_character
 from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from ..keys import shown_key
 from ..widgets.messages import ChatMessage, ReplyMessage, UserMessage
 from ..widgets.prompt import PromptInput
 from ..widgets.slider import Slider
@@ -19,8 +19,18 @@ from ..widgets.slider import Slider
 Section = tuple[str, Sequence[Binding]]
 
 
+def handled(key: str, what: str) -> Binding:
+    """A key a widget handles itself (a list's Enter, a field's Enter): F1 lists it beside the bindings."""
+    return Binding(key, "", what)
+
+
 def chat_sections(chat_bindings: Sequence[Binding]) -> list[Section]:
     """The chat screen's keys, then those of the screens and widgets it opens."""
+    from ..widgets.bias import BiasEntries
+    from ..widgets.order import OrderBar
+    from ..widgets.thinking import ThinkingBlock
+    from .conversations import ConversationsScreen
+    from .inspector import InspectorScreen
     from .models import ModelsScreen
 
     return [
@@ -30,16 +40,20 @@ def chat_sections(chat_bindings: Sequence[Binding]) -> list[Section]:
         ("A focused message", ChatMessage.BINDINGS),
         ("A focused message of yours", UserMessage.BINDINGS),
         ("A focused reply (or click one of its tokens)", ReplyMessage.BINDINGS),
-        ("A focused slider (or click and drag it)", Slider.BINDINGS),
+        ("A reply's thinking", ThinkingBlock.BINDINGS),
+        ("Token inspector", [
+            *InspectorScreen.BINDINGS,
+            handled("up,down", "Pick an alternative"),
+            handled("enter", "Branch the reply here with the picked alternative"),
+            handled("tab", "To the word field: type a word or phrase, Enter gives its probability here"),
+        ]),
+        ("A focused slider (or click and drag it)",
+         [*Slider.BINDINGS, handled("0-9,.", "Type a number (Enter sets it, Esc drops it)")]),
+        ("Sampler order", OrderBar.BINDINGS),
+        ("Logit bias", [handled("enter", "In the field: add TEXT=BIAS (-inf bans it); on a row: edit it"),
+                        *BiasEntries.BINDINGS]),
+        ("Saved chats", [handled("enter", "Open the chat"), *ConversationsScreen.BINDINGS]),
     ]
-
-
-def shown_key(key: str) -> str:
-    """A key as a person reads it: `[`, not `left_square_bracket`; modifiers and named keys stay words."""
-    *modifiers, name = key.strip().split("+")
-    character = key_to_character(name)
-    printable = character is not None and character.isprintable() and not character.isspace()
-    return "+".join([*modifiers, character if printable else name])
 
 
 def key_lines(sections: Sequence[Section], keymap: dict[str, str]) -> list[str]:
@@ -54,7 +68,7 @@ def key_lines(sections: Sequence[Section], keymap: dict[str, str]) -> list[str]:
     lines += [
         "Anywhere",
         f"  {'ctrl+p':<22} command palette (themes, presets, every action)",
-        f"  {'tab, shift+tab':<22} move focus",
+        f"  {'tab, shift+tab':<22} move focus: the message box and the panel (messages: alt+up/down)",
         f"  {'ctrl+q':<22} quit",
     ]
     return lines

@@ -21,7 +21,7 @@ from ...engine.base import Candidate, Error, Event, PoolCut, Token, WordProbabil
 from ...engine.params import SamplingParams
 from ...engine.pool import kept_by
 from ...probe import TokenProbe
-from ...safetext import terminal_safe
+from ...safetext import screen_safe
 from ..widgets.fields import TextField
 from ..widgets.xray import bar, grammar_text, shown_token, word_text, xray_text
 
@@ -152,9 +152,9 @@ class InspectorScreen(ModalScreen[BranchChoice | None]):
     def _surroundings(self, token: Token) -> Text:
         before = "".join(t.piece for t in self.tokens[: self.index])
         after = "".join(t.piece for t in self.tokens[self.index + 1 :])
-        out = Text("…" + terminal_safe(before[-CONTEXT_CHARS:]).replace("\n", "⏎ "), style="dim")
-        out.append(terminal_safe(token.piece).replace("\n", "⏎") or "∅", style="reverse bold")
-        out.append(terminal_safe(after[: CONTEXT_CHARS // 2]).replace("\n", "⏎ ") + "…", style="dim")
+        out = Text("…" + screen_safe(before[-CONTEXT_CHARS:]).replace("\n", "⏎ "), style="dim")
+        out.append(screen_safe(token.piece).replace("\n", "⏎") or "∅", style="reverse bold")
+        out.append(screen_safe(after[: CONTEXT_CHARS // 2]).replace("\n", "⏎ ") + "…", style="dim")
         return out
 
     def action_move(self, step: int) -> None:
@@ -238,4 +238,4 @@ class InspectorScreen(ModalScreen[BranchChoice | None]):
     @staticmethod
     def _failed(what: str, result: Event) -> Text:
         message = result.message if isinstance(result, Error) else "no answer"
-        return Text(f"{terminal_safe(what)}: {terminal_safe(message)}", style="italic")
+        return Text(f"{screen_safe(what)}: {screen_safe(message)}", style="italic")

@@ -56,13 +56,19 @@ class ChatLog(VerticalScroll):
         return next((m for m in self.messages() if m.turn is turn and isinstance(m, ReplyMessage)), None)
 
     async def show(self, turns: list[Turn]) -> None:
-        """Replace the whole conversation on screen (a new chat, or one reopened)."""
-        await self.remove_children(self.messages())
+        """Replace the whole conversation on screen (a new chat, or one reopened), at its latest turn
+        however far up the chat before it was scrolled. The old messages leave the screen at once:
+        unmounting a hundred can take seconds on a busy machine."""
+        old = self.messages()
+        for message in old:
+            message.display = False
         shown = messages_of(turns)
         split = max(0, len(shown) - MAX_MOUNTED)
         self.hidden = shown[:split]
-        await self.mount_all([widget_for(message) for message in shown[split:]])
         self._update_earlier()
+        await self.remove_children(old)
+        await self.mount_all([widget_for(message) for message in shown[split:]])
+        self.anchor()
 
     async def remove_turn(self, turn: Turn) -> None:
         await self.remove_children([m for m in self.messages() if m.turn is turn])

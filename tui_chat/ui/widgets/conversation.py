@@ -16,13 +16,13 @@ from textual.widgets import Static
 
 from ...engine.base import Backend, Candidate, TurnMetrics
 from ...probe import TokenProbe
-from ...safetext import terminal_safe
+from ...safetext import screen_safe
 from ...session import ChatSession, Turn, Update
 from ..screens.inspector import InspectorScreen
 from .chat_log import ChatLog
 from .draft_meter import DraftCosts, DraftMeter
 from .figures import show
-from .heatmap import band_styles, legend
+from .heatmap import REOPENED_NOTE, band_styles, legend
 from .messages import ReplyMessage, UserMessage
 from .prompt import PromptInput
 
@@ -80,14 +80,14 @@ class ConversationView(Vertical):
         tail = " · ".join(part for part in (model, figures) if part)
         room = max(8, self.size.width - 2 - len(tail) - 3)
         title = self.session.title if len(self.session.title) <= room else self.session.title[: room - 1] + "…"
-        show(self.query_one("#chat-title", Static), Content(terminal_safe(f"{title} · {tail}")))
+        show(self.query_one("#chat-title", Static), Content(screen_safe(f"{title} · {tail}")))
 
     def on_resize(self) -> None:
         self.show_title(*self._title)
 
     def set_status(self, text: str, error: bool = False) -> None:
         status = self.query_one("#status", Static)
-        status.update(Content(terminal_safe(text)))
+        status.update(Content(screen_safe(text)))
         status.display = bool(text)
         status.set_class(error, "-error")
 
@@ -97,6 +97,7 @@ class ConversationView(Vertical):
         await self.log_view.show(session.turns)
         for reply in self.query(ReplyMessage):
             reply.heatmap = self.heatmap
+        self._show_legend()
 
     # --- the reply being written --------------------------------------------------------------
 
@@ -159,8 +160,8 @@ class ConversationView(Vertical):
             return
         if event.delete and not self._confirmed(event.turn):
             later = len(self.session.turns) - position - 1
-            self.notify(f"Delete this message{f' and the {later} turns after it' if later else ''}? "
-                        "Press Delete again.", timeout=CONFIRM_WITHIN_S, markup=False)
+            after = {0: "", 1: " and the turn after it"}.get(later, f" and the {later} turns after it")
+            self.notify(f"Delete this message{after}? Press Delete again.", timeout=CONFIRM_WITHIN_S, markup=False)
             return
         gone = self.session.delete_from(event.turn) if event.delete else self.session.rewind(event.turn)
         for turn in gone:
@@ -188,6 +189,9 @@ class ConversationView(Vertical):
     @on(ReplyMessage.Inspect)
     def _inspect(self, event: ReplyMessage.Inspect) -> None:
         widget = event.reply
+        if not widget.tokens:
+            self.notify(f"Nothing to inspect. {REOPENED_NOTE}", timeout=6, markup=False)
+            return
         if not any(token.prob is not None for token in widget.tokens):
             self.notify("This reply has no token probabilities: they are recorded as replies are written "
                         "(inspector_top in the config).", timeout=5)
@@ -224,8 +228,13 @@ class ConversationView(Vertical):
 
     async def set_heatmap(self, on: bool) -> None:
         self.heatmap = on
-        shown = self.query_one("#legend", Static)
-        shown.display = on
-        shown.update(legend(band_styles(self.app.get_css_variables())))
+        self._show_legend()
         for reply in self.query(ReplyMessage):
             await reply.set_heatmap(on)
+
+    def _show_legend(self) -> None:
+        shown = self.query_one("#legend", Static)
+        shown.display = self.heatmap
+        if self.heatmap:
+            reopened = any(turn.reply is not None and not turn.reply.tokens for turn in self.session.turns)
+            shown.update(legend(band_styles(self.app.get_css_variables()), reopened))

@@ -1,4 +1,5 @@
-"""Widgets whose own keys run in turn with the characters typed before them.
+"""Small controls: widgets whose own keys run in turn with the characters typed before them, and a
+checkbox whose state reads without colour.
 
 Textual inserts a typed character in the focused widget's own key handler, but runs the widget's bound
 keys (Backspace, End, Enter, ←) only once the key has bubbled up to the app, behind every key the
@@ -13,7 +14,7 @@ from __future__ import annotations
 from textual import events
 from textual.message import Message
 from textual.widget import Widget
-from textual.widgets import Input
+from textual.widgets import Checkbox, Input
 
 
 class KeysInTurn:
@@ -30,6 +31,14 @@ class KeysInTurn:
 
 class TextField(KeysInTurn, Input):
     """A one-line text field that keeps a fast burst of keys in order."""
+
+
+class TickBox(Checkbox):
+    """A checkbox whose state reads without colour: ✓ on, blank off (Textual's draws an X in both)."""
+
+    @property
+    def BUTTON_INNER(self) -> str:  # noqa: N802 (Textual's name for it)
+        return "✓" if self.value else " "
 
 
 class ControlMessage(Message):

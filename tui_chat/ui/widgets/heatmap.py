@@ -16,7 +16,7 @@ from rich.text import Text
 from textual.color import Color
 
 from ...engine.base import Token
-from ...safetext import terminal_safe
+from ...safetext import screen_safe
 from .xray import grammar_summary
 
 
@@ -103,7 +103,7 @@ def heatmap_text(tokens: Sequence[Token], text: str, styles: Sequence[Style], se
             style += FORCED_BY_FORMAT
         if index == selected:
             style += SELECTED
-        out.append(terminal_safe(piece) or ("·" if index == selected else ""), style)
+        out.append(screen_safe(piece) or ("·" if index == selected else ""), style)
     return out
 
 
@@ -116,10 +116,16 @@ def grammar_line(tokens: Sequence[Token], index: int) -> Text | None:
                 style="dim")
 
 
-def legend(styles: Sequence[Style]) -> Text:
+REOPENED_NOTE = "Replies reopened from the history stay plain: it keeps their text, not their token probabilities."
+
+
+def legend(styles: Sequence[Style], reopened: bool = False) -> Text:
+    """The bands' colours; `reopened`: the chat has replies with no token records, which it says are plain."""
     out = Text("Heatmap  ", style="dim")
     for band, style in zip(BANDS, styles):
         out.append(f" {band.label} ", style)
         out.append(" ")
     out.append("←/→ Enter", style="dim")
+    if reopened:
+        out.append(f"\n{REOPENED_NOTE}", style="dim italic")
     return out

@@ -11,9 +11,11 @@ whose task has not run yet re-raises the task's cancellation in the caller, whic
 message loop for good; and each update laid the whole screen out again.)
 
 Model text is untrusted: it is shown literally, never parsed as Rich markup, and control
-characters become visible escapes before anything reaches the terminal. Its Markdown is honest
-formatting, but a link's text may lie about where it goes: a finished reply shows each link's
-target after its text, and no link is a terminal hyperlink (OSC 8) or opens anything when clicked.
+characters become visible escapes before anything reaches the terminal (emoji sequences are drawn
+as their parts, so the terminal and Textual agree on the row's cells: safetext.screen_safe). Its
+Markdown is honest formatting, but a link's text may lie about where it goes: a finished reply shows
+each link's target after its text, and no link is a terminal hyperlink (OSC 8) or opens anything
+when clicked.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from textual.widgets import Static
 
 from ...config import data_dir
 from ...engine.base import Token, thinking_line
-from ...safetext import terminal_safe
+from ...safetext import screen_safe
 from ...session import Branch, Turn, Writing
 from ..clipboard import copy
 from .live_tail import LiveTail
@@ -45,7 +47,7 @@ _FENCE = "```"
 
 
 def rendered_markdown(text: str) -> RichMarkdown:
-    return RichMarkdown(terminal_safe(text), code_theme="monokai", hyperlinks=False)
+    return RichMarkdown(screen_safe(text), code_theme="monokai", hyperlinks=False)
 
 
 def live_tail() -> LiveTail:
@@ -81,13 +83,15 @@ class ChatMessage(Widget):
     BINDINGS = [Binding("c", "copy", "Copy", id="copy_message")]
     DEFAULT_CSS = """
     ChatMessage { height: auto; margin: 1 0 0 0; padding: 0 1; }
-    ChatMessage:focus { background: $boost; }
+    /* marked by shape as well as colour: the edge's bar becomes a double line */
+    ChatMessage:focus { background: $boost; border-left: double $accent; }
     """
     turn: Turn
     text: str
 
     def action_copy(self) -> None:
-        said = copy(self.app, self.text, data_dir() / "exports" / "copied.txt")
+        """The message as it reads: without the blank lines and spaces a model often leaves around it."""
+        said = copy(self.app, self.text.strip(), data_dir() / "exports" / "copied.txt")
         self.notify(said, timeout=2 if said.startswith("Copied") else 8, markup=False)
 
 
@@ -108,7 +112,7 @@ class UserMessage(ChatMessage, Static):
             self.delete = delete  # from the history too
 
     def __init__(self, turn: Turn, **kwargs) -> None:
-        super().__init__(Content(terminal_safe(turn.question)), **kwargs)
+        super().__init__(Content(screen_safe(turn.question)), **kwargs)
         self.turn = turn
         self.text = turn.question
 
@@ -287,7 +291,7 @@ class ReplyMessage(ChatMessage, Vertical):
     def _branch_label(self) -> str:
         if len(self.branches) < 2:
             return ""
-        return f" · branch {self.active + 1}/{len(self.branches)} ([ ])"
+        return f" · branch {self.active + 1}/{len(self.branches)} ([/])"  # no space: never wrapped inside
 
     def show_status(self, status: str) -> None:
         """Prompt-reading progress before the first token; nothing once text flows (or once the widget is

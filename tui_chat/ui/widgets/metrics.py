@@ -20,6 +20,11 @@ from .figures import show
 BAR_WIDTH = 20
 
 
+def _usd(amount: Decimal) -> str:
+    """One money format for the panel: its replies and its session add up as shown."""
+    return format_usd(amount, fine=True)
+
+
 def _seconds(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f} s"
 
@@ -40,7 +45,7 @@ def _thought(m: TurnMetrics) -> str:
 
 def _thinking_cost(price: Price, m: TurnMetrics) -> str:
     """The thinking's share of the output: a paid API bills it as output too."""
-    return f"  of it thinking {format_usd(price.cost(0, 0, m.reasoning_tokens))}\n" if m.reasoning_tokens else ""
+    return f"  of it thinking {_usd(price.cost(0, 0, m.reasoning_tokens))}\n" if m.reasoning_tokens else ""
 
 
 def kv_bar(used: int, total: int, width: int = BAR_WIDTH) -> str:
@@ -117,8 +122,11 @@ class MetricsPanel(Vertical):
         self.refresh_view()
 
     def forget_turns(self) -> None:
+        """Another chat: none of the last one's figures stay, its decode rates neither."""
         self.turns.clear()
         self.metrics = TurnMetrics()
+        self._last_sample = None
+        self.query_one(Sparkline).data = []
         self.refresh_view()
 
     class PriceChosen(Message):
@@ -178,11 +186,11 @@ class MetricsPanel(Vertical):
         session = self.session_cost()
         show(self.query_one("#cost", Static), Content(
                 f"prices read {self.price.read_on}\n"
-                f"Reply    {format_usd(reply.total)}\n"
-                f" input   {format_usd(reply.input)}\n"
-                f" cached  {format_usd(reply.cached_input)}\n"
-                f" output  {format_usd(reply.output)}\n"
+                f"Reply    {_usd(reply.total)}\n"
+                f" input   {_usd(reply.input)}\n"
+                f" cached  {_usd(reply.cached_input)}\n"
+                f" output  {_usd(reply.output)}\n"
                 f"{_thinking_cost(self.price, m)}"
-                f"Session  {format_usd(session)}\n"
-                f"Saved    {format_usd(self.uncached_cost() - session)} by reuse"
+                f"Session  {_usd(session)}\n"
+                f"Saved    {_usd(self.uncached_cost() - session)} by reuse"
             ))

@@ -20,7 +20,7 @@ class PromptInput(KeysInTurn, TextArea):
         height: auto; min-height: 3; max-height: 10; margin: 0 1;
         /* as specific as TextArea's compact `border: none !important`, and later, so it wins */
         &.-textual-compact { border: round $primary 50% !important; }
-        &.-textual-compact:focus { border: round $primary !important; }
+        &.-textual-compact:focus { border: heavy $primary !important; }  /* by shape too, not only colour */
     }
     """
     BINDINGS = [

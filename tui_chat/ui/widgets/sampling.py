@@ -13,14 +13,16 @@ from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
+from textual.message import Message
 from textual.widget import Widget
-from textual.widgets import Button, Checkbox, Collapsible, Input, Static
+from textual.widgets import Button, Collapsible, Input, Static
 
 from ...engine.base import ModelInfo
 from ...engine.formats import TEXT, OutputFormat
 from ...engine.params import LIST_SPECS, PARAMS, PRESETS, SPECS, InvalidParameter, LiveParams, ParamSpec, SamplingParams
+from ..keys import shown_key
 from .bias import BiasList
-from .fields import TextField
+from .fields import TextField, TickBox
 from .order import OrderBar
 from .output_format import FormatPicker
 from .slider import Slider
@@ -97,11 +99,15 @@ class SamplingPanel(Vertical):
     SamplingPanel Collapsible .param:first-child { margin: 0; }
     """
 
+    class Changed(Message):
+        """A setting changed (by the user, a preset, or a chat that opened with its own)."""
+
     def __init__(self, live: LiveParams, **kwargs) -> None:
         super().__init__(**kwargs)
         self.live = live
         self.pending_version: int | None = None  # a change made mid-reply, until a token is drawn with it
         self._noted = ""  # the row whose note tells of the last change
+        self._did = ""  # what the key that made it did, e.g. "End: Repeat penalty → 2.00"
         self.per_token = True  # False for a server: a change waits for the next reply
         self.writing = False
 
@@ -123,7 +129,7 @@ class SamplingPanel(Vertical):
             yield row("logit_bias", LIST_SPECS["logit_bias"].label, BiasList(params.logit_bias, id="logit_bias"),
                       HINTS["logit_bias"])
         yield row("format", "Output format", FormatPicker(id="format"), FORMAT_HINT)
-        yield row("stream", "Streaming", Checkbox("Stream replies", True, compact=True, id="stream"), STREAM_HINT)
+        yield row("stream", "Streaming", TickBox("Stream replies", True, compact=True, id="stream"), STREAM_HINT)
 
     @staticmethod
     def _param_row(spec: ParamSpec, params: SamplingParams) -> Vertical:
@@ -162,8 +168,9 @@ class SamplingPanel(Vertical):
 
     # --- applying a change ---------------------------------------------------------------------
 
-    def _apply(self, row_name: str | None, **changes) -> None:
-        """Check and apply `changes`; `row_name`: where to say from when it applies (None: nowhere)."""
+    def _apply(self, row_name: str | None, did: str = "", **changes) -> None:
+        """Check and apply `changes`; `row_name`: where to say from when it applies (None: nowhere), and
+        `did` what a key did there."""
         _, current = self.live.snapshot()
         try:
             if current.with_changes(**changes) == current:
@@ -173,8 +180,9 @@ class SamplingPanel(Vertical):
             self.notify(str(error), severity="error", markup=False)
             return
         self._show(params, changes)
+        self.post_message(self.Changed())
         if row_name is not None:
-            self._note_change(row_name)
+            self._note_change(row_name, did)
 
     def _show(self, params: SamplingParams, changed: dict) -> None:
         """The controls that read the settings follow them (the order row reads them all)."""
@@ -186,10 +194,11 @@ class SamplingPanel(Vertical):
         self.query_one("#more", Collapsible).title = more_title(params)
         self.query_one("#bias-group", Collapsible).title = bias_title(params)
 
-    def _note_change(self, row_name: str) -> None:
+    def _note_change(self, row_name: str, did: str = "") -> None:
         """Mid-reply a change waits for the next token (show_applied says which); otherwise the next
         reply uses it. A server takes settings only when a reply starts."""
         self.pending_version = None
+        self._did = did
         if self.writing and self.per_token:
             self.pending_version = self.live.version
             self._note(row_name, "Waiting for the next token…")
@@ -203,7 +212,7 @@ class SamplingPanel(Vertical):
             self.query_one(f"#note-{self._noted}", Static).remove_class("-shown")
         self._noted = row_name
         note = self.query_one(f"#note-{row_name}", Static)
-        note.update(Content(text))
+        note.update(Content("\n".join(filter(None, (self._did, text)))))
         note.add_class("-shown")
         note.scroll_visible(animate=False)
 
@@ -217,7 +226,7 @@ class SamplingPanel(Vertical):
         self.writing = True
         if self._noted:
             self.query_one(f"#note-{self._noted}", Static).remove_class("-shown")
-            self._noted = ""
+            self._noted = self._did = ""
 
     def reply_ended(self) -> None:
         """A change still waiting when the reply ended is for the next one."""
@@ -230,7 +239,10 @@ class SamplingPanel(Vertical):
 
     @on(Slider.Changed)
     def _slider_changed(self, event: Slider.Changed) -> None:
-        self._apply(event.slider.id, **{event.slider.id: event.value})
+        """A key says what it did, so a stray Home or End does not move a setting unnoticed."""
+        name, spec, key = event.slider.id, SPECS[event.slider.id], event.key and shown_key(event.key)
+        did = f"{key[0].upper()}{key[1:]}: {spec.label} → {format_value(spec, event.value)}" if key else ""
+        self._apply(name, did, **{name: event.value})
 
     @on(Slider.Entered)
     def _number_typed(self, event: Slider.Entered) -> None:

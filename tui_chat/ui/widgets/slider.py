@@ -77,12 +77,14 @@ class Slider(KeysInTurn, Widget, can_focus=True):
     """The number being typed; None when not typing."""
 
     class Changed(Message):
-        """Posted when the value actually changes, by the user or by code."""
+        """Posted when the value actually changes, by the user or by code; `key`: the key that changed it
+        (None: the mouse, or code), so the owner can say what a stray Home or End did."""
 
-        def __init__(self, slider: Slider, value: float) -> None:
+        def __init__(self, slider: Slider, value: float, key: str | None = None) -> None:
             super().__init__()
             self.slider = slider
             self.value = value
+            self.key = key
 
         @property
         def control(self) -> Slider:
@@ -122,6 +124,7 @@ class Slider(KeysInTurn, Widget, can_focus=True):
         self._steps = floor((maximum - minimum) / step + 1e-9)
         self.maximum = self._value_at(self._steps)
         self.set_reactive(Slider.value, self.validate_value(value))
+        self._pressed: str | None = None  # the key being handled, for `Changed`
 
     def _value_at(self, index: int) -> float:
         """The grid value at step `index`, clamped to the range."""
@@ -137,7 +140,8 @@ class Slider(KeysInTurn, Widget, can_focus=True):
         return self._value_at(self._index_of(value))
 
     def watch_value(self, value: float) -> None:
-        self.post_message(self.Changed(self, value))
+        self.post_message(self.Changed(self, value, self._pressed))
+        self._pressed = None
 
     def action_move(self, steps: int) -> None:
         self.value = self._value_at(self._index_of(self.value) + steps)
@@ -147,11 +151,14 @@ class Slider(KeysInTurn, Widget, can_focus=True):
 
     async def _on_key(self, event: events.Key) -> None:
         """Typing a number; other keys go on to the bindings (KeysInTurn), an entry set first."""
+        self._pressed = None
         if self._typing_key(event.key, event.character):
             event.stop()
             event.prevent_default()
-        elif self.typed is not None:
+            return
+        if self.typed is not None:
             self.commit_typed()
+        self._pressed = event.key
 
     def _typing_key(self, key: str, character: str | None) -> bool:
         """Apply `key` to the entry; False when it is not a typing key here."""
@@ -182,6 +189,7 @@ class Slider(KeysInTurn, Widget, can_focus=True):
 
     def _set_from_mouse(self, event: events.MouseEvent) -> None:
         """Map x across the content width (first cell = minimum, last = maximum)."""
+        self._pressed = None
         x = event.get_content_offset_capture(self).x
         span = max(self.content_size.width - 1, 1)
         self.value = self._value_at(_round_half_up(x / span * self._steps))

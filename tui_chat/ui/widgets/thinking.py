@@ -14,7 +14,7 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import Static
 
-from ...safetext import terminal_safe
+from ...safetext import screen_safe
 
 
 def thinking_view(label: str, reasoning: str, unfolded: bool, heat: Text | None = None) -> RenderableType:
@@ -22,7 +22,7 @@ def thinking_view(label: str, reasoning: str, unfolded: bool, heat: Text | None 
     head = Text(f"{'▾' if unfolded else '▸'} {label}", style="dim")
     if not unfolded:
         return head
-    body = heat if heat is not None else Text(terminal_safe(reasoning.strip()), style="dim italic")
+    body = heat if heat is not None else Text(screen_safe(reasoning.strip()), style="dim italic")
     return Group(head, body)
 
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from rich.text import Text
 
 from ...engine.base import Candidate, GrammarMask, WordProbability, XRay
-from ...safetext import terminal_safe
+from ...safetext import screen_safe
 
 BAR_WIDTH = 16
 LABEL_WIDTH = 20
@@ -18,7 +18,7 @@ LABEL_WIDTH = 20
 def shown_token(text: str) -> str:
     """A token as a quoted literal, so spaces and line breaks are visible."""
     escaped = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
-    return f'"{terminal_safe(escaped)}"'
+    return f'"{screen_safe(escaped)}"'
 
 
 def bar(prob: float, width: int = BAR_WIDTH) -> str:
@@ -50,7 +50,7 @@ def xray_text(xray: XRay, note: str = "") -> Text:
             out.append(f"  ↳ {stage.note}\n", style="dim italic")
     if not xray.stages:
         out.append("no stage cut the pool: the draw saw every candidate\n", style="dim")
-    out.append(terminal_safe(xray.verdict), style="bold")
+    out.append(screen_safe(xray.verdict), style="bold")
     if note:
         out.append(f"\n({note})", style="dim")
     return out
