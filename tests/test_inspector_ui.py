@@ -9,10 +9,11 @@ from textual.color import Color
 from textual.widgets import OptionList, Static
 
 from test_ui import SIZE, loaded, make_app, reply_done, said, screen_open, scripted_app, send, wait_for
-from tui_chat.engine.base import Message
+from tui_chat.engine.base import Message, XRay
 from tui_chat.engine.params import SamplingParams
 from tui_chat.ui.screens.inspector import InspectorScreen, candidate_lines
 from tui_chat.ui.widgets.heatmap import BANDS, band_colors, band_of
+from tui_chat.ui.widgets.xray import xray_text
 
 BUILT_IN_THEMES = ("textual-dark", "textual-light", "nord", "gruvbox", "solarized-light")
 
@@ -246,6 +247,15 @@ async def test_the_xray_shows_each_stage_of_the_chain_and_the_verdict(tiny_model
         expected = inspector.probe.xray(1).result()
         await wait_for(pilot, lambda: expected.verdict in str(shown.render()))
         assert expected.token_id == reply.tokens[1].token_id
+
+
+def test_the_xray_says_when_its_recomputed_figure_parts_from_the_recorded_one():
+    """llama.cpp's figures move with how a position was computed (a reply's first token read with its prompt,
+    a cache restored from disk): where the X-ray's recomputation differs from the record, both are shown."""
+    xray = XRay(7, " sea", 0.0132, 2, (), "' sea' drawn at rank 2 with p = 0.013", 0.02)
+    assert "recorded" not in str(xray_text(xray, recorded=0.01321))
+    shown = str(xray_text(xray, recorded=0.0121))
+    assert "recomputed p = 1.3%; the reply recorded 1.2% when it drew it" in shown
 
 
 async def test_ask_about_any_word_shows_its_exact_probability_beside_the_alternatives(tiny_model):

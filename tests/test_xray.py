@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 
 from conftest import GREEDY, open_backend
-from tui_chat.engine.base import Done, Error, Message, PromptProgress, Request, Token, XRay
+from tui_chat.engine.base import Candidate, Done, Error, Message, PromptProgress, Request, Token, XRay
 from tui_chat.engine.params import LiveParams, SamplingParams
 from tui_chat.engine.xray import position_context
+from tui_chat.probe import TokenProbe
+from tui_chat.session import ChatSession
 
 PROMPT = "Hello, what is the capital of France?"
 SAMPLED = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05, repeat_penalty=1.0, seed=11, max_tokens=24)
@@ -179,3 +181,51 @@ def test_stage_entries_for_the_json_report(tiny):
     tokens, _, _ = reply(tiny, SAMPLED, xray=True)
     entry = tokens[0].stages[0].as_dict()
     assert set(entry) == {"name", "kept", "mass", "rank", "prob"} and entry["name"] == "top_k"
+
+
+def _finish(session: ChatSession) -> None:
+    for event in session.writing.stream:
+        if session.take([event]).ending is not None:
+            return
+
+
+def _check_against_the_record(backend, session: ChatSession, branch, indexes) -> int:
+    """The X-ray and the word probability at each drawn token of `branch`, recomputed as the inspector
+    does, give the probability the reply recorded when it drew that token."""
+    probe = TokenProbe(backend, session.live, branch, session.model)
+    assert probe.why_not() is None
+    checked = 0
+    for index in indexes:
+        token = branch.tokens[index]
+        if token.forced:
+            continue
+        xray = probe.xray(index).result()
+        assert isinstance(xray, XRay), xray
+        assert xray.prob == pytest.approx(token.prob, abs=1e-4), f"token {index} {token.piece!r}"
+        assert xray.rank == 1 + sum(c.prob > token.prob for c in token.top if c.token_id != token.token_id)
+        checked += 1
+    return checked
+
+
+def test_xray_on_a_branched_and_a_continued_reply_equals_the_replys_own_record(steady_starter):
+    """A branch and a continuation (F8) start with tokens the engine was given: the X-ray reads each of
+    them once, in place, as the model did (issue 25, item 3: it used to read the kept prefix twice)."""
+    session = ChatSession(LiveParams(GREEDY.with_changes(max_tokens=20)), model="starter", top_logprobs=5)
+    turn = session.ask("Write a short poem about the sea.", steady_starter.generate)
+    _finish(session)
+    first = turn.reply
+    assert len(first.tokens) == 20
+    assert _check_against_the_record(steady_starter, session, first, [0, 6, 14]) == 3
+    alternative = first.tokens[5].top[1]
+    session.branch(5, Candidate(alternative.token_id, alternative.text, alternative.prob), steady_starter.generate)
+    _finish(session)
+    branched = turn.reply
+    assert branched is not first and branched.tokens[5].forced and len(branched.tokens) > 15
+    assert _check_against_the_record(steady_starter, session, branched, [2, 6, 9, 14]) == 4
+    session.continue_reply(steady_starter.generate)
+    _finish(session)
+    continued = turn.reply
+    kept = len(branched.tokens)
+    assert continued is not branched and len(continued.tokens) > kept + 4
+    assert _check_against_the_record(steady_starter, session, continued, [3, kept - 1, kept, kept + 3]) == 4
+

@@ -292,7 +292,7 @@ class PromptProgress:
     done: int
     total: int
     elapsed_s: float
-    prompt_ids: tuple[int, ...] = ()  # on the first one: all the reply follows (as Done.prompt_ids)
+    prompt_ids: tuple[int, ...] = ()  # on the first one: the prompt the reply follows (as Done.prompt_ids)
 
     @property
     def eta_s(self) -> float | None:
@@ -352,7 +352,9 @@ class Done:
     before its grammar was satisfied, so e.g. its JSON does not parse.
 
     `text` is the answer as it enters the conversation; `reasoning` the thinking before it (the markers
-    and the whitespace around it left out). The reply's first `answer_from` tokens are the thinking's."""
+    and the whitespace around it left out). The reply's first `answer_from` tokens are the thinking's.
+    `prompt_ids`: the prompt the reply follows; a branch's given tokens (`Request.forced`) are the
+    reply's first tokens, not part of it, so token i of the reply came after `prompt_ids + tokens[:i]`."""
 
     stop_reason: StopReason
     text: str

@@ -414,7 +414,7 @@ class _Turn:
         started = time.perf_counter()
 
         def progress(done: int) -> None:
-            ids = tuple(self.context) if done == 0 else ()
+            ids = tuple(self.prompt) if done == 0 else ()
             self.stream.put(PromptProgress(done, len(todo), time.perf_counter() - started, ids))
             self.retune_threads()
 
@@ -557,7 +557,7 @@ class _Turn:
         metrics = self.metrics()
         constraint = self.constraint
         incomplete = constraint is not None and reason != "eos" and not constraint.can_end()
-        self.stream.put(Done(reason, text.scanner.visible, metrics, tuple(self.context), incomplete,
+        self.stream.put(Done(reason, text.scanner.visible, metrics, tuple(self.prompt), incomplete,
                              text.reasoning, text.answer_from()))
 
     def _thinking_figures(self) -> tuple[int, float | None]:

@@ -27,9 +27,9 @@ _REORDERING = {"logit_bias": "raised or lowered", "penalties": "lowered", "dry":
 
 
 def position_context(prompt_ids: Sequence[int], tokens: Sequence[Token], index: int) -> tuple[int, ...]:
-    """All the model had read before `tokens[index]` was drawn: the prompt (`Done.prompt_ids`, or the first
-    `PromptProgress.prompt_ids`, which holds a branch's given tokens too) and the drawn tokens before it."""
-    return tuple(prompt_ids) + tuple(t.token_id for t in tokens[:index] if not t.forced)
+    """All the model had read before `tokens[index]` came: the prompt the reply follows (`Done.prompt_ids`,
+    or the first `PromptProgress.prompt_ids`) and the reply's tokens before it, a branch's given ones too."""
+    return tuple(prompt_ids) + tuple(t.token_id for t in tokens[:index])
 
 
 def raw_probability(logits: np.ndarray, token: int) -> tuple[float, int]:

@@ -225,8 +225,10 @@ class InspectorScreen(ModalScreen[BranchChoice | None]):
             return  # the user moved on
         if kind == "xray" and self.xray_on:
             shown = self.query_one("#xray", Static)
-            note = self.probe.settings(self.tokens[index])[1]
-            shown.update(xray_text(result, note) if isinstance(result, XRay) else self._failed("X-ray", result))
+            token = self.tokens[index]
+            note = self.probe.settings(token)[1]
+            shown.update(xray_text(result, note, token.prob) if isinstance(result, XRay)
+                         else self._failed("X-ray", result))
         elif kind == "word":
             shown = self.query_one("#asked", Static)
             top = self.tokens[index].top

@@ -32,8 +32,9 @@ def percent(prob: float) -> str:
     return f"{prob:.1%}" if prob >= 0.001 else f"{prob:.1e}"
 
 
-def xray_text(xray: XRay, note: str = "") -> Text:
-    """The strip of bars and the verdict; `note` says what the figures assume (older settings)."""
+def xray_text(xray: XRay, note: str = "", recorded: float | None = None) -> Text:
+    """The strip of bars and the verdict; `note` says what the figures assume (older settings). `recorded`:
+    the probability the reply recorded as it drew the token, said beside the recomputed one where they part."""
     out = Text(f"X-ray of {shown_token(xray.piece)}: the chain stage by stage ({xray.elapsed_s * 1000:.0f} ms)\n",
                style="bold")
     out.append(f"{'stage':<{LABEL_WIDTH}} {'kept':>7}  {'share of raw p kept':<{BAR_WIDTH + 9}}rank · p among kept\n",
@@ -51,9 +52,21 @@ def xray_text(xray: XRay, note: str = "") -> Text:
     if not xray.stages:
         out.append("no stage cut the pool: the draw saw every candidate\n", style="dim")
     out.append(terminal_safe(xray.verdict), style="bold")
-    if note:
-        out.append(f"\n({note})", style="dim")
+    for line in (note, drift_note(recorded, xray.prob)):
+        if line:
+            out.append(f"\n({line})", style="dim")
     return out
+
+
+def drift_note(recorded: float | None, recomputed: float) -> str:
+    """Where a recomputed probability is not the one recorded at the draw, both, and why: llama.cpp's figures
+    move with how a position was computed (a reply's first token is read in one batch with the prompt; a
+    chat restored from disk holds its cache in another layout), by a few percent of themselves on a small model."""
+    if recorded is None or abs(recomputed - recorded) <= max(1e-4, 0.01 * recorded):
+        return ""
+    return (f"recomputed p = {percent(recomputed)}; the reply recorded {percent(recorded)} when it drew it: "
+            "llama.cpp's figures move a little with how the position was computed (read with the prompt, or "
+            "after the cache came back from disk)")
 
 
 def word_text(asked: WordProbability, top: Sequence[Candidate]) -> Text:
