@@ -208,3 +208,13 @@ def test_a_bias_that_bans_all_the_format_allows_is_one_line(tiny):
                                                   format=grammar('root ::= "a"'))))
     assert "".join(t.text for t in tokens) == "a"
     assert final == Error("nothing the format allows is left to draw: a logit bias may ban it")
+
+
+def test_xtc_under_a_format_draws_the_chains_pick_and_the_reply_still_parses(gemma):
+    """XTC removes the likeliest candidates by moving the array's start (issue 25, item 4): the format's
+    draw reads the pick there, and refills its array from the start (it used to abort the process)."""
+    params = SamplingParams(seed=3, temperature=1.0, xtc_probability=1.0, xtc_threshold=0.1, max_tokens=200)
+    tokens, done = write(gemma, PROMPTS[0], choose("json"), params, xray=True)
+    assert any(s.name == "xtc" and s.kept < prev.kept for t in tokens for prev, s in zip(t.stages, t.stages[1:]))
+    if not done.incomplete:
+        json.loads(done.text)

@@ -22,12 +22,15 @@ TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32
 class Candidates:
     """Tokens with their logits as llama.cpp's `llama_token_data_array`, over a numpy buffer: samplers
     can be applied to it one at a time and what each left read back. `refill` reuses the buffer, so
-    a per-token caller allocates nothing."""
+    a per-token caller allocates nothing.
+
+    A sampler may cut from either end: top-k and the like shrink `size`; XTC moves `data` past the
+    likeliest tokens it removes. `live` follows both."""
 
     def __init__(self, ids: np.ndarray, logits: np.ndarray) -> None:
         self.buffer = np.empty(len(ids), dtype=TOKEN_DATA)
-        pointer = self.buffer.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data))
-        self.array = llama_cpp.llama_token_data_array(pointer, len(ids), -1, False)
+        self._start = self.buffer.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data))
+        self.array = llama_cpp.llama_token_data_array(self._start, len(ids), -1, False)
         self.refill(ids, logits)
 
     def refill(self, ids: np.ndarray | int, logits: np.ndarray | float) -> Candidates:
@@ -36,24 +39,34 @@ class Candidates:
         self.buffer["id"][:size] = ids
         self.buffer["logit"][:size] = logits
         self.buffer["p"][:size] = 0.0
-        self.array.size, self.array.selected, self.array.sorted = size, -1, False
+        self.array.data, self.array.size, self.array.selected, self.array.sorted = self._start, size, -1, False
         return self
 
     def apply(self, sampler: ctypes.c_void_p) -> None:
         llama_cpp.llama_sampler_apply(sampler, ctypes.byref(self.array))
 
+    @property
+    def live(self) -> np.ndarray:
+        """The array as the samplers left it (a view): from where `data` points now, `size` long."""
+        offset = (ctypes.cast(self.array.data, ctypes.c_void_p).value - self.buffer.ctypes.data) // TOKEN_DATA.itemsize
+        return self.buffer[offset : offset + self.array.size]
+
     def survivors(self) -> np.ndarray:
-        """The candidates still in play: inside the array's size and not set to -inf."""
-        live = self.buffer[: self.array.size]
+        """The candidates still in play: inside the array and not set to -inf."""
+        live = self.live
         return live[live["logit"] > -np.inf]
 
     @property
     def selected(self) -> int:
         """The token a selector (dist, greedy, mirostat) picked."""
-        return int(self.buffer["id"][self.array.selected])
+        return int(self.live["id"][self.array.selected])
+
+    @property
+    def selected_logit(self) -> float:
+        return float(self.live["logit"][self.array.selected])
 
     def copy(self) -> Candidates:
-        live = self.buffer[: self.array.size]
+        live = self.live
         return Candidates(live["id"], live["logit"])
 
 
