@@ -45,7 +45,7 @@ from .params import SamplingParams
 from .prompts import PromptError, PromptFormat, ThinkingSyntax, choose_format, opens_thinking
 from .reasoning import ReplyText, ThinkingSplitter
 from .stops import StopScanner
-from .xray import stage_cuts, word_probability, xray_at
+from .xray import word_probability, xray_at
 
 METRICS_INTERVAL_S = 0.1
 PREFILL_CHUNK = 256
@@ -543,7 +543,7 @@ class _Turn:
     def _stages(self, replay: Chain, token: int) -> tuple[Stage, ...]:
         """The X-ray of the token just drawn, from a clone of the chain taken before the draw."""
         try:
-            return stage_cuts(replay, self.session.logits(), token)
+            return self.session.stage_reader.stages(replay, self.session.logits(), token)
         finally:
             replay.free()
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from . import logs
 from .base import Candidate, EngineError, GrammarMask, PoolCut
-from .chain import Chain, ChainBuilder
+from .chain import Chain, ChainBuilder, StageReader
 from .cpu import Threads
 from .cpu_path import CpuPath, deny_amx
 from .models import check_gguf
@@ -149,6 +149,7 @@ class LlamaSession:
         self._abort = llama_cpp.ggml_abort_callback(lambda _data: self._abort_requested())
         self._abort_requested: Callable[[], bool] = lambda: False
         self.chains = ChainBuilder(self.vocab, self.n_vocab, self.n_ctx, self.continuation)
+        self._stage_reader: StageReader | None = None
 
     def set_threads(self, threads: Threads) -> None:
         """Takes effect from the next decode: the count can follow the machine's load mid-reply."""
@@ -383,6 +384,13 @@ class LlamaSession:
 
     def sample(self, chain: Chain) -> int:
         return chain.sample(self.ctx)
+
+    @property
+    def stage_reader(self) -> StageReader:
+        """The X-ray's reader and its buffers (a few MB on a large vocabulary), made when first asked for."""
+        if self._stage_reader is None:
+            self._stage_reader = StageReader(self.n_vocab)
+        return self._stage_reader
 
     def logits(self) -> np.ndarray:
         """The last decoded position's logits: a view into llama.cpp's buffer, valid until the next decode."""
