@@ -261,7 +261,7 @@ def _token_entry(token: Token) -> dict:
     }
     if token.grammar is not None:
         entry["grammar"] = {"removed": token.grammar.removed, "allowed": token.grammar.allowed,
-                            "forced": token.grammar.forced}
+                            "forced": token.grammar.forced, "unjudged": token.grammar.unjudged}
     if token.stages:
         entry["stages"] = [stage.as_dict() for stage in token.stages]
     return entry

@@ -425,10 +425,13 @@ class LlamaSession:
         return Inspection(float(probs[token]) * scale, candidates, pool_cut(ranked, self.n_vocab, params), mask)
 
     def _mask(self, ids: np.ndarray, probs: np.ndarray, allowed: np.ndarray) -> GrammarMask:
-        """What a grammar took from these candidates. Forced: all it allowed begin with the same
-        character (or all end the reply): one choice of what comes next, however tokens split it."""
+        """What a grammar took from these candidates, and the mass of those it was not asked about. Forced:
+        all it allowed begin with the same character (or all end the reply): one choice of what comes next,
+        however tokens split it."""
         starts = {self.piece(int(token)).decode("utf-8", errors="replace")[:1] for token in ids[allowed]}
-        return GrammarMask(float(probs[~allowed].sum()), int(allowed.sum()), len(starts) == 1)
+        removed = float(probs[~allowed].sum(dtype=np.float64))
+        unjudged = 0.0 if len(ids) == self.n_vocab else max(0.0, 1.0 - float(probs.sum(dtype=np.float64)))
+        return GrammarMask(removed, int(allowed.sum()), len(starts) == 1, unjudged)
 
     # --- counters and teardown ----------------------------------------------------------------
 
