@@ -210,3 +210,18 @@ def test_a_reply_cut_short_while_thinking_stays_on_the_saved_path(history):
     assert [(m.role, m.reasoning) for m in stored.path] == [("user", ""), ("assistant", "Hmm, let me"),
                                                             ("user", ""), ("assistant", "Hmm, let me")]
     assert [m.role for m in stored.engine_messages()] == ["user", "assistant", "user", "assistant"]
+
+
+def test_the_context_the_conversation_holds_follows_its_latest_reply_and_comes_back_reopened(tiny, history):
+    """What the draft meter bills with the next message: a reply stopped before its first token (taken back)
+    changes nothing, and a reopened chat knows it from the saved figures."""
+    session = new_session(history)
+    session.ask("Hello there", tiny.generate)
+    held = finish(session).done.metrics.context_tokens
+    assert held > 0 and session.context_tokens == held
+    session.ask("And then?", tiny.generate)
+    session.stop()
+    assert finish(session).kind == "taken_back"
+    assert session.context_tokens == held
+    again = opened(history.load(session.conversation_id), LiveParams(GREEDY), None)
+    assert again.context_tokens == held

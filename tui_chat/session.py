@@ -70,6 +70,7 @@ class Branch:
     reasoning: str = ""  # its thinking, before the answer (`text`)
     thought: str = ""  # `thinking_line` of it
     answer_from: int = 0  # tokens[:answer_from] are the thinking's (the markers included)
+    context_tokens: int = 0  # the context the model held after it (its prompt and itself); 0: not known
 
 
 @dataclass(eq=False)
@@ -196,6 +197,13 @@ class ChatSession:
         if self.saved_title:
             return self.saved_title
         return title_from(self.turns[0].question) if self.turns else "New chat"
+
+    @property
+    def context_tokens(self) -> int:
+        """What the conversation on screen holds in the model's context, as its latest reply left it: the
+        draft meter bills it with the next message (a reply taken back changes nothing)."""
+        return next((turn.reply.context_tokens for turn in reversed(self.turns)
+                     if turn.reply is not None and turn.reply.context_tokens), 0)
 
     @property
     def conversation_id(self) -> int | None:
@@ -381,7 +389,7 @@ class ChatSession:
         if writing.writer is not None and self.saved is not None:
             self._save(lambda: self.saved.end_reply(writing.writer, done))
         self._add_branch(writing, done.text, footer, done.stop_reason, done.prompt_ids, done.reasoning,
-                         thinking_line(done.metrics.as_dict()), done.answer_from)
+                         thinking_line(done.metrics.as_dict()), done.answer_from, done.metrics.context_tokens)
         return Ending("finished", " ".join(notes), done, waited)
 
     def _fail(self, writing: Writing, error: Error) -> Ending:
@@ -400,11 +408,12 @@ class ChatSession:
 
     def _add_branch(self, writing: Writing, text: str, footer: str, stop_reason: StopReason | None = None,
                     prompt_ids: tuple[int, ...] = (), reasoning: str = "", thought: str = "",
-                    answer_from: int = 0) -> None:
+                    answer_from: int = 0, context_tokens: int = 0) -> None:
         cut = len(writing.forced) - 1 if writing.forced else None
         turn = writing.turn
         turn.branches.append(Branch(text, footer, writing.tokens, cut, writing.writer.id if writing.writer else None,
-                                    stop_reason, prompt_ids, self.model, reasoning, thought, answer_from))
+                                    stop_reason, prompt_ids, self.model, reasoning, thought, answer_from,
+                                    context_tokens))
         turn.active = len(turn.branches) - 1
 
     def _take_back(self, writing: Writing) -> Ending:
@@ -453,7 +462,8 @@ def turns_of(conversation: Conversation) -> list[Turn]:
             continue
         siblings = [m for m in conversation.siblings(message) if m.role == "assistant"]
         turns[-1].branches = [Branch(m.content, stored_footer(m), cut=m.fork_token, message_id=m.id,
-                                     reasoning=m.reasoning, thought=thinking_line(m.metrics or {}))
+                                     reasoning=m.reasoning, thought=thinking_line(m.metrics or {}),
+                                     context_tokens=(m.metrics or {}).get("context_tokens") or 0)
                               for m in siblings]
         turns[-1].active = siblings.index(message)
     return turns
