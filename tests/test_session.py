@@ -219,8 +219,13 @@ def test_the_context_the_conversation_holds_follows_its_latest_reply_and_comes_b
     session.ask("Hello there", tiny.generate)
     held = finish(session).done.metrics.context_tokens
     assert held > 0 and session.context_tokens == held
-    session.ask("And then?", tiny.generate)
-    session.stop()
+
+    def stopped_at_once(request):  # as Esc pressed before the first token
+        stream = tiny.generate(request)
+        stream.cancel()
+        return stream
+
+    session.ask("And then?", stopped_at_once)
     assert finish(session).kind == "taken_back"
     assert session.context_tokens == held
     again = opened(history.load(session.conversation_id), LiveParams(GREEDY), None)

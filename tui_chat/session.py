@@ -31,7 +31,9 @@ def reply_footer(reason: StopReason, metrics: Mapping[str, Any]) -> str:
     """Stop reason, tokens, speed, TTFT and what came from disk: from a live `TurnMetrics.as_dict()` or a
     stored reply's metrics."""
     tokens = metrics.get("completion_tokens", 0)
-    parts = [STOP_LABELS.get(reason, reason), f"{tokens} token{'' if tokens == 1 else 's'}"]
+    withheld = metrics.get("withheld_tokens") or 0
+    parts = [STOP_LABELS.get(reason, reason), f"{tokens} token{'' if tokens == 1 else 's'}"
+             + (f", {withheld} withheld by the server (the stop sequence)" if withheld else "")]
     if metrics.get("decode_tok_s"):
         parts.append(f"{metrics['decode_tok_s']:.1f} tok/s")
     if metrics.get("ttft_s") is not None:

@@ -123,6 +123,8 @@ class TurnMetrics:
     # prompt_tokens is the client's estimate (4 characters a token, or the server's tokenizer on the messages):
     # the server has not reported it (yet)
     prompt_estimated: bool = False
+    # of completion_tokens, those a server wrote but never sent (the stop sequence it ended on): not timed here
+    withheld_tokens: int = 0
 
     @property
     def answer_tokens(self) -> int:
@@ -146,8 +148,9 @@ class TurnMetrics:
 
     @property
     def decode_tok_s(self) -> float | None:
-        """Tokens after the first, over the time since the first: the first one comes from prefill."""
-        steps = self.completion_tokens - 1
+        """Tokens after the first, over the time since the first: the first one comes from prefill. Only the
+        tokens that time covers: a server's withheld ones came after the last one timed."""
+        steps = self.completion_tokens - self.withheld_tokens - 1
         return steps / self.decode_s if self.decode_s > 0 and steps > 0 else None
 
     def as_dict(self) -> dict[str, float | int | None]:
@@ -170,6 +173,7 @@ class TurnMetrics:
             "reasoning_tokens": self.reasoning_tokens,
             "thinking_s": self.thinking_s,
             "prompt_estimated": self.prompt_estimated,
+            "withheld_tokens": self.withheld_tokens,
         }
 
 
