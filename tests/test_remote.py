@@ -166,6 +166,27 @@ def test_a_reply_ending_on_a_stop_string_from_llama_cpp_server_is_timed_over_wha
     assert m.decode_tok_s == pytest.approx((len(tokens) - 1) / m.decode_s)
 
 
+@pytest.mark.starter
+@pytest.mark.parametrize("chat_format", [None, "snoozy"])
+def test_an_empty_first_reply_from_a_server_says_to_check_its_chat_format(starter_model, tmp_path, chat_format):
+    """llama-cpp-python's server renders a model without a chat template in llama-2's format, which the
+    starter answers with nothing (issue 25, item 11): the first empty reply says what to check; the chat
+    format README gives for a base model answers."""
+    from llama_server import llama_cpp_server
+
+    with llama_cpp_server(starter_model, "starter", 1024, tmp_path / "server.log", chat_format=chat_format) as url:
+        result = run_cli("run", "--base-url", url, "-p", "What is the capital of France?", "-p", "And of Italy?",
+                         "--temperature", "0", "--max-tokens", "24", "--json")
+    assert result.returncode == 0, result.stderr
+    texts = [turn["text"] for turn in json.loads(result.stdout)["turns"]]
+    hints = result.stderr.count("--chat_format snoozy")
+    if chat_format is None:
+        assert texts == ["", ""] and hints == 1, result.stderr
+        assert "the server wrote nothing" in result.stderr and "A base model behind a server" in result.stderr
+    else:
+        assert all(text.strip() for text in texts) and hints == 0, result.stderr
+
+
 # --- llama-server's usage and timings (fake_openai "words") ------------------------------------
 
 

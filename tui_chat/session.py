@@ -377,7 +377,7 @@ class ChatSession:
         if done.stop_reason == "cancelled" and not written(done) and not keep_empty:
             return replace(self._take_back(writing), done=done)
         footer = reply_footer(done.stop_reason, done.metrics.as_dict() | {"incomplete": done.incomplete})
-        notes: list[str] = []
+        notes = [done.note] if done.note else []
         if writing.forced:
             read = done.metrics.prompt_tokens - done.metrics.cached_tokens
             footer += f" · {writing.how} at token {len(writing.forced)}, {read} token{'s' if read != 1 else ''} read"

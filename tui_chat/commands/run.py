@@ -227,6 +227,8 @@ def _held_line(writing: Writing) -> Callable[..., None]:
 def _notes(session: ChatSession, ending: Ending) -> None:
     """What the reply's text alone does not say, on stderr: turns left out, an incomplete format, the wait."""
     done = ending.done
+    if done.note:
+        print(f"tui-chat: note: {done.note}", file=sys.stderr)
     if done.metrics.dropped_turns:
         print(f"tui-chat: note: {left_out(done.metrics.dropped_turns)} to fit the "
               f"{done.metrics.n_ctx}-token context", file=sys.stderr)

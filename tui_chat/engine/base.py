@@ -370,6 +370,7 @@ class Done:
     incomplete: bool = False
     reasoning: str = ""
     answer_from: int = 0
+    note: str = ""  # what the user should check that the reply itself does not say (a server's empty reply)
 
 
 @dataclass(frozen=True, slots=True)
