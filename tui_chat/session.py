@@ -14,13 +14,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
 from .engine.base import Candidate, Done, Error, Event, Message, Metrics, PromptProgress, Request, Stream, Token
-from .engine.base import INCOMPLETE_LABEL, STOP_LABELS, StopReason, TurnMetrics, restore_note, thinking_line
+from .engine.base import INCOMPLETE_LABEL, STOP_LABELS, StopReason, TurnMetrics, restore_note, stop_label
+from .engine.base import thinking_line
 from .engine.base import written
 from .engine.context import left_out
 from .engine.formats import TEXT, OutputFormat
 from .engine.params import LiveParams
 from .history import Conversation, HistoryError, ReplyWriter, StoredMessage, title_from
 from .recording import SavedChat, Saving
+from .safetext import quoted
 
 T = TypeVar("T")
 Generate = Callable[[Request], Stream]
@@ -32,7 +34,7 @@ def reply_footer(reason: StopReason, metrics: Mapping[str, Any]) -> str:
     stored reply's metrics."""
     tokens = metrics.get("completion_tokens", 0)
     withheld = metrics.get("withheld_tokens") or 0
-    parts = [STOP_LABELS.get(reason, reason), f"{tokens} token{'' if tokens == 1 else 's'}"
+    parts = [stop_label(reason, metrics.get("stop_sequence") or ""), f"{tokens} token{'' if tokens == 1 else 's'}"
              + (f", {withheld} withheld by the server (the stop sequence)" if withheld else "")]
     if metrics.get("decode_tok_s"):
         parts.append(f"{metrics['decode_tok_s']:.1f} tok/s")
@@ -106,7 +108,7 @@ class Writing:
     thinking_span: tuple[float, float] | None = None  # the engine's clock at the first and latest of them
     visible: bool = False
     metrics: TurnMetrics | None = None  # the latest figures the engine sent
-    started: float = field(default_factory=time.perf_counter)
+    started: float = field(default_factory=time.perf_counter)  # the request's time: TTFT is counted from it too
 
     def thinking_figures(self) -> dict[str, Any]:
         """The thinking so far, as `thinking_line` reads it (nothing before it starts)."""
@@ -325,7 +327,7 @@ class ChatSession:
             fork_of = turn.reply.message_id if forced and turn.reply else None
             writer = self._save(lambda: self.saved.start_reply(turn.question_id, fork_of,
                                                                len(forced) - 1 if forced else None))
-        self.writing = Writing(turn, stream, forced, writer)
+        self.writing = Writing(turn, stream, forced, writer, started=request.submitted_at)
 
     def take(self, events: list[Event]) -> Update:
         """Apply a batch of the writing reply's events; returns what changed."""
@@ -376,8 +378,9 @@ class ChatSession:
         self.writing = None
         if done.stop_reason == "cancelled" and not written(done) and not keep_empty:
             return replace(self._take_back(writing), done=done)
-        footer = reply_footer(done.stop_reason, done.metrics.as_dict() | {"incomplete": done.incomplete})
-        notes = [done.note] if done.note else []
+        footer = reply_footer(done.stop_reason, done.metrics.as_dict() | {"incomplete": done.incomplete,
+                                                                           "stop_sequence": done.stop_sequence})
+        notes = [note for note in (done.note, self._ended_at_once(writing, done)) if note]
         if writing.forced:
             read = done.metrics.prompt_tokens - done.metrics.cached_tokens
             footer += f" · {writing.how} at token {len(writing.forced)}, {read} token{'s' if read != 1 else ''} read"
@@ -393,6 +396,19 @@ class ChatSession:
         self._add_branch(writing, done.text, footer, done.stop_reason, done.prompt_ids, done.reasoning,
                          thinking_line(done.metrics.as_dict()), done.answer_from, done.metrics.context_tokens)
         return Ending("finished", " ".join(notes), done, waited)
+
+    @staticmethod
+    def _ended_at_once(writing: Writing, done: Done) -> str:
+        """A branch whose chosen token ended it before the model wrote one: why, since its footer shows 0 tokens."""
+        if writing.how != "branched" or not writing.forced or done.metrics.completion_tokens:
+            return ""
+        chosen = quoted(writing.forced[-1].piece or writing.forced[-1].text)
+        if done.stop_reason == "stop":
+            sequence = f"the stop sequence {quoted(done.stop_sequence)}" if done.stop_sequence else "a stop sequence"
+            return f"The token you chose, {chosen}, completes {sequence}: the reply ends there."
+        if done.stop_reason == "eos":
+            return f"The token you chose, {chosen}, ends the text: the reply ends there."
+        return ""
 
     def _fail(self, writing: Writing, error: Error) -> Ending:
         """The engine gave up. What it wrote stays (a server's stream cut mid-reply), marked as such."""

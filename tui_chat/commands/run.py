@@ -243,7 +243,7 @@ def _turn_report(prompt: str, done: Done, tokens: list[dict], session: ChatSessi
     """`text` is the reply exactly as it entered the conversation (a script rebuilding the chat from it gets
     the same prompt); `reasoning` the thinking before it."""
     turn = {"prompt": prompt, "text": done.text, "reasoning": done.reasoning, "stop_reason": done.stop_reason,
-            **done.metrics.as_dict()}
+            "stop_sequence": done.stop_sequence or None, **done.metrics.as_dict()}
     if session.output_format.constrained:
         turn |= {"format": session.output_format.kind, "incomplete": done.incomplete}
     if session.top_logprobs or session.xray:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from ..safetext import quoted
 from .formats import TEXT, OutputFormat
 from .params import LiveParams
 
@@ -28,6 +29,12 @@ STOP_LABELS: dict[str, str] = {  # how a reply's end is said everywhere a person
 
 
 INCOMPLETE_LABEL = "incomplete: it stopped before the output format was complete"  # footers and exports
+
+
+def stop_label(reason: str, sequence: str = "") -> str:
+    """How a reply's end is said, a stop sequence by name where known: `stop sequence "\\nUser:"`."""
+    label = STOP_LABELS.get(reason, reason)
+    return f"{label} {quoted(sequence)}" if reason == "stop" and sequence else label
 PREFILL_RATE_MIN_TOKENS = 8  # below this a prompt-reading rate says nothing
 
 
@@ -371,6 +378,7 @@ class Done:
     reasoning: str = ""
     answer_from: int = 0
     note: str = ""  # what the user should check that the reply itself does not say (a server's empty reply)
+    stop_sequence: str = ""  # the one it ended on (stop_reason "stop"), where known
 
 
 @dataclass(frozen=True, slots=True)

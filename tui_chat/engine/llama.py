@@ -558,7 +558,7 @@ class _Turn:
         constraint = self.constraint
         incomplete = constraint is not None and reason != "eos" and not constraint.can_end()
         self.stream.put(Done(reason, text.scanner.visible, metrics, tuple(self.prompt), incomplete,
-                             text.reasoning, text.answer_from()))
+                             text.reasoning, text.answer_from(), stop_sequence=text.scanner.matched))
 
     def _thinking_figures(self) -> tuple[int, float | None]:
         """The tokens the model drew while thinking, and how long it thought (None: it did not)."""

@@ -252,7 +252,8 @@ class OpenAIBackend:
             return
         if reply.metrics().prompt_estimated and self.kind.tokenize_path:
             self._recount(request, reply, stream)
-        stream.put(self._checked(reply.done(stop_reason(reply.finish_reason, params, self._implicit_stops))))
+        reason = stop_reason(reply.finish_reason, params, self._implicit_stops)
+        stream.put(self._checked(reply.done(reason, (*params.stop, *self._implicit_stops))))
 
     def _checked(self, done: Done) -> Done:
         """An empty reply before any with text: the server's chat format is the likely cause; said once."""

@@ -162,10 +162,13 @@ class StreamedReply:
             return prompt_ms / 1000
         return ttft if prompt and ttft else 0.0
 
-    def done(self, reason: StopReason) -> Done:
+    def done(self, reason: StopReason, stops: tuple[str, ...] = ()) -> Done:
+        """`stops`: the stop sequences sent; a server does not say which one it ended on, so only a lone one
+        is named."""
         incomplete = self.request.format.constrained and reason in ("length", "cancelled")
+        sequence = stops[0] if reason == "stop" and len(stops) == 1 else ""
         return Done(reason, self.text, self.metrics(reason), incomplete=incomplete, reasoning=self.reasoning,
-                    answer_from=self.thinking)
+                    answer_from=self.thinking, stop_sequence=sequence)
 
 
 def stop_reason(finish_reason: str | None, params: SamplingParams, implicit_stops: tuple[str, ...] = ()) -> StopReason:

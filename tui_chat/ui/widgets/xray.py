@@ -9,16 +9,12 @@ from collections.abc import Sequence
 from rich.text import Text
 
 from ...engine.base import Candidate, GrammarMask, WordProbability, XRay
-from ...safetext import terminal_safe
+from ...safetext import quoted, terminal_safe
 
 BAR_WIDTH = 16
 LABEL_WIDTH = 20
 
 
-def shown_token(text: str) -> str:
-    """A token as a quoted literal, so spaces and line breaks are visible."""
-    escaped = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
-    return f'"{terminal_safe(escaped)}"'
 
 
 def bar(prob: float, width: int = BAR_WIDTH) -> str:
@@ -35,7 +31,7 @@ def percent(prob: float) -> str:
 def xray_text(xray: XRay, note: str = "", recorded: float | None = None) -> Text:
     """The strip of bars and the verdict; `note` says what the figures assume (older settings). `recorded`:
     the probability the reply recorded as it drew the token, said beside the recomputed one where they part."""
-    out = Text(f"X-ray of {shown_token(xray.piece)}: the chain stage by stage ({xray.elapsed_s * 1000:.0f} ms)\n",
+    out = Text(f"X-ray of {quoted(xray.piece)}: the chain stage by stage ({xray.elapsed_s * 1000:.0f} ms)\n",
                style="bold")
     out.append(f"{'stage':<{LABEL_WIDTH}} {'kept':>7}  {'share of raw p kept':<{BAR_WIDTH + 9}}rank · p among kept\n",
                style="dim")
@@ -73,13 +69,13 @@ def word_text(asked: WordProbability, top: Sequence[Candidate]) -> Text:
     """A word's exact probability at this position, in the candidates' columns; for several tokens, the
     product of each one's probability after the ones before it."""
     line = Text("?   ▷ ", style="bold")
-    line.append(f"{shown_token(asked.text):<16.16}", style="bold")
+    line.append(f"{quoted(asked.text):<16.16}", style="bold")
     line.append(f" {bar(asked.prob)} ", style="cyan")
     line.append(f"{percent(asked.prob):>6}  rank {asked.rank:,}")
     if asked.rank > len(top):
         line.append(f" (not top {len(top)})", style="dim")
     if len(asked.tokens) > 1:
-        parts = " × ".join(f"{shown_token(part.text)} {percent(part.prob)}" for part in asked.tokens)
+        parts = " × ".join(f"{quoted(part.text)} {percent(part.prob)}" for part in asked.tokens)
         line.append(f"\n    = {parts}", style="dim")
     return line
 
