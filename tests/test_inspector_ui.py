@@ -8,8 +8,10 @@ import pytest
 from textual.color import Color
 from textual.widgets import OptionList, Static
 
+from conftest import GREEDY
 from test_ui import SIZE, loaded, make_app, reply_done, said, screen_open, scripted_app, send, wait_for
 from tui_chat.engine.base import Message, XRay
+from tui_chat.engine.models import STARTER_NAME
 from tui_chat.engine.params import SamplingParams
 from tui_chat.ui.screens.inspector import InspectorScreen, candidate_lines
 from tui_chat.ui.widgets.heatmap import BANDS, band_colors, band_of
@@ -331,3 +333,16 @@ async def test_the_mask_shows_in_the_heatmap_and_the_inspector(tiny_model):
         lines = [str(line) for line in candidate_lines(reply.tokens[0], SAMPLED)]
         marks = [line.rstrip().endswith("forbidden") for line in lines]
         assert marks == [c.allowed is False for c in reply.tokens[0].top] and any(marks)
+
+
+@pytest.mark.starter
+async def test_a_special_token_the_model_wrote_is_named_dimmed_in_the_inspector_and_not_in_the_reply(starter_model):
+    """Issue 25, item 18: Gemma's `<start_of_image>` is no text; the reply leaves it out, the inspector names it."""
+    sampling = GREEDY.with_changes(max_tokens=4, logit_bias=(("<start_of_image>", 100.0),))
+    app = make_app(STARTER_NAME, sampling=sampling, n_ctx=2048)
+    async with app.run_test(size=SIZE) as pilot:
+        _, reply, inspector = await inspect_a_reply(pilot)
+        assert "<start_of_image>" not in reply.text and len(reply.tokens) == 4
+        facts = inspector.query_one("#facts").render()
+        assert str(facts).startswith("<start_of_image> not text: a special token")
+        assert any("dim" in str(span.style) for span in facts.spans)

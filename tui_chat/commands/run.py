@@ -261,6 +261,8 @@ def _token_entry(token: Token) -> dict:
         "top": [{"token": c.text, "id": c.token_id, "prob": c.prob}
                 | ({} if c.allowed is None else {"allowed": c.allowed}) for c in token.top],
     }
+    if token.special:
+        entry["special"] = token.special
     if token.grammar is not None:
         entry["grammar"] = {"removed": token.grammar.removed, "allowed": token.grammar.allowed,
                             "forced": token.grammar.forced, "unjudged": token.grammar.unjudged}

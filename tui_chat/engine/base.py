@@ -328,7 +328,8 @@ class Token:
 
     Reasoning: `reasoning` is the thinking text that became visible with it (as `text` is the answer's);
     `thinking` says the token belongs to the thinking as far as was known when it came (the final word is
-    `Done.answer_from`). An `inserted` token was written by the engine, not drawn: the end of the thinking,
+    `Done.answer_from`). A `special` one is no text (its `piece` is empty): its name is for the inspector.
+    An `inserted` token was written by the engine, not drawn: the end of the thinking,
     once its budget was spent (its probabilities, when recorded, are what the model gave it there).
     A backend whose server sends the thinking apart (`reasoning_content`) emits the same: tokens with
     `reasoning` and `thinking` set, then the answer's."""
@@ -347,6 +348,7 @@ class Token:
     reasoning: str = ""
     thinking: bool = False
     inserted: bool = False
+    special: str = ""  # a token that is not text (end of text, a control or media token): its name, e.g. <eos>
 
     def is_candidate(self, candidate: Candidate) -> bool:
         """Whether `candidate` is this token: by id, or by text where a server sent no ids (-1)."""

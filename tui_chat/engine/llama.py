@@ -481,17 +481,21 @@ class _Turn:
         reply ends with it, if it does."""
         self.generated.append(token)
         events = dict(forced=forced, stages=stages, grammar=seen.mask, inserted=inserted)
+        named = self.shown or forced  # the token's own text (or a special token's name) goes with it
         if self.session.is_end_of_generation(token):
             self.text.add_end()
             self.stream.put(Token(token, "", now, version, "", seen.prob, seen.top, seen.pool,
-                                  thinking=self._thinking(), **events))
+                                  thinking=self._thinking(), special=self.session.special_text(token) if named else "",
+                                  **events))
             return "eos"
-        decoded, thought, shown = self.text.add(self._piece(token))
+        piece = self._piece(token)
+        events["special"] = self.session.special_text(token) if named and not piece else ""
+        decoded, thought, shown = self.text.add(piece)
         if (thought or shown) and self.visible_at is None and not forced:
             self.visible_at = now
         if self.thought_at is None and self.text.splitter.opened and not self.text.splitter.thinking:
             self.thought_at = now
-        self.stream.put(Token(token, shown, now, version, decoded if self.shown or forced else "", seen.prob,
+        self.stream.put(Token(token, shown, now, version, decoded if named else "", seen.prob,
                               seen.top, seen.pool, reasoning=thought, thinking=self._thinking(), **events))
         return "stop" if self.text.scanner.stopped else None
 

@@ -33,6 +33,8 @@ from .pool import pool_cut
 from .prompts import BUILTIN_EQUIVALENTS
 
 SCRATCH_SEQ = 1
+# A user-defined token that stands for media, e.g. <start_of_image>, <image_soft_token>, [multimodal], <|vision_start|>
+_MEDIA_PLACEHOLDER = re.compile(rb"[<\[]\|?[\w|]*(?:image|audio|video|vision|multimodal)[\w|]*\|?[>\]]")
 POOL_SCAN = 1024  # with top-k off, the pool cut is counted among this many likeliest tokens
 _ALL_LAYERS = 0x7FFF_FFFF
 _SESSION_HEADER = struct.Struct("<III")  # llama.cpp's session file: magic, version, token count; then the tokens
@@ -208,12 +210,22 @@ class LlamaSession:
         return b"".join(self.piece(token) for token in tokens).decode("utf-8", errors="replace")
 
     def piece(self, token: int) -> bytes:
-        """The bytes a generated token stands for; control tokens show as nothing."""
+        """The bytes a generated token stands for. Tokens that are not text show as nothing: llama.cpp's control,
+        unknown and unused tokens, and the placeholders of images, audio or video that some files list as
+        user-defined text (Gemma 3's `<start_of_image>` in the starter, beside `<table>`, which is text): a text
+        chat has no media to open. A model may still write one: it stays in the reply's tokens, by its
+        `special_text` (`Token.special`)."""
         cached = self._pieces.get(token)
         if cached is None:
             size = llama_cpp.llama_token_to_piece(self.vocab, token, self._piece_buffer, len(self._piece_buffer), 0, False)
-            cached = self._pieces[token] = self._piece_buffer.raw[: max(size, 0)]
+            cached = self._piece_buffer.raw[: max(size, 0)]
+            if cached and _MEDIA_PLACEHOLDER.fullmatch(cached) and self._user_defined(token):
+                cached = b""
+            self._pieces[token] = cached
         return cached
+
+    def _user_defined(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_get_attr(self.vocab, token) & llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED)
 
     def special_text(self, token: int) -> str:
         """How a template writes a special token such as BOS, so it can be recognised in rendered text."""

@@ -124,7 +124,8 @@ class InspectorScreen(ModalScreen[BranchChoice | None]):
         token = self.tokens[self.index]
         self.query_one(VerticalScroll).border_title = f"Token {self.index + 1} of {len(self.tokens)}"
         self.query_one("#context", Static).update(self._surroundings(token))
-        facts = Text(f"{quoted(token.piece)}  ")
+        facts = Text(f"{quoted(token.piece)}  ") if not token.special else Text.assemble(
+            (terminal_safe(token.special), "dim"), " not text: a special token, left out of the reply's text  ")
         if token.prob is not None:
             facts.append_text(Text.assemble((f"p = {token.prob:.1%}", "bold"),
                                             " under the model's raw distribution (before any setting)"))
@@ -153,7 +154,10 @@ class InspectorScreen(ModalScreen[BranchChoice | None]):
         before = "".join(t.piece for t in self.tokens[: self.index])
         after = "".join(t.piece for t in self.tokens[self.index + 1 :])
         out = Text("…" + terminal_safe(before[-CONTEXT_CHARS:]).replace("\n", "⏎ "), style="dim")
-        out.append(terminal_safe(token.piece).replace("\n", "⏎") or "∅", style="reverse bold")
+        if token.special:
+            out.append(terminal_safe(token.special), style="reverse dim")
+        else:
+            out.append(terminal_safe(token.piece).replace("\n", "⏎") or "∅", style="reverse bold")
         out.append(terminal_safe(after[: CONTEXT_CHARS // 2]).replace("\n", "⏎ ") + "…", style="dim")
         return out
 
