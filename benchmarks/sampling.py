@@ -5,7 +5,8 @@ open in < 100 ms; an output format must not halve the speed (a JSON schema >= 0.
 Ratios of rounds taken side by side survive a machine whose load drifts; absolute tok/s do not.
 
 - decode: this tree's engine against the engine at --baseline (a git ref, extracted into a temporary
-  package and loaded beside it), greedy and with the default sampling chain, X-ray closed;
+  package and loaded beside it), greedy and with the default sampling chain, X-ray closed; and with
+  each token's stages recorded (`run --xray`) against closed, on both sides;
 - the X-ray and word probabilities: time to open them at each position of a reply;
 - formats: greedy decode under JSON and under a JSON schema against free text, same prompt and engine
   (the starter model in its own turn format, where "Respond in JSON" reads as a request).
@@ -118,10 +119,15 @@ def bench_decode(path: Path, args: argparse.Namespace) -> None:
         "ours greedy": lambda: decode_rate(ours, "tui_chat", STORY, greedy),
         f"{args.baseline} sampled": lambda: decode_rate(theirs, "tui_chat_baseline", STORY, sampled),
         "ours sampled": lambda: decode_rate(ours, "tui_chat", STORY, sampled),
+        f"{args.baseline} sampled, --xray": lambda: decode_rate(theirs, "tui_chat_baseline", STORY, sampled, xray=True),
+        "ours sampled, --xray": lambda: decode_rate(ours, "tui_chat", STORY, sampled, xray=True),
     }
     runs = rounds(sides, args.rounds)
-    report(f"Decode, X-ray closed: this tree against {args.baseline}, {args.rounds} rounds", runs,
-           [("ours greedy", f"{args.baseline} greedy"), ("ours sampled", f"{args.baseline} sampled")], 0.98)
+    report(f"Decode, X-ray closed (and run --xray's stages per token): this tree against {args.baseline}, "
+           f"{args.rounds} rounds", runs,
+           [("ours greedy", f"{args.baseline} greedy"), ("ours sampled", f"{args.baseline} sampled"),
+            ("ours sampled, --xray", "ours sampled"), (f"{args.baseline} sampled, --xray", f"{args.baseline} sampled")],
+           0.98)
     theirs.close()
     bench_xray(ours)
     ours.close()

@@ -32,8 +32,12 @@ ALTERNATIVE = " Lyon"  # the second likeliest token everywhere, when logprobs ar
 SLOW_TOKEN_S = 0.2
 MAX_WAIT_S = 10.0
 BEHAVIOURS = ("words", "slow", "cut", "cut-chunked", "malformed", "server-error", "error-event", "hang", "silent-end",
-              "hostile", "hostile-error", "interrupted", "thinking")
+              "hostile", "hostile-error", "interrupted", "thinking", "stopping")
 THOUGHT = ("Hmm", ",", " let", " me", " see")  # "thinking" sends these as reasoning_content, then REPLY
+# "stopping" writes these, one every PACED_TOKEN_S, and ends on the request's stop string as llama-server does:
+# the tokens of a stop string are held back and never sent, yet counted in its usage and timings
+PACED = ("Paris", " is", " the", " capital", " of", " France", ".", "\n", "User", ":", " And")
+PACED_TOKEN_S = 0.03
 
 
 class FakeServer(ThreadingHTTPServer):
@@ -259,6 +263,28 @@ class _Handler(BaseHTTPRequestHandler):
         if self.server.family == "vllm":
             usage["completion_tokens_details"] = {"reasoning_tokens": len(thought)}
         self._send({"choices": [], "usage": usage})
+        self._send("[DONE]")
+
+    def _stream_stopping(self, body: dict) -> None:
+        prompt, cached = self._read_prompt(body)
+        stops, held, sent, written = body.get("stop") or [], [], "", 0
+        finish = "length"
+        for piece in PACED:
+            time.sleep(PACED_TOKEN_S)
+            written += 1
+            held.append(piece)
+            text = sent + "".join(held)
+            if any(stop in text for stop in stops):
+                finish = "stop"
+                break
+            if not any(text.endswith(stop[:n]) for stop in stops for n in range(1, len(stop))):
+                for token in held:
+                    self._word(body, token, prompt, cached, written)
+                sent, held = text, []
+        self._send(_chunk(None, finish))
+        timings = {"cache_n": cached, "prompt_n": len(prompt) - cached, "prompt_ms": 12.5, "predicted_n": written,
+                   "predicted_ms": written * PACED_TOKEN_S * 1000, "predicted_per_second": 1 / PACED_TOKEN_S}
+        self._send({"choices": [], "usage": self._usage(prompt, cached, written), "timings": timings})
         self._send("[DONE]")
 
     def _stream_slow(self, body: dict) -> None:

@@ -119,13 +119,13 @@ def test_a_branch_rewinds_the_cache_and_continues_as_a_fresh_prompt_would(tiny, 
     tokens, done = inspected(tiny, GREEDY)
     cut = len(tokens) // 2
     forced, (branch_tokens, branch) = branch_of(tiny, tokens, cut)
-    assert branch.prompt_ids == done.prompt_ids + forced
+    assert branch.prompt_ids == done.prompt_ids, "the given tokens are the reply's start, not its prompt"
     assert branch.metrics.prompt_tokens - branch.metrics.cached_tokens == 1
     given = [t for t in branch_tokens if t.forced]
     drawn = [t for t in branch_tokens if not t.forced]
     assert [t.token_id for t in given] == list(forced) and all(t.prob is None for t in given)
     assert branch.metrics.completion_tokens == len(drawn) > 0
-    assert [t.token_id for t in drawn] == greedy_reference(tiny_model, branch.prompt_ids, len(drawn))
+    assert [t.token_id for t in drawn] == greedy_reference(tiny_model, branch.prompt_ids + forced, len(drawn))
     assert branch.text == "".join(t.text for t in branch_tokens)
     assert branch.text.startswith("".join(t.text for t in tokens[:cut]))
 

@@ -8,11 +8,14 @@ import pytest
 from textual.color import Color
 from textual.widgets import OptionList, Static
 
+from conftest import GREEDY
 from test_ui import SIZE, loaded, make_app, reply_done, said, screen_open, scripted_app, send, wait_for
-from tui_chat.engine.base import Message
+from tui_chat.engine.base import Message, XRay
+from tui_chat.engine.models import STARTER_NAME
 from tui_chat.engine.params import SamplingParams
 from tui_chat.ui.screens.inspector import InspectorScreen, candidate_lines
 from tui_chat.ui.widgets.heatmap import BANDS, band_colors, band_of
+from tui_chat.ui.widgets.xray import xray_text
 
 BUILT_IN_THEMES = ("textual-dark", "textual-light", "nord", "gruvbox", "solarized-light")
 
@@ -248,6 +251,15 @@ async def test_the_xray_shows_each_stage_of_the_chain_and_the_verdict(tiny_model
         assert expected.token_id == reply.tokens[1].token_id
 
 
+def test_the_xray_says_when_its_recomputed_figure_parts_from_the_recorded_one():
+    """llama.cpp's figures move with how a position was computed (a reply's first token read with its prompt,
+    a cache restored from disk): where the X-ray's recomputation differs from the record, both are shown."""
+    xray = XRay(7, " sea", 0.0132, 2, (), "' sea' drawn at rank 2 with p = 0.013", 0.02)
+    assert "recorded" not in str(xray_text(xray, recorded=0.01321))
+    shown = str(xray_text(xray, recorded=0.0121))
+    assert "recomputed p = 1.3%; the reply recorded 1.2% when it drew it" in shown
+
+
 async def test_ask_about_any_word_shows_its_exact_probability_beside_the_alternatives(tiny_model):
     app = make_app(str(tiny_model), sampling=SAMPLED)
     async with app.run_test(size=SIZE) as pilot:
@@ -321,3 +333,16 @@ async def test_the_mask_shows_in_the_heatmap_and_the_inspector(tiny_model):
         lines = [str(line) for line in candidate_lines(reply.tokens[0], SAMPLED)]
         marks = [line.rstrip().endswith("forbidden") for line in lines]
         assert marks == [c.allowed is False for c in reply.tokens[0].top] and any(marks)
+
+
+@pytest.mark.starter
+async def test_a_special_token_the_model_wrote_is_named_dimmed_in_the_inspector_and_not_in_the_reply(starter_model):
+    """Issue 25, item 18: Gemma's `<start_of_image>` is no text; the reply leaves it out, the inspector names it."""
+    sampling = GREEDY.with_changes(max_tokens=4, logit_bias=(("<start_of_image>", 100.0),))
+    app = make_app(STARTER_NAME, sampling=sampling, n_ctx=2048)
+    async with app.run_test(size=SIZE) as pilot:
+        _, reply, inspector = await inspect_a_reply(pilot)
+        assert "<start_of_image>" not in reply.text and len(reply.tokens) == 4
+        facts = inspector.query_one("#facts").render()
+        assert str(facts).startswith("<start_of_image> not text: a special token")
+        assert any("dim" in str(span.style) for span in facts.spans)

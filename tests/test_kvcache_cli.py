@@ -12,6 +12,7 @@ from test_kvcache import NOTES
 from tui_chat.config import history_path, kv_cache_dir
 from tui_chat.engine.kvstore import KvStore
 from tui_chat.history import History
+from tui_chat.session import stored_footer
 
 FIRST = ("run", "--save", "--temperature", "0", "--max-tokens", "24", "--system", NOTES)
 
@@ -77,3 +78,22 @@ def test_a_continued_chat_keeps_its_format_unless_a_flag_names_another(tiny_mode
     assert format_of_next_turn() == "json"
     assert format_of_next_turn("--format", "text") is None  # free text: no format in the report
     assert format_of_next_turn() is None, "the chat now goes on as free text"
+
+
+def test_a_restore_says_what_it_spared_even_after_only_short_prompt_reads(tiny_model):
+    """A chat of short messages never reads a long prompt, so no reading rate was measured to price what a
+    restore spared (issue 25, item 14: `restore_avoided_s` was null, the note never said it): the restore
+    measures it once, reading one batch of what it restored, and the footer says it."""
+    first = run_cli("run", "--save", "--temperature", "0", "--max-tokens", "96", "-m", str(tiny_model),
+                    "-p", "Hello there, what is the capital of France?", "--json")
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["turns"][0]["prompt_tokens"] < 64, "no read long enough to measure a rate"
+    second = run_cli("run", "--continue", "1", "--max-tokens", "8", "-p", "And of Germany?", "--json")
+    assert second.returncode == 0, second.stderr
+    [turn] = json.loads(second.stdout)["turns"]
+    assert turn["restored_tokens"] >= 64
+    assert turn["restore_avoided_s"] is not None and 0 < turn["restore_avoided_s"] < 60
+    with History(history_path()) as history:
+        footer = stored_footer(history.load(1).path[-1])
+    assert f"restored {turn['restored_tokens']:,} tokens from disk in " in footer
+    assert "(reading them would take ~" in footer

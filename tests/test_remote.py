@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conftest import GREEDY, ask, collect, run_cli
-from fake_openai import REPLY, SLOW_TOKEN_S, fake_server, prompt_words
+from fake_openai import PACED, PACED_TOKEN_S, REPLY, SLOW_TOKEN_S, fake_server, prompt_words
 from llama_server import free_port
 from tui_chat.config import ConfigError, load_config
 from tui_chat.engine.base import Done, Error, Loaded, Message, Request
@@ -21,6 +21,7 @@ from tui_chat.engine.server_params import ignored_settings
 from tui_chat.engine.openai import MalformedEvent, OpenAIBackend, RemoteSettings, parse_chunk
 from tui_chat.engine.openai.backend import CHARS_PER_TOKEN
 from tui_chat.engine.openai.sse import SseDecoder
+from tui_chat.session import reply_footer
 
 PROMPT = "Hello, what is the capital of France?"
 KEY = "sk-test-7f3a9c1e55d2"
@@ -148,6 +149,44 @@ def test_starter_metrics_agree_with_the_in_process_engine(starter_server, starte
     assert over_http.ttft_s < 10 * in_process.ttft_s + 0.5
 
 
+@pytest.mark.starter
+def test_a_reply_ending_on_a_stop_string_from_llama_cpp_server_is_timed_over_what_came(starter_server):
+    """llama-cpp-python's server sends no usage while streaming: what came is what is counted and timed."""
+    remote = connect(starter_server)
+    try:
+        question = [Message("user", "Tell me about the history of Berlin.")]
+        _, whole = reply(remote, question, GREEDY.with_changes(max_tokens=40, stop=[]))
+        stop = whole.text[len(whole.text) // 2 :][:6]
+        tokens, done = reply(remote, question, GREEDY.with_changes(max_tokens=40, stop=[stop]))
+    finally:
+        remote.close()
+    m = done.metrics
+    assert done.stop_reason == "stop" and stop not in done.text and m.withheld_tokens == 0
+    assert m.completion_tokens == len(tokens) > 2
+    assert m.decode_tok_s == pytest.approx((len(tokens) - 1) / m.decode_s)
+
+
+@pytest.mark.starter
+@pytest.mark.parametrize("chat_format", [None, "snoozy"])
+def test_an_empty_first_reply_from_a_server_says_to_check_its_chat_format(starter_model, tmp_path, chat_format):
+    """llama-cpp-python's server renders a model without a chat template in llama-2's format, which the
+    starter answers with nothing (issue 25, item 11): the first empty reply says what to check; the chat
+    format README gives for a base model answers."""
+    from llama_server import llama_cpp_server
+
+    with llama_cpp_server(starter_model, "starter", 1024, tmp_path / "server.log", chat_format=chat_format) as url:
+        result = run_cli("run", "--base-url", url, "-p", "What is the capital of France?", "-p", "And of Italy?",
+                         "--temperature", "0", "--max-tokens", "24", "--json")
+    assert result.returncode == 0, result.stderr
+    texts = [turn["text"] for turn in json.loads(result.stdout)["turns"]]
+    hints = result.stderr.count("--chat_format snoozy")
+    if chat_format is None:
+        assert texts == ["", ""] and hints == 1, result.stderr
+        assert "the server wrote nothing" in result.stderr and "A base model behind a server" in result.stderr
+    else:
+        assert all(text.strip() for text in texts) and hints == 0, result.stderr
+
+
 # --- llama-server's usage and timings (fake_openai "words") ------------------------------------
 
 
@@ -171,6 +210,23 @@ def test_usage_and_timings_fill_the_metrics_and_turn_two_reports_reuse(fake):
     reused = second.metrics.cached_tokens
     assert reused == len(turn_one) + len(REPLY.split()) and second.metrics.prompt_tokens > reused
     assert second.metrics.prefill_tok_s == pytest.approx((second.metrics.prompt_tokens - reused) / 0.0125)
+
+
+def test_a_reply_that_ends_on_a_stop_string_is_timed_over_the_tokens_that_came(fake):
+    """llama-server counts a stop string's tokens in its usage but never sends them: the decode rate is
+    counted over the tokens the client timed, and the reply says how many the server withheld (issue 25,
+    item 7: the rate came out 1.4 x the server's own)."""
+    backend = connect(fake.base_url, "stopping")
+    try:
+        tokens, done = reply(backend, PROMPT, GREEDY.with_changes(stop=["\nUser:"]))
+    finally:
+        backend.close()
+    m = done.metrics
+    assert done.stop_reason == "stop" and done.text == "".join(PACED[:7])
+    assert (len(tokens), m.completion_tokens, m.withheld_tokens) == (7, 10, 3)
+    assert m.server_decode_tok_s == pytest.approx(1 / PACED_TOKEN_S)
+    assert abs(m.decode_tok_s / m.server_decode_tok_s - 1) < 1 / 3, (m.decode_tok_s, m.server_decode_tok_s)
+    assert "3 withheld by the server (the stop sequence)" in reply_footer(done.stop_reason, m.as_dict())
 
 
 def test_request_carries_the_settings_read_at_its_start(fake):

@@ -166,13 +166,13 @@ def test_order_decides_whether_a_one_percent_token_survives_min_p(session):
     assert draws["default"] == {likely}
     assert draws["temperature first"] == {likely, rare}
 
-    prob, rank, stages, verdict = explain(session.chains, logits, rare, "rare", temperature_first, ())
+    prob, rank, stages, verdict = explain(session, logits, rare, "rare", temperature_first, ())
     assert rank == 2 and prob == pytest.approx(0.01 / 0.96 / (1 + 0.01 / 0.96), rel=1e-3)
     assert [s.name for s in stages] == ["temperature", "min_p"]
     assert stages[-1].kept == 2 and stages[-1].rank == 2
     assert verdict == ("'rare' drawn at rank 2 with p = 0.01 because temperature 2 ran before min-p 0.05 "
                        "(in llama.cpp's order min-p 0.05 removes it)")
-    _, _, default_stages, _ = explain(session.chains, logits, rare, "rare", hot, ())
+    _, _, default_stages, _ = explain(session, logits, rare, "rare", hot, ())
     assert [(s.name, s.rank) for s in default_stages] == [("min_p", None), ("temperature", None)]
 
 
@@ -226,3 +226,45 @@ def test_the_verdict_reads_the_stage_figures():
             stage("temperature", "temperature 1.2", 12, 0.8, 7, 0.04)]
     assert verdict("x", 0.011, 7, luck) == "'x' drawn at rank 7 with p = 0.011: a 4.0% chance among the 12 candidates min-p 0.05 left"
     assert verdict("x", 0.5, 1, luck[:1]).startswith("'x' drawn at rank 1 with p = 0.5: the likeliest token")
+
+
+def _plain_stages(chain, logits: np.ndarray, token: int) -> list[tuple]:
+    """Each stage read the plain way: apply it to the whole array, then look at every candidate left."""
+    raw = np.exp(logits.astype(np.float64) - logits.max())
+    raw /= raw.sum()
+    candidates = Candidates(np.arange(len(logits), dtype=np.int32), logits)
+    out = []
+    for index, name in enumerate(chain.stages[:-1]):
+        candidates.apply(chain.element(index))
+        rows = candidates.survivors()
+        kept = rows["logit"].astype(np.float64)
+        hit = np.flatnonzero(rows["id"] == token)
+        shares = np.exp(kept - kept.max())
+        out.append((name, len(rows), float(raw[rows["id"]].sum()),
+                    1 + int(np.count_nonzero(kept > kept[hit[0]])) if hit.size else None,
+                    float(shares[hit[0]] / shares.sum()) if hit.size else None))
+    return out
+
+
+@pytest.mark.parametrize("changes", [
+    {"repeat_penalty": 1.3, "top_k": 40, "top_p": 0.9, "min_p": 0.05, "temperature": 0.7},  # the default chain
+    {"repeat_penalty": 1.3, "frequency_penalty": -0.5, "sampler_order": ("temperature", "penalties", "min_p")},
+    {"dry_multiplier": 0.8, "temperature": 1.4, "min_p": 0.02},
+    {"logit_bias": (("a", -math.inf), ("b", 3.0)), "repeat_penalty": 1.2, "top_n_sigma": 1.5},
+], ids=["default", "temperature-first", "dry", "bias-and-top-n-sigma"])
+def test_the_stage_reader_reads_what_each_stage_left_as_the_plain_way_does(session, logits, history, changes):
+    """The X-ray reads a stage that only moves some logits from the tokens it touched, and runs one softmax
+    per token (issue 24, item 6): its figures are those of looking at every candidate after every stage."""
+    params = BARE.with_changes(**changes)
+    ranked = np.argsort(-logits)
+    penalised = next(int(t) for t in history if t in ranked[:50])
+    for token in (int(ranked[0]), int(ranked[7]), penalised, int(ranked[len(ranked) // 2])):
+        chain = session.chains.build(params, 3, history)
+        try:
+            plain = _plain_stages(chain.clone(), logits, token)
+            read = session.stage_reader.stages(chain, logits, token)
+        finally:
+            chain.free()
+        assert [(s.name, s.kept, s.rank) for s in read] == [(p[0], p[1], p[3]) for p in plain], token
+        assert [s.mass for s in read] == pytest.approx([p[2] for p in plain], abs=1e-5)
+        assert [s.prob for s in read] == pytest.approx([p[4] for p in plain], rel=1e-4)

@@ -14,6 +14,7 @@ from tui_chat.engine.params import LiveParams
 from tui_chat.history import History
 from tui_chat.pricing import PRESETS
 from tui_chat.recording import Saving
+from tui_chat.safetext import quoted
 from tui_chat.session import ChatSession, opened
 
 
@@ -211,3 +212,50 @@ def test_a_reply_cut_short_while_thinking_stays_on_the_saved_path(history):
     assert [(m.role, m.reasoning) for m in stored.path] == [("user", ""), ("assistant", "Hmm, let me"),
                                                             ("user", ""), ("assistant", "Hmm, let me")]
     assert [m.role for m in stored.engine_messages()] == ["user", "assistant", "user", "assistant"]
+
+
+def test_the_context_the_conversation_holds_follows_its_latest_reply_and_comes_back_reopened(tiny, history):
+    """What the draft meter bills with the next message: a reply stopped before its first token (taken back)
+    changes nothing, and a reopened chat knows it from the saved figures."""
+    session = new_session(history)
+    session.ask("Hello there", tiny.generate)
+    held = finish(session).done.metrics.context_tokens
+    assert held > 0 and session.context_tokens == held
+
+    def stopped_at_once(request):  # as Esc pressed before the first token
+        stream = tiny.generate(request)
+        stream.cancel()
+        return stream
+
+    session.ask("And then?", stopped_at_once)
+    assert finish(session).kind == "taken_back"
+    assert session.context_tokens == held
+    again = opened(history.load(session.conversation_id), LiveParams(GREEDY), None)
+    assert again.context_tokens == held
+
+
+@pytest.mark.starter
+def test_the_footer_names_the_stop_sequence_a_reply_ended_on(starter):
+    """The base-model transcript ends a turn at `\\nUser:`: the footer says which stop sequence, escaped."""
+    session = ChatSession(LiveParams(GREEDY.with_changes(max_tokens=40)), model="starter")
+    session.ask("Tell me a story about a cat.", starter.generate)
+    ending = finish(session)
+    assert ending.done.stop_reason == "stop" and ending.done.stop_sequence == "\nUser:"
+    assert session.turns[-1].reply.footer.startswith('stop sequence "\\nUser:" · ')
+
+
+def test_a_branch_from_a_token_that_completes_a_stop_sequence_says_why_it_ends_at_once(tiny):
+    """Picking, in the inspector, a token that is itself the stop sequence ends the branch with no new token
+    (issue 25, item 16): the footer names the sequence and the ending says it was the chosen token."""
+    session = new_session(top_logprobs=5)
+    turn = session.ask("Hello there", tiny.generate)
+    finish(session)
+    index, chosen = next((i, c) for i, t in enumerate(turn.reply.tokens) for c in t.top[1:]
+                         if c.text.strip() and c.text not in "".join(t.piece for t in turn.reply.tokens[:i + 1]))
+    session.live.update(stop=(chosen.text,))
+    session.branch(index, Candidate(chosen.token_id, chosen.text, chosen.prob), tiny.generate)
+    ending = finish(session)
+    assert ending.done.stop_reason == "stop" and ending.done.metrics.completion_tokens == 0
+    assert turn.reply.footer.startswith(f"stop sequence {quoted(chosen.text)} · 0 tokens")
+    assert ending.message == (f"The token you chose, {quoted(chosen.text)}, completes the stop sequence "
+                              f"{quoted(chosen.text)}: the reply ends there.")

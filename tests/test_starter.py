@@ -1,10 +1,11 @@
 """The real starter model (Gemma 3 270M, sliding-window attention) through real llama.cpp."""
 
+import json
 import time
 
 import pytest
 
-from conftest import GREEDY, ask, collect, open_backend
+from conftest import GREEDY, ask, collect, open_backend, run_cli
 from tui_chat.engine.base import Done, Message, PromptProgress, Request
 from tui_chat.engine.params import LiveParams
 
@@ -122,3 +123,19 @@ def test_a_branch_on_the_starter_rewinds_the_cache_and_matches_a_fresh_read(star
         assert top[0].prob - top[1].prob < 0.05, f"parted at token {parted} without a near tie: {top}"
     else:
         assert branch.text == fresh.text
+
+
+def test_a_media_placeholder_the_model_writes_is_kept_as_a_token_not_as_text(starter_model):
+    """Gemma's `<start_of_image>` is a user-defined token in the starter's file (as `<table>` is), so llama.cpp
+    prints it as text; a text chat has no image to open (issue 25, item 18). Drawn here through a logit bias:
+    the reply's text leaves it out, its token stays, named, for the inspector."""
+    result = run_cli("run", "-m", str(starter_model), "-p", "Show me a picture of a cat.", "--temperature", "0",
+                     "--logit-bias", "<start_of_image>=+100", "--max-tokens", "3", "--top-logprobs", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    [turn] = json.loads(result.stdout)["turns"]
+    assert "<start_of_image>" not in turn["text"] and turn["text"] == ""
+    assert [t["id"] for t in turn["tokens"]] == [255999] * 3
+    assert all(t["token"] == "" and t["special"] == "<start_of_image>" for t in turn["tokens"])
+    table = run_cli("run", "-m", str(starter_model), "-p", "Hi", "--temperature", "0", "--logit-bias", "<table>=+100",
+                    "--max-tokens", "2", "--json")
+    assert json.loads(table.stdout)["turns"][0]["text"].startswith("<table><table>"), "an HTML tag is text"

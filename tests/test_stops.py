@@ -29,7 +29,7 @@ def test_held_back_text_is_released_when_it_does_not_complete():
 def test_stop_inside_one_piece_and_earliest_of_several():
     scanner = StopScanner(("END", "###"))
     assert scanner.feed("one ### two END") == "one "
-    assert scanner.visible == "one "
+    assert scanner.visible == "one " and scanner.matched == "###", "the footer names the one it ended on"
 
 
 def test_stop_spanning_many_pieces():

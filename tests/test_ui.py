@@ -541,3 +541,29 @@ async def test_regenerate_and_edit_wait_for_the_reply_and_the_footer_says_so(tin
         await pilot.press("escape")
         await reply_done(pilot)
         assert app.active_bindings["ctrl+r"].enabled and app.active_bindings["ctrl+g"].enabled
+
+
+async def test_the_draft_meter_keeps_the_conversation_after_a_reply_stopped_before_its_first_token(tiny, tiny_model):
+    """Esc before the first token gives the question back to the box: the draft's estimate still bills the
+    conversation it would be sent with (issue 25, item 6: it dropped to the draft alone)."""
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        await send(pilot, "Hello there")
+        await reply_done(pilot)
+        context = screen.query_one(MetricsPanel).turns[-1].context_tokens
+        assert context > 0
+        generate = screen.backend.generate
+
+        def stopped_at_once(request):  # as Esc pressed before the first token
+            stream = generate(request)
+            stream.cancel()
+            return stream
+
+        screen.backend.generate = stopped_at_once
+        await send(pilot, "And then?")
+        await wait_for(pilot, lambda: screen.reply is None and screen.query_one(PromptInput).text == "And then?")
+        price = screen.query_one(MetricsPanel).price
+        draft = screen.query_one("#draft")
+        sending = turn_cost(price, tiny.count_tokens("And then?") + context, context, 0).total
+        await wait_for(pilot, lambda: f"sending ≈ {format_usd(sending)}" in str(draft.render()))

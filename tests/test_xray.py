@@ -2,14 +2,19 @@
 independent softmax of llama.cpp's logits and against the reply itself; recomputed on demand in the
 scratch sequence without disturbing the conversation."""
 
+import json
+
 import llama_cpp
 import numpy as np
 import pytest
 
-from conftest import GREEDY, open_backend
-from tui_chat.engine.base import Done, Error, Message, PromptProgress, Request, Token, XRay
+from conftest import GREEDY, open_backend, run_cli
+from tui_chat.engine.base import Candidate, Done, Error, Message, PromptProgress, Request, Token, XRay
 from tui_chat.engine.params import LiveParams, SamplingParams
+from tui_chat.engine.stages import plan
 from tui_chat.engine.xray import position_context
+from tui_chat.probe import TokenProbe
+from tui_chat.session import ChatSession
 
 PROMPT = "Hello, what is the capital of France?"
 SAMPLED = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05, repeat_penalty=1.0, seed=11, max_tokens=24)
@@ -179,3 +184,130 @@ def test_stage_entries_for_the_json_report(tiny):
     tokens, _, _ = reply(tiny, SAMPLED, xray=True)
     entry = tokens[0].stages[0].as_dict()
     assert set(entry) == {"name", "kept", "mass", "rank", "prob"} and entry["name"] == "top_k"
+
+
+def _finish(session: ChatSession) -> None:
+    for event in session.writing.stream:
+        if session.take([event]).ending is not None:
+            return
+
+
+def _check_against_the_record(backend, session: ChatSession, branch, indexes) -> int:
+    """The X-ray and the word probability at each drawn token of `branch`, recomputed as the inspector
+    does, give the probability the reply recorded when it drew that token."""
+    probe = TokenProbe(backend, session.live, branch, session.model)
+    assert probe.why_not() is None
+    checked = 0
+    for index in indexes:
+        token = branch.tokens[index]
+        if token.forced:
+            continue
+        xray = probe.xray(index).result()
+        assert isinstance(xray, XRay), xray
+        assert xray.prob == pytest.approx(token.prob, abs=1e-4), f"token {index} {token.piece!r}"
+        assert xray.rank == 1 + sum(c.prob > token.prob for c in token.top if c.token_id != token.token_id)
+        checked += 1
+    return checked
+
+
+def test_xray_on_a_branched_and_a_continued_reply_equals_the_replys_own_record(steady_starter):
+    """A branch and a continuation (F8) start with tokens the engine was given: the X-ray reads each of
+    them once, in place, as the model did (issue 25, item 3: it used to read the kept prefix twice)."""
+    session = ChatSession(LiveParams(GREEDY.with_changes(max_tokens=20)), model="starter", top_logprobs=5)
+    turn = session.ask("Write a short poem about the sea.", steady_starter.generate)
+    _finish(session)
+    first = turn.reply
+    assert len(first.tokens) == 20
+    assert _check_against_the_record(steady_starter, session, first, [0, 6, 14]) == 3
+    alternative = first.tokens[5].top[1]
+    session.branch(5, Candidate(alternative.token_id, alternative.text, alternative.prob), steady_starter.generate)
+    _finish(session)
+    branched = turn.reply
+    assert branched is not first and branched.tokens[5].forced and len(branched.tokens) > 15
+    assert _check_against_the_record(steady_starter, session, branched, [2, 6, 9, 14]) == 4
+    session.continue_reply(steady_starter.generate)
+    _finish(session)
+    continued = turn.reply
+    kept = len(branched.tokens)
+    assert continued is not branched and len(continued.tokens) > kept + 4
+    assert _check_against_the_record(steady_starter, session, continued, [3, kept - 1, kept, kept + 3]) == 4
+
+
+
+def recomputed_stages(raw_logits: np.ndarray, window: list[int], token: int, params: SamplingParams) -> list[tuple]:
+    """The default chain (repeat penalty, top-k, top-p, min-p, XTC firing, temperature) redone in numpy from
+    a position's raw logits, as llama.cpp's samplers define each stage: (name, kept, mass, rank, prob)."""
+    raw = softmax(raw_logits)
+    logits = raw_logits.astype(np.float64).copy()
+    ids = np.arange(len(logits))
+    out = []
+
+    def record(name):
+        kept = logits[ids]
+        mine = np.flatnonzero(ids == token)
+        share = softmax(kept)
+        rank = 1 + int(np.count_nonzero(kept > kept[mine[0]])) if mine.size else None
+        out.append((name, len(ids), float(raw[ids].sum()), rank, float(share[mine[0]]) if mine.size else None))
+
+    for stage in plan(params)[:-1]:
+        if stage == "penalties":
+            seen = np.unique(window[-64:])
+            logits[seen] = np.where(logits[seen] > 0, logits[seen] / params.repeat_penalty,
+                                    logits[seen] * params.repeat_penalty)
+        elif stage == "top_k":
+            ids = ids[np.argsort(-logits[ids], kind="stable")][: params.top_k]
+        elif stage == "top_p":
+            ids = ids[np.argsort(-logits[ids], kind="stable")]
+            cumulative = np.cumsum(softmax(logits[ids]))
+            ids = ids[: 1 + int(np.searchsorted(cumulative, params.top_p))]
+        elif stage == "min_p":
+            ids = ids[logits[ids] >= logits[ids].max() + np.log(params.min_p)]
+        elif stage == "xtc":  # fires (probability 1): every candidate at or above the threshold but the last goes
+            ids = ids[np.argsort(-logits[ids], kind="stable")]
+            above = int(np.count_nonzero(softmax(logits[ids]) >= params.xtc_threshold))
+            ids = ids[above - 1 :] if above > 1 else ids
+        elif stage == "temperature":
+            logits[ids] /= params.temperature
+        else:
+            raise AssertionError(f"not recomputed here: {stage}")
+        record(stage)
+    return out
+
+
+@pytest.mark.parametrize("flags", [
+    ["--xtc-probability", "1.0", "--xtc-threshold", "0.1"],  # issue 25, item 4
+    [],  # the default chain
+], ids=["xtc", "default-chain"])
+def test_run_xray_stages_equal_a_numpy_recomputation_from_the_raw_logits(starter_model, flags):
+    result = run_cli("run", "-m", str(starter_model), "-p", "Tell me a story about a cat", *flags, "--max-tokens", "16",
+                     "--seed", "5", "--top-logprobs", "5", "--xray", "--json", "--threads", "1")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    params = SamplingParams(**{k: tuple(v) if isinstance(v, list) else v for k, v in report["params"].items()
+                               if k not in ("stop", "logit_bias")})
+    turn = report["turns"][0]
+    prompt, tokens = turn["prompt_ids"], turn["tokens"]
+    reference = llama_cpp.Llama(model_path=str(starter_model), n_ctx=512, logits_all=True, flash_attn=True,
+                                n_threads=1, verbose=False)
+    reference.eval(prompt)  # the prompt in one batch, then one token at a time, as the engine reads them
+    rows = [np.array(reference.scores[len(prompt) - 1])]
+    for entry in tokens[:-1]:
+        reference.eval([entry["id"]])
+        rows.append(np.array(reference.scores[reference.n_tokens - 1]))
+    xtc_fired = 0
+    for index, (entry, row) in enumerate(zip(tokens, rows)):
+        expected = recomputed_stages(row, prompt + [t["id"] for t in tokens[:index]], entry["id"], params)
+        stages = entry["stages"]
+        assert [s["name"] for s in stages] == [e[0] for e in expected]
+        for stage, (name, kept, mass, rank, prob) in zip(stages, expected):
+            where = f"token {index} {entry['token']!r}, {name}"
+            assert (stage["kept"], stage["rank"]) == (kept, rank), where
+            assert stage["mass"] == pytest.approx(mass, abs=2e-3), where
+            assert stage["prob"] == pytest.approx(prob, abs=2e-3), where
+        assert all(s["rank"] is not None for s in stages), "a drawn token survived every stage"
+        named = {s["name"]: s for s in stages}
+        assert named["temperature"]["rank"] == stages[-2]["rank"], "temperature never reorders"
+        if "xtc" in named:
+            xtc_fired += named["xtc"]["kept"] < named["min_p"]["kept"]
+    if flags:
+        assert xtc_fired >= 3, "XTC removed candidates at several tokens"

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any
 
-from .engine.base import INCOMPLETE_LABEL, STOP_LABELS, thinking_line
+from .engine.base import INCOMPLETE_LABEL, stop_label, thinking_line
 from .engine.context import left_out
 from .pricing import format_usd
 from .history import STATES, Conversation, HistoryError, StoredMessage, active_path, output_format_from, sampling_from
@@ -143,7 +143,7 @@ def metrics_line(metrics: dict[str, Any], stop_reason: str | None) -> str:
     if metrics.get("dropped_turns"):
         parts.append(left_out(metrics["dropped_turns"]))
     if stop_reason:
-        parts.append(STOP_LABELS.get(stop_reason, stop_reason))
+        parts.append(stop_label(stop_reason, metrics.get("stop_sequence") or ""))
     if metrics.get("incomplete"):
         parts.append(INCOMPLETE_LABEL)
     if "cost_usd" in metrics:

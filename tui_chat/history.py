@@ -607,11 +607,14 @@ class ReplyWriter:
         self, text: str, stop_reason: StopReason, metrics: TurnMetrics | None = None, cost: Decimal | None = None,
         incomplete: bool = False,
         reasoning: str = "",
+        stop_sequence: str = "",
     ) -> None:
         """The final text and thinking (the engine's, which may differ from the streamed pieces), how it ended
-        and its figures. `incomplete`: it stopped before its output format was complete (kept with the figures)."""
+        and its figures. `incomplete`: it stopped before its output format was complete; `stop_sequence`: the one
+        it ended on (both kept with the figures)."""
         self.text, self.reasoning = text, reasoning
-        record = metrics_record(metrics, cost) | ({"incomplete": True} if incomplete else {})
+        record = (metrics_record(metrics, cost) | ({"incomplete": True} if incomplete else {})
+                  | ({"stop_sequence": stop_sequence} if stop_sequence else {}))
         self.history.later.settle()
         self.history._write_reply(
             self.id, text, reasoning, state="stopped" if stop_reason == "cancelled" else "complete",

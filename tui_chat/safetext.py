@@ -44,6 +44,13 @@ def screen_safe(text: str) -> str:
     return _DISPUTED.sub("", terminal_safe(text))
 
 
+def quoted(text: str) -> str:
+    """A piece of text as a quoted literal on one line (a token, a stop sequence): backslashes, line breaks
+    and tabs escaped as in Python, so spaces and newlines are visible; then made terminal-safe."""
+    escaped = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+    return f'"{terminal_safe(escaped)}"'
+
+
 # Whole terminal commands, so a paste loses "ESC ] 0 ; title BEL", not just its ESC and BEL.
 _SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]")
 

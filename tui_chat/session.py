@@ -14,13 +14,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
 from .engine.base import Candidate, Done, Error, Event, Message, Metrics, PromptProgress, Request, Stream, Token
-from .engine.base import INCOMPLETE_LABEL, STOP_LABELS, StopReason, TurnMetrics, restore_note, thinking_line
-from .engine.base import ModelInfo, written
+from .engine.base import INCOMPLETE_LABEL, STOP_LABELS, StopReason, TurnMetrics, restore_note, stop_label
+from .engine.base import ModelInfo, thinking_line, written
 from .engine.context import left_out
 from .engine.formats import TEXT, OutputFormat
 from .engine.params import LiveParams
 from .history import Conversation, HistoryError, ReplyWriter, StoredMessage, title_from
 from .recording import SavedChat, Saving
+from .safetext import quoted
 
 T = TypeVar("T")
 Generate = Callable[[Request], Stream]
@@ -31,7 +32,9 @@ def reply_footer(reason: StopReason, metrics: Mapping[str, Any]) -> str:
     """Stop reason, tokens, speed, TTFT and what came from disk: from a live `TurnMetrics.as_dict()` or a
     stored reply's metrics."""
     tokens = metrics.get("completion_tokens", 0)
-    parts = [STOP_LABELS.get(reason, reason), f"{tokens} token{'' if tokens == 1 else 's'}"]
+    withheld = metrics.get("withheld_tokens") or 0
+    parts = [stop_label(reason, metrics.get("stop_sequence") or ""), f"{tokens} token{'' if tokens == 1 else 's'}"
+             + (f", {withheld} withheld by the server (the stop sequence)" if withheld else "")]
     if metrics.get("decode_tok_s"):
         parts.append(f"{metrics['decode_tok_s']:.1f} tok/s")
     if metrics.get("ttft_s") is not None:
@@ -70,6 +73,7 @@ class Branch:
     reasoning: str = ""  # its thinking, before the answer (`text`)
     thought: str = ""  # `thinking_line` of it
     answer_from: int = 0  # tokens[:answer_from] are the thinking's (the markers included)
+    context_tokens: int = 0  # the context the model held after it (its prompt and itself); 0: not known
 
 
 @dataclass(eq=False)
@@ -103,7 +107,7 @@ class Writing:
     thinking_span: tuple[float, float] | None = None  # the engine's clock at the first and latest of them
     visible: bool = False
     metrics: TurnMetrics | None = None  # the latest figures the engine sent
-    started: float = field(default_factory=time.perf_counter)
+    started: float = field(default_factory=time.perf_counter)  # the request's time: TTFT is counted from it too
 
     def thinking_figures(self) -> dict[str, Any]:
         """The thinking so far, as `thinking_line` reads it (nothing before it starts)."""
@@ -196,6 +200,13 @@ class ChatSession:
         if self.saved_title:
             return self.saved_title
         return title_from(self.turns[0].question) if self.turns else "New chat"
+
+    @property
+    def context_tokens(self) -> int:
+        """What the conversation on screen holds in the model's context, as its latest reply left it: the
+        draft meter bills it with the next message (a reply taken back changes nothing)."""
+        return next((turn.reply.context_tokens for turn in reversed(self.turns)
+                     if turn.reply is not None and turn.reply.context_tokens), 0)
 
     @property
     def conversation_id(self) -> int | None:
@@ -330,7 +341,7 @@ class ChatSession:
             fork_of = turn.reply.message_id if forced and turn.reply else None
             writer = self._save(lambda: self.saved.start_reply(turn.question_id, fork_of,
                                                                len(forced) - 1 if forced else None))
-        self.writing = Writing(turn, stream, forced, writer)
+        self.writing = Writing(turn, stream, forced, writer, started=request.submitted_at)
 
     def take(self, events: list[Event]) -> Update:
         """Apply a batch of the writing reply's events; returns what changed."""
@@ -381,8 +392,9 @@ class ChatSession:
         self.writing = None
         if done.stop_reason == "cancelled" and not written(done) and not keep_empty:
             return replace(self._take_back(writing), done=done)
-        footer = reply_footer(done.stop_reason, done.metrics.as_dict() | {"incomplete": done.incomplete})
-        notes: list[str] = []
+        footer = reply_footer(done.stop_reason, done.metrics.as_dict() | {"incomplete": done.incomplete,
+                                                                           "stop_sequence": done.stop_sequence})
+        notes = [note for note in (done.note, self._ended_at_once(writing, done)) if note]
         if writing.forced:
             read = done.metrics.prompt_tokens - done.metrics.cached_tokens
             footer += f" · {writing.how} at token {len(writing.forced)}, {read} token{'s' if read != 1 else ''} read"
@@ -396,8 +408,21 @@ class ChatSession:
         if writing.writer is not None and self.saved is not None:
             self._save(lambda: self.saved.end_reply(writing.writer, done))
         self._add_branch(writing, done.text, footer, done.stop_reason, done.prompt_ids, done.reasoning,
-                         thinking_line(done.metrics.as_dict()), done.answer_from)
+                         thinking_line(done.metrics.as_dict()), done.answer_from, done.metrics.context_tokens)
         return Ending("finished", " ".join(notes), done, waited)
+
+    @staticmethod
+    def _ended_at_once(writing: Writing, done: Done) -> str:
+        """A branch whose chosen token ended it before the model wrote one: why, since its footer shows 0 tokens."""
+        if writing.how != "branched" or not writing.forced or done.metrics.completion_tokens:
+            return ""
+        chosen = quoted(writing.forced[-1].piece or writing.forced[-1].text)
+        if done.stop_reason == "stop":
+            sequence = f"the stop sequence {quoted(done.stop_sequence)}" if done.stop_sequence else "a stop sequence"
+            return f"The token you chose, {chosen}, completes {sequence}: the reply ends there."
+        if done.stop_reason == "eos":
+            return f"The token you chose, {chosen}, ends the text: the reply ends there."
+        return ""
 
     def _fail(self, writing: Writing, error: Error) -> Ending:
         """The engine gave up. What it wrote stays (a server's stream cut mid-reply), marked as such."""
@@ -415,11 +440,12 @@ class ChatSession:
 
     def _add_branch(self, writing: Writing, text: str, footer: str, stop_reason: StopReason | None = None,
                     prompt_ids: tuple[int, ...] = (), reasoning: str = "", thought: str = "",
-                    answer_from: int = 0) -> None:
+                    answer_from: int = 0, context_tokens: int = 0) -> None:
         cut = len(writing.forced) - 1 if writing.forced else None
         turn = writing.turn
         turn.branches.append(Branch(text, footer, writing.tokens, cut, writing.writer.id if writing.writer else None,
-                                    stop_reason, prompt_ids, self.model, reasoning, thought, answer_from))
+                                    stop_reason, prompt_ids, self.model, reasoning, thought, answer_from,
+                                    context_tokens))
         turn.active = len(turn.branches) - 1
 
     def _take_back(self, writing: Writing) -> Ending:
@@ -478,7 +504,8 @@ def turns_of(conversation: Conversation) -> list[Turn]:
             continue
         siblings = [m for m in conversation.siblings(message) if m.role == "assistant"]
         turns[-1].branches = [Branch(m.content, stored_footer(m), cut=m.fork_token, message_id=m.id,
-                                     reasoning=m.reasoning, thought=thinking_line(m.metrics or {}))
+                                     reasoning=m.reasoning, thought=thinking_line(m.metrics or {}),
+                                     context_tokens=(m.metrics or {}).get("context_tokens") or 0)
                               for m in siblings]
         turns[-1].active = siblings.index(message)
     return turns

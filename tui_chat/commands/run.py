@@ -231,6 +231,8 @@ def _held_line(writing: Writing) -> Callable[..., None]:
 def _notes(session: ChatSession, ending: Ending) -> None:
     """What the reply's text alone does not say, on stderr: turns left out, an incomplete format, the wait."""
     done = ending.done
+    if done.note:
+        print(f"tui-chat: note: {done.note}", file=sys.stderr)
     if done.metrics.dropped_turns:
         print(f"tui-chat: note: {left_out(done.metrics.dropped_turns)} to fit the "
               f"{done.metrics.n_ctx}-token context", file=sys.stderr)
@@ -245,7 +247,7 @@ def _turn_report(prompt: str, done: Done, tokens: list[dict], session: ChatSessi
     """`text` is the reply exactly as it entered the conversation (a script rebuilding the chat from it gets
     the same prompt); `reasoning` the thinking before it."""
     turn = {"prompt": prompt, "text": done.text, "reasoning": done.reasoning, "stop_reason": done.stop_reason,
-            **done.metrics.as_dict()}
+            "stop_sequence": done.stop_sequence or None, **done.metrics.as_dict()}
     if session.output_format.constrained:
         turn |= {"format": session.output_format.kind, "incomplete": done.incomplete}
     if session.top_logprobs or session.xray:
@@ -263,9 +265,11 @@ def _token_entry(token: Token) -> dict:
         "top": [{"token": c.text, "id": c.token_id, "prob": c.prob}
                 | ({} if c.allowed is None else {"allowed": c.allowed}) for c in token.top],
     }
+    if token.special:
+        entry["special"] = token.special
     if token.grammar is not None:
         entry["grammar"] = {"removed": token.grammar.removed, "allowed": token.grammar.allowed,
-                            "forced": token.grammar.forced}
+                            "forced": token.grammar.forced, "unjudged": token.grammar.unjudged}
     if token.stages:
         entry["stages"] = [stage.as_dict() for stage in token.stages]
     return entry

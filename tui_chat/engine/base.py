@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from ..safetext import quoted
 from .formats import TEXT, OutputFormat
 from .params import LiveParams
 
@@ -28,6 +29,12 @@ STOP_LABELS: dict[str, str] = {  # how a reply's end is said everywhere a person
 
 
 INCOMPLETE_LABEL = "incomplete: it stopped before the output format was complete"  # footers and exports
+
+
+def stop_label(reason: str, sequence: str = "") -> str:
+    """How a reply's end is said, a stop sequence by name where known: `stop sequence "\\nUser:"`."""
+    label = STOP_LABELS.get(reason, reason)
+    return f"{label} {quoted(sequence)}" if reason == "stop" and sequence else label
 PREFILL_RATE_MIN_TOKENS = 8  # below this a prompt-reading rate says nothing
 
 
@@ -123,6 +130,8 @@ class TurnMetrics:
     # prompt_tokens is the client's estimate (4 characters a token, or the server's tokenizer on the messages):
     # the server has not reported it (yet)
     prompt_estimated: bool = False
+    # of completion_tokens, those a server wrote but never sent (the stop sequence it ended on): not timed here
+    withheld_tokens: int = 0
 
     @property
     def answer_tokens(self) -> int:
@@ -146,8 +155,9 @@ class TurnMetrics:
 
     @property
     def decode_tok_s(self) -> float | None:
-        """Tokens after the first, over the time since the first: the first one comes from prefill."""
-        steps = self.completion_tokens - 1
+        """Tokens after the first, over the time since the first: the first one comes from prefill. Only the
+        tokens that time covers: a server's withheld ones came after the last one timed."""
+        steps = self.completion_tokens - self.withheld_tokens - 1
         return steps / self.decode_s if self.decode_s > 0 and steps > 0 else None
 
     def as_dict(self) -> dict[str, float | int | None]:
@@ -170,6 +180,7 @@ class TurnMetrics:
             "reasoning_tokens": self.reasoning_tokens,
             "thinking_s": self.thinking_s,
             "prompt_estimated": self.prompt_estimated,
+            "withheld_tokens": self.withheld_tokens,
         }
 
 
@@ -213,13 +224,16 @@ class Candidate:
 @dataclass(frozen=True, slots=True)
 class GrammarMask:
     """What an output format's grammar did at one token, judged over the 1024 likeliest candidates of the
-    raw distribution and the drawn one (over the whole vocabulary where none of those was allowed): the
-    probability mass it forbade, how many it allowed, and whether it left one choice (`forced`: all it
-    allowed begin with the same character, or all end the reply; tokens may split the text differently)."""
+    raw distribution and the drawn one (over the whole vocabulary where none of those was allowed: judging
+    it all costs tens of ms a token): the probability mass it forbade, how many it allowed, and whether it
+    left one choice (`forced`: all it allowed begin with the same character, or all end the reply; tokens
+    may split the text differently). `unjudged`: the mass of the tokens it was not asked about, so the mass
+    it removed lies between `removed` and `removed + unjudged`."""
 
     removed: float
     allowed: int
     forced: bool
+    unjudged: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,7 +306,7 @@ class PromptProgress:
     done: int
     total: int
     elapsed_s: float
-    prompt_ids: tuple[int, ...] = ()  # on the first one: all the reply follows (as Done.prompt_ids)
+    prompt_ids: tuple[int, ...] = ()  # on the first one: the prompt the reply follows (as Done.prompt_ids)
 
     @property
     def eta_s(self) -> float | None:
@@ -314,7 +328,8 @@ class Token:
 
     Reasoning: `reasoning` is the thinking text that became visible with it (as `text` is the answer's);
     `thinking` says the token belongs to the thinking as far as was known when it came (the final word is
-    `Done.answer_from`). An `inserted` token was written by the engine, not drawn: the end of the thinking,
+    `Done.answer_from`). A `special` one is no text (its `piece` is empty): its name is for the inspector.
+    An `inserted` token was written by the engine, not drawn: the end of the thinking,
     once its budget was spent (its probabilities, when recorded, are what the model gave it there).
     A backend whose server sends the thinking apart (`reasoning_content`) emits the same: tokens with
     `reasoning` and `thinking` set, then the answer's."""
@@ -333,6 +348,7 @@ class Token:
     reasoning: str = ""
     thinking: bool = False
     inserted: bool = False
+    special: str = ""  # a token that is not text (end of text, a control or media token): its name, e.g. <eos>
 
     def is_candidate(self, candidate: Candidate) -> bool:
         """Whether `candidate` is this token: by id, or by text where a server sent no ids (-1)."""
@@ -352,7 +368,9 @@ class Done:
     before its grammar was satisfied, so e.g. its JSON does not parse.
 
     `text` is the answer as it enters the conversation; `reasoning` the thinking before it (the markers
-    and the whitespace around it left out). The reply's first `answer_from` tokens are the thinking's."""
+    and the whitespace around it left out). The reply's first `answer_from` tokens are the thinking's.
+    `prompt_ids`: the prompt the reply follows; a branch's given tokens (`Request.forced`) are the
+    reply's first tokens, not part of it, so token i of the reply came after `prompt_ids + tokens[:i]`."""
 
     stop_reason: StopReason
     text: str
@@ -361,6 +379,8 @@ class Done:
     incomplete: bool = False
     reasoning: str = ""
     answer_from: int = 0
+    note: str = ""  # what the user should check that the reply itself does not say (a server's empty reply)
+    stop_sequence: str = ""  # the one it ended on (stop_reason "stop"), where known
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,17 +1,19 @@
 """The sampler chain made with llama.cpp's own samplers: the plan (which stages, in which order) comes from
 stages.py, which follows llama.cpp's `common/sampling.cpp`, so a setting means here what it means in
-llama-server."""
+llama-server. `StageReader` applies a chain one element at a time and reads what each left (the X-ray)."""
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 
 import llama_cpp
 import numpy as np
 
+from .base import Stage
 from .params import SamplingParams
-from .stages import is_on, plan
+from .stages import is_on, label, plan
 
 PENALTY_LAST_N = 64
 DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")  # llama.cpp's defaults
@@ -22,12 +24,15 @@ TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32
 class Candidates:
     """Tokens with their logits as llama.cpp's `llama_token_data_array`, over a numpy buffer: samplers
     can be applied to it one at a time and what each left read back. `refill` reuses the buffer, so
-    a per-token caller allocates nothing."""
+    a per-token caller allocates nothing.
+
+    A sampler may cut from either end: top-k and the like shrink `size`; XTC moves `data` past the
+    likeliest tokens it removes. `live` follows both."""
 
     def __init__(self, ids: np.ndarray, logits: np.ndarray) -> None:
         self.buffer = np.empty(len(ids), dtype=TOKEN_DATA)
-        pointer = self.buffer.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data))
-        self.array = llama_cpp.llama_token_data_array(pointer, len(ids), -1, False)
+        self._start = self.buffer.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data))
+        self.array = llama_cpp.llama_token_data_array(self._start, len(ids), -1, False)
         self.refill(ids, logits)
 
     def refill(self, ids: np.ndarray | int, logits: np.ndarray | float) -> Candidates:
@@ -36,42 +41,57 @@ class Candidates:
         self.buffer["id"][:size] = ids
         self.buffer["logit"][:size] = logits
         self.buffer["p"][:size] = 0.0
-        self.array.size, self.array.selected, self.array.sorted = size, -1, False
+        self.array.data, self.array.size, self.array.selected, self.array.sorted = self._start, size, -1, False
         return self
 
     def apply(self, sampler: ctypes.c_void_p) -> None:
         llama_cpp.llama_sampler_apply(sampler, ctypes.byref(self.array))
 
+    @property
+    def live(self) -> np.ndarray:
+        """The array as the samplers left it (a view): from where `data` points now, `size` long."""
+        offset = (ctypes.cast(self.array.data, ctypes.c_void_p).value - self.buffer.ctypes.data) // TOKEN_DATA.itemsize
+        return self.buffer[offset : offset + self.array.size]
+
     def survivors(self) -> np.ndarray:
-        """The candidates still in play: inside the array's size and not set to -inf."""
-        live = self.buffer[: self.array.size]
+        """The candidates still in play: inside the array and not set to -inf."""
+        live = self.live
         return live[live["logit"] > -np.inf]
 
     @property
     def selected(self) -> int:
         """The token a selector (dist, greedy, mirostat) picked."""
-        return int(self.buffer["id"][self.array.selected])
+        return int(self.live["id"][self.array.selected])
+
+    @property
+    def selected_logit(self) -> float:
+        return float(self.live["logit"][self.array.selected])
 
     def copy(self) -> Candidates:
-        live = self.buffer[: self.array.size]
+        live = self.live
         return Candidates(live["id"], live["logit"])
 
 
 class Chain:
     """A built llama.cpp chain and the names of its elements, in order. `raised`: the tokens a stage may
     move up (a positive logit bias; recent tokens under a negative penalty): any other token keeps its
-    rank among the raw logits. Use from the worker thread."""
+    rank among the raw logits. `biased` and `recent` (the penalties' window, as llama.cpp keeps it): the only
+    tokens the logit bias and the penalties change. Use from the worker thread."""
 
     def __init__(self, pointer: ctypes.c_void_p, stages: tuple[str, ...], params: SamplingParams,
-                 raised: np.ndarray) -> None:
+                 raised: np.ndarray, biased: np.ndarray, recent: Iterable[int]) -> None:
         self.pointer = pointer
         self.stages = stages
         self.params = params
         self.raised = raised
+        self.biased = biased
+        self.recent = deque(recent, maxlen=PENALTY_LAST_N)
 
     def sample(self, ctx: ctypes.c_void_p) -> int:
         """Draw from the last decoded logits; llama.cpp also records the token for the penalties."""
-        return llama_cpp.llama_sampler_sample(self.pointer, ctx, -1)
+        token = llama_cpp.llama_sampler_sample(self.pointer, ctx, -1)
+        self.recent.append(token)
+        return token
 
     def apply(self, candidates: Candidates) -> int:
         """Run the whole chain over `candidates` and return its pick, without recording it (`accept`)."""
@@ -80,13 +100,23 @@ class Chain:
 
     def accept(self, token: int) -> None:
         llama_cpp.llama_sampler_accept(self.pointer, token)
+        self.recent.append(token)
 
     def element(self, index: int) -> ctypes.c_void_p:
         return llama_cpp.llama_sampler_chain_get(self.pointer, index)
 
+    def touched(self, stage: str) -> np.ndarray | None:
+        """The tokens `stage` may change the logits of, where that is known (None: any)."""
+        if stage == "logit_bias":
+            return self.biased
+        if stage == "penalties":
+            return np.unique(np.fromiter(self.recent, dtype=np.int32, count=len(self.recent)))
+        return None
+
     def clone(self) -> Chain:
         """A copy with the same state (recent tokens, random generators): replays what this one does next."""
-        return Chain(llama_cpp.llama_sampler_clone(self.pointer), self.stages, self.params, self.raised)
+        return Chain(llama_cpp.llama_sampler_clone(self.pointer), self.stages, self.params, self.raised,
+                     self.biased, self.recent)
 
     def free(self) -> None:
         llama_cpp.llama_sampler_free(self.pointer)
@@ -117,10 +147,12 @@ class ChainBuilder:
         recent = history[-self._window(params):]
         for token in recent:
             llama_cpp.llama_sampler_accept(pointer, token)
-        raised = [token for token, bias in self.bias_tokens(params) if bias > 0]
+        biases = self.bias_tokens(params)
+        raised = [token for token, bias in biases if bias > 0]
         if params.frequency_penalty < 0 or params.presence_penalty < 0:
             raised += recent[-PENALTY_LAST_N:]
-        return Chain(pointer, stages, params, np.unique(np.asarray(raised, dtype=np.int32)))
+        return Chain(pointer, stages, params, np.unique(np.asarray(raised, dtype=np.int32)),
+                     np.unique(np.asarray([token for token, _ in biases], dtype=np.int32)), recent[-PENALTY_LAST_N:])
 
     def bias_tokens(self, params: SamplingParams) -> list[tuple[int, float]]:
         """Each biased text's first token as it would be tokenized mid-sentence."""
@@ -169,3 +201,173 @@ class ChainBuilder:
             breakers = (ctypes.c_char_p * len(DRY_SEQUENCE_BREAKERS))(*(b.encode() for b in DRY_SEQUENCE_BREAKERS))
             self._dry = key, llama_cpp.llama_sampler_init_dry(self.vocab, *key, breakers, len(DRY_SEQUENCE_BREAKERS))
         return llama_cpp.llama_sampler_clone(self._dry[1])
+
+
+_DRAW = "dist"
+_REWEIGHTING = frozenset({"logit_bias", "penalties", "dry", "temperature"})  # they move logits, cut nothing
+
+
+class StageReader:
+    """Applies a chain to one position's candidates one element at a time and reads what each left: how many,
+    their share of the raw distribution, and where a given token stands among them (`Stage`).
+
+    The cost follows what the stages leave, not the vocabulary: the raw softmax is computed once; while the
+    candidates are still the whole vocabulary in its order, a stage that only moves some logits (the logit
+    bias, the penalties) is read from the tokens it touched, and a stage that moves any (DRY, temperature)
+    with one vectorised pass; after the first cut, a stage is read from the few candidates left. The
+    buffers are reused (one reader per model, worker thread only)."""
+
+    def __init__(self, n_vocab: int) -> None:
+        self.vocabulary = np.arange(n_vocab, dtype=np.int32)
+        self.candidates = Candidates(self.vocabulary, np.zeros(n_vocab, dtype=np.float32))
+        self.probs = np.empty(n_vocab, dtype=np.float32)
+        self._before = np.empty(n_vocab, dtype=np.float32)
+        self._shift = 0.0  # the raw logits' maximum: probs = exp(logits - shift) / total
+        self._total = 1.0
+
+    def distribution(self, logits: np.ndarray) -> np.ndarray:
+        """The raw distribution (the softmax of `logits`) into the reader's buffer; valid until the next call."""
+        probs = self.probs
+        self._shift = float(logits.max())
+        np.subtract(logits, self._shift, out=probs)
+        np.exp(probs, out=probs)
+        self._total = float(probs.sum(dtype=np.float64))
+        probs *= 1.0 / self._total
+        return probs
+
+    def stages(self, chain: Chain, logits: np.ndarray, token: int, *, fresh: bool = False,
+               distributed: bool = False) -> tuple[Stage, ...]:
+        """What each element of `chain` left of the candidates of `logits`, and where `token` stood among them.
+
+        The chain's own state is used (its recent tokens; its random generators), so a clone of the live
+        chain taken before the draw replays the draw exactly. `fresh`: a chain built for the X-ray instead,
+        with `xtc_always`: XTC is shown firing unless that would have removed `token`, and mirostat from
+        its starting target; the notes say so. `distributed`: `distribution(logits)` is already in the buffer.
+        """
+        if not distributed:
+            self.distribution(logits)
+        candidates = self.candidates.refill(self.vocabulary, logits)
+        whole = _Whole(self, logits, token)
+        stages: list[Stage] = []
+        for index, name in enumerate(chain.stages):
+            if name == _DRAW:
+                break
+            text = label(name, chain.params)
+            if whole.holds(candidates) and name in _REWEIGHTING:
+                stage = whole.apply(chain, index, name, text)
+                if stage is not None:
+                    stages.append(stage)
+                    continue
+                before = None
+            else:
+                before = candidates.copy() if fresh and name == "xtc" else None
+                candidates.apply(chain.element(index))
+            whole.gone()
+            rows = candidates.survivors()
+            note = ""
+            if before is not None:
+                if token in rows["id"]:
+                    note = f"shown firing; it fires on {chain.params.xtc_probability:.0%} of tokens"
+                else:
+                    candidates, rows = before, before.survivors()
+                    note = "did not fire here: firing would have removed this token"
+            if name == "greedy":
+                rows = rows[np.argmax(rows["logit"])][None]
+            if name == "mirostat_v2" and fresh:
+                note = "its adaptive target is shown at its starting value"
+            stages.append(self._cut(name, text, rows, token, note))
+        return tuple(stages)
+
+    def _cut(self, name: str, text: str, rows: np.ndarray, token: int, note: str) -> Stage:
+        """A stage read from the candidates it left (few, once a stage has cut)."""
+        ids = rows["id"]
+        mass = float(self.probs[ids].sum(dtype=np.float64))
+        hit = np.flatnonzero(ids == token)
+        if not hit.size:
+            return Stage(name, text, len(ids), mass, None, None, note)
+        logits = rows["logit"].astype(np.float64)
+        mine = logits[hit[0]]
+        shares = np.exp(logits - logits.max())
+        return Stage(name, text, len(ids), mass, 1 + int(np.count_nonzero(logits > mine)),
+                     float(shares[hit[0]] / shares.sum()), note)
+
+
+class _Whole:
+    """The running figures while the candidates are still the whole vocabulary in its order (position =
+    token id), kept up to date from what each reweighting stage changed: how many are left, their raw
+    mass, the softmax's total over them (exp(logit - shift)), and `token`'s logit and rank."""
+
+    def __init__(self, reader: StageReader, logits: np.ndarray, token: int) -> None:
+        self.reader = reader
+        self.size = len(logits)
+        self.token = token
+        self.kept = self.size
+        self.mass = 1.0
+        self.shift = reader._shift
+        self.total = reader._total
+        self.mine = float(logits[token])
+        self._raw = logits
+        self._rank: int | None = None  # counted when first needed: one pass
+        self.live = True
+
+    def holds(self, candidates: Candidates) -> bool:
+        array = candidates.array
+        return (self.live and array.size == self.size and not array.sorted
+                and ctypes.cast(array.data, ctypes.c_void_p).value == candidates.buffer.ctypes.data)
+
+    def gone(self) -> None:
+        self.live = False
+
+    @property
+    def rank(self) -> int:
+        if self._rank is None:
+            self._rank = 1 + int(np.count_nonzero(self._raw > self.mine))
+        return self._rank
+
+    def apply(self, chain: Chain, index: int, name: str, text: str) -> Stage | None:
+        """Apply element `index` and read it; None when it was applied but must be read from the candidates
+        (an infinite bias)."""
+        reader = self.reader
+        logits = reader.candidates.buffer["logit"]
+        touched = chain.touched(name)
+        if name == "temperature":
+            reader.candidates.apply(chain.element(index))
+            return self._rescaled(name, text, logits)
+        if touched is None:  # DRY: which tokens it lowered is found by comparing
+            np.copyto(reader._before, logits)
+            reader.candidates.apply(chain.element(index))
+            touched = np.flatnonzero(logits != reader._before).astype(np.int32)
+            old = reader._before[touched].astype(np.float64)
+        else:
+            old = logits[touched].astype(np.float64)
+            reader.candidates.apply(chain.element(index))
+        new = logits[touched].astype(np.float64)
+        if np.isposinf(new).any():
+            return None
+        self.total += float(np.exp(new - self.shift).sum() - np.exp(old - self.shift).sum())
+        removed = np.isneginf(new) & ~np.isneginf(old)
+        self.kept -= int(removed.sum())
+        self.mass -= float(reader.probs[touched[removed]].sum(dtype=np.float64))
+        if self.token in touched:
+            self.mine = float(logits[self.token])
+            self._rank = 1 + int(np.count_nonzero(logits > self.mine))
+        else:
+            self._rank = (self.rank + int(np.count_nonzero((new > self.mine) & (old <= self.mine)))
+                          - int(np.count_nonzero((old > self.mine) & (new <= self.mine))))
+        return self._stage(name, text)
+
+    def _rescaled(self, name: str, text: str, logits: np.ndarray) -> Stage:
+        """Temperature moved every logit and kept their order: the total is summed again, in one pass."""
+        self._rank = self.rank
+        work = self.reader._before
+        self.shift = float(logits.max())
+        np.subtract(logits, self.shift, out=work)
+        np.exp(work, out=work)
+        self.total = float(work.sum(dtype=np.float64))
+        self.mine = float(logits[self.token])
+        return self._stage(name, text)
+
+    def _stage(self, name: str, text: str) -> Stage:
+        if self.mine == -np.inf:
+            return Stage(name, text, self.kept, self.mass, None, None)
+        return Stage(name, text, self.kept, self.mass, self.rank, float(np.exp(self.mine - self.shift) / self.total))

@@ -61,7 +61,7 @@ class Constraint:
         if not self.allows(token):
             masked = self._masked(chain, logits)
             token = chain.apply(masked)
-            if masked.buffer["logit"][masked.array.selected] == -np.inf or not self.allows(token):
+            if masked.selected_logit == -np.inf or not self.allows(token):
                 raise FormatError("nothing the format allows is left to draw: a logit bias may ban it")
         chain.accept(token)
         self._drawn = token

@@ -34,7 +34,11 @@ def worth_restoring(gain_tokens: int, state_bytes: int, prefill_tok_s: float | N
 
 
 class DiskCache:
-    """The saved states one loaded model can use, and what this process learnt about its reading speed."""
+    """The saved states one loaded model can use, and what this process learnt about its reading speed.
+
+    That speed prices what a restore spared (`restore_avoided_s`). It is measured on prompt reads of at least
+    MIN_RATE_TOKENS, or comes with the state from the process that saved it; a chat of short messages makes no
+    such read, so then the first restore measures it once, reading one batch of what it restored."""
 
     def __init__(self, store: KvStore, key: KvKey) -> None:
         self.store = store
@@ -64,8 +68,11 @@ class DiskCache:
             self.store.discard(entry, str(problem))
             return None
         self.store.touch(entry)
+        seconds = time.perf_counter() - started
+        if rate is None and shared >= MIN_RATE_TOKENS:
+            rate = session.reading_rate(entry.tokens[:shared])
         self.prefill_tok_s = rate  # until this process measures its own: saved again with the next state
-        return Restored(time.perf_counter() - started, rate)
+        return Restored(seconds, rate)
 
     def save(self, session: LlamaSession, conversation: str, transcript: tuple[str, list[int]],
              prompt: tuple[str, list[int]]) -> None:

@@ -45,7 +45,7 @@ from .params import SamplingParams
 from .prompts import PromptError, PromptFormat, ThinkingSyntax, choose_format, opens_thinking
 from .reasoning import ReplyText, ThinkingSplitter
 from .stops import StopScanner
-from .xray import stage_cuts, word_probability, xray_at
+from .xray import word_probability, xray_at
 
 METRICS_INTERVAL_S = 0.1
 PREFILL_CHUNK = 256
@@ -423,7 +423,7 @@ class _Turn:
         started = time.perf_counter()
 
         def progress(done: int) -> None:
-            ids = tuple(self.context) if done == 0 else ()
+            ids = tuple(self.prompt) if done == 0 else ()
             self.stream.put(PromptProgress(done, len(todo), time.perf_counter() - started, ids))
             self.retune_threads()
 
@@ -490,17 +490,21 @@ class _Turn:
         reply ends with it, if it does."""
         self.generated.append(token)
         events = dict(forced=forced, stages=stages, grammar=seen.mask, inserted=inserted)
+        named = self.shown or forced  # the token's own text (or a special token's name) goes with it
         if self.session.is_end_of_generation(token):
             self.text.add_end()
             self.stream.put(Token(token, "", now, version, "", seen.prob, seen.top, seen.pool,
-                                  thinking=self._thinking(), **events))
+                                  thinking=self._thinking(), special=self.session.special_text(token) if named else "",
+                                  **events))
             return "eos"
-        decoded, thought, shown = self.text.add(self._piece(token))
+        piece = self._piece(token)
+        events["special"] = self.session.special_text(token) if named and not piece else ""
+        decoded, thought, shown = self.text.add(piece)
         if (thought or shown) and self.visible_at is None and not forced:
             self.visible_at = now
         if self.thought_at is None and self.text.splitter.opened and not self.text.splitter.thinking:
             self.thought_at = now
-        self.stream.put(Token(token, shown, now, version, decoded if self.shown or forced else "", seen.prob,
+        self.stream.put(Token(token, shown, now, version, decoded if named else "", seen.prob,
                               seen.top, seen.pool, reasoning=thought, thinking=self._thinking(), **events))
         return "stop" if self.text.scanner.stopped else None
 
@@ -552,7 +556,7 @@ class _Turn:
     def _stages(self, replay: Chain, token: int) -> tuple[Stage, ...]:
         """The X-ray of the token just drawn, from a clone of the chain taken before the draw."""
         try:
-            return stage_cuts(replay, self.session.logits(), token)
+            return self.session.stage_reader.stages(replay, self.session.logits(), token)
         finally:
             replay.free()
 
@@ -566,8 +570,8 @@ class _Turn:
         metrics = self.metrics()
         constraint = self.constraint
         incomplete = constraint is not None and reason != "eos" and not constraint.can_end()
-        self.stream.put(Done(reason, text.scanner.visible, metrics, tuple(self.context), incomplete,
-                             text.reasoning, text.answer_from()))
+        self.stream.put(Done(reason, text.scanner.visible, metrics, tuple(self.prompt), incomplete,
+                             text.reasoning, text.answer_from(), stop_sequence=text.scanner.matched))
 
     def _thinking_figures(self) -> tuple[int, float | None]:
         """The tokens the model drew while thinking, and how long it thought (None: it did not)."""

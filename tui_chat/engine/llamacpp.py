@@ -14,6 +14,7 @@ import ctypes
 import os
 import re
 import struct
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,7 +24,7 @@ import numpy as np
 
 from . import logs
 from .base import Candidate, EngineError, GrammarMask, PoolCut
-from .chain import Chain, ChainBuilder
+from .chain import Chain, ChainBuilder, StageReader
 from .cpu import Threads
 from .cpu_path import CpuPath, deny_amx
 from .models import check_gguf
@@ -32,6 +33,8 @@ from .pool import pool_cut
 from .prompts import BUILTIN_EQUIVALENTS
 
 SCRATCH_SEQ = 1
+# A user-defined token that stands for media, e.g. <start_of_image>, <image_soft_token>, [multimodal], <|vision_start|>
+_MEDIA_PLACEHOLDER = re.compile(rb"[<\[]\|?[\w|]*(?:image|audio|video|vision|multimodal)[\w|]*\|?[>\]]")
 POOL_SCAN = 1024  # with top-k off, the pool cut is counted among this many likeliest tokens
 _ALL_LAYERS = 0x7FFF_FFFF
 _SESSION_HEADER = struct.Struct("<III")  # llama.cpp's session file: magic, version, token count; then the tokens
@@ -149,6 +152,7 @@ class LlamaSession:
         self._abort = llama_cpp.ggml_abort_callback(lambda _data: self._abort_requested())
         self._abort_requested: Callable[[], bool] = lambda: False
         self.chains = ChainBuilder(self.vocab, self.n_vocab, self.n_ctx, self.continuation)
+        self._stage_reader: StageReader | None = None
 
     def set_threads(self, threads: Threads) -> None:
         """Takes effect from the next decode: the count can follow the machine's load mid-reply."""
@@ -206,12 +210,22 @@ class LlamaSession:
         return b"".join(self.piece(token) for token in tokens).decode("utf-8", errors="replace")
 
     def piece(self, token: int) -> bytes:
-        """The bytes a generated token stands for; control tokens show as nothing."""
+        """The bytes a generated token stands for. Tokens that are not text show as nothing: llama.cpp's control,
+        unknown and unused tokens, and the placeholders of images, audio or video that some files list as
+        user-defined text (Gemma 3's `<start_of_image>` in the starter, beside `<table>`, which is text): a text
+        chat has no media to open. A model may still write one: it stays in the reply's tokens, by its
+        `special_text` (`Token.special`)."""
         cached = self._pieces.get(token)
         if cached is None:
             size = llama_cpp.llama_token_to_piece(self.vocab, token, self._piece_buffer, len(self._piece_buffer), 0, False)
-            cached = self._pieces[token] = self._piece_buffer.raw[: max(size, 0)]
+            cached = self._piece_buffer.raw[: max(size, 0)]
+            if cached and _MEDIA_PLACEHOLDER.fullmatch(cached) and self._user_defined(token):
+                cached = b""
+            self._pieces[token] = cached
         return cached
+
+    def _user_defined(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_get_attr(self.vocab, token) & llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED)
 
     def special_text(self, token: int) -> str:
         """How a template writes a special token such as BOS, so it can be recognised in rendered text."""
@@ -366,6 +380,17 @@ class LlamaSession:
             llama_cpp.llama_memory_seq_rm(self.memory, SCRATCH_SEQ, -1, -1)
         return rows
 
+    def reading_rate(self, tokens: Sequence[int]) -> float:
+        """How fast this context reads a prompt, in tokens a second: one batch of `tokens` read in the scratch
+        sequence from the start (nothing shared), dropped afterwards."""
+        chunk = list(tokens[: self.n_batch])
+        started = time.perf_counter()
+        try:
+            self._check(self._submit(chunk, 0, SCRATCH_SEQ, False))
+        finally:
+            llama_cpp.llama_memory_seq_rm(self.memory, SCRATCH_SEQ, -1, -1)
+        return len(chunk) / (time.perf_counter() - started)
+
     @staticmethod
     def _check(status: int) -> None:
         if status != 0:
@@ -383,6 +408,13 @@ class LlamaSession:
 
     def sample(self, chain: Chain) -> int:
         return chain.sample(self.ctx)
+
+    @property
+    def stage_reader(self) -> StageReader:
+        """The X-ray's reader and its buffers (a few MB on a large vocabulary), made when first asked for."""
+        if self._stage_reader is None:
+            self._stage_reader = StageReader(self.n_vocab)
+        return self._stage_reader
 
     def logits(self) -> np.ndarray:
         """The last decoded position's logits: a view into llama.cpp's buffer, valid until the next decode."""
@@ -417,10 +449,13 @@ class LlamaSession:
         return Inspection(float(probs[token]) * scale, candidates, pool_cut(ranked, self.n_vocab, params), mask)
 
     def _mask(self, ids: np.ndarray, probs: np.ndarray, allowed: np.ndarray) -> GrammarMask:
-        """What a grammar took from these candidates. Forced: all it allowed begin with the same
-        character (or all end the reply): one choice of what comes next, however tokens split it."""
+        """What a grammar took from these candidates, and the mass of those it was not asked about. Forced:
+        all it allowed begin with the same character (or all end the reply): one choice of what comes next,
+        however tokens split it."""
         starts = {self.piece(int(token)).decode("utf-8", errors="replace")[:1] for token in ids[allowed]}
-        return GrammarMask(float(probs[~allowed].sum()), int(allowed.sum()), len(starts) == 1)
+        removed = float(probs[~allowed].sum(dtype=np.float64))
+        unjudged = 0.0 if len(ids) == self.n_vocab else max(0.0, 1.0 - float(probs.sum(dtype=np.float64)))
+        return GrammarMask(removed, int(allowed.sum()), len(starts) == 1, unjudged)
 
     # --- counters and teardown ----------------------------------------------------------------
 

@@ -9,7 +9,7 @@ class StopScanner:
     """Holds back the tail of the text that could still grow into a stop sequence.
 
     `feed` returns the text that is now safe to show; once a stop sequence is complete,
-    `stopped` is set and `visible` ends right before it.
+    `stopped` is set, `visible` ends right before it and `matched` says which one it was.
     """
 
     def __init__(self, stops: tuple[str, ...] = ()) -> None:
@@ -17,6 +17,7 @@ class StopScanner:
         self.text = ""
         self.shown = 0
         self.stopped_at: int | None = None
+        self.matched = ""
 
     @property
     def stopped(self) -> bool:
@@ -31,9 +32,9 @@ class StopScanner:
             return ""
         search_from = max(0, len(self.text) - max((len(s) for s in self.stops), default=0))
         self.text += piece
-        hits = [i for i in (self.text.find(s, search_from) for s in self.stops) if i >= 0]
+        hits = [(i, s) for s in self.stops if (i := self.text.find(s, search_from)) >= 0]
         if hits:
-            self.stopped_at = min(hits)
+            self.stopped_at, self.matched = min(hits, key=lambda hit: hit[0])
             return self._advance(self.stopped_at)
         return self._advance(len(self.text) - self._held_back())
 

@@ -17,19 +17,17 @@ from collections.abc import Sequence
 import numpy as np
 
 from .base import Candidate, EngineError, Stage, Token, WordProbability, XRay
-from .chain import Candidates, Chain, ChainBuilder
 from .llamacpp import LlamaSession
 from .params import DEFAULT_ORDER, SamplingParams
-from .stages import label, plan
+from .stages import plan
 
-_DRAW = "dist"
 _REORDERING = {"logit_bias": "raised or lowered", "penalties": "lowered", "dry": "lowered"}  # the rest cut
 
 
 def position_context(prompt_ids: Sequence[int], tokens: Sequence[Token], index: int) -> tuple[int, ...]:
-    """All the model had read before `tokens[index]` was drawn: the prompt (`Done.prompt_ids`, or the first
-    `PromptProgress.prompt_ids`, which holds a branch's given tokens too) and the drawn tokens before it."""
-    return tuple(prompt_ids) + tuple(t.token_id for t in tokens[:index] if not t.forced)
+    """All the model had read before `tokens[index]` came: the prompt the reply follows (`Done.prompt_ids`,
+    or the first `PromptProgress.prompt_ids`) and the reply's tokens before it, a branch's given ones too."""
+    return tuple(prompt_ids) + tuple(t.token_id for t in tokens[:index])
 
 
 def raw_probability(logits: np.ndarray, token: int) -> tuple[float, int]:
@@ -40,48 +38,18 @@ def raw_probability(logits: np.ndarray, token: int) -> tuple[float, int]:
     return prob, 1 + int(np.count_nonzero(row > row[token]))
 
 
-def stage_cuts(chain: Chain, logits: np.ndarray, token: int, *, fresh: bool = False) -> tuple[Stage, ...]:
-    """What each element of `chain` left of this position's candidates, and where `token` stood in it.
-
-    The chain's own state is used (its recent tokens; its random generators), so a clone of the live
-    chain taken before the draw replays the draw exactly. `fresh`: a chain built for the X-ray instead,
-    with `xtc_always`: XTC is shown firing unless that would have removed `token`, and mirostat from
-    its starting target; the notes say so.
-    """
-    raw = _softmax(logits)
-    candidates = Candidates(np.arange(len(logits), dtype=np.int32), logits)
-    stages: list[Stage] = []
-    for index, name in enumerate(chain.stages):
-        if name == _DRAW:
-            break
-        before = candidates.copy() if fresh and name == "xtc" else None
-        candidates.apply(chain.element(index))
-        rows = candidates.survivors()
-        note = ""
-        if before is not None:
-            if token in rows["id"]:
-                note = f"shown firing; it fires on {chain.params.xtc_probability:.0%} of tokens"
-            else:
-                candidates, rows = before, before.survivors()
-                note = "did not fire here: firing would have removed this token"
-        if name == "greedy":
-            rows = rows[np.argmax(rows["logit"])][None]
-        if name == "mirostat_v2" and fresh:
-            note = "its adaptive target is shown at its starting value"
-        stages.append(_cut(name, label(name, chain.params), rows, raw, token, note))
-    return tuple(stages)
-
-
-def explain(builder: ChainBuilder, logits: np.ndarray, token: int, piece: str, params: SamplingParams,
+def explain(session: LlamaSession, logits: np.ndarray, token: int, piece: str, params: SamplingParams,
             history: Sequence[int]) -> tuple[float, int, tuple[Stage, ...], str]:
     """Raw probability, raw rank, stages and verdict for `token` drawn from `logits` under `params`,
-    after `history` (what the penalties and DRY look at)."""
-    prob, rank = raw_probability(logits, token)
-    stages = _cuts(builder, logits, token, params, history)
+    after `history` (what the penalties and DRY look at). The raw softmax is computed once."""
+    reader = session.stage_reader
+    prob = float(reader.distribution(logits)[token])
+    rank = 1 + int(np.count_nonzero(logits > logits[token]))
+    stages = _cuts(session, logits, token, params, history)
     default_cut = None
     default = params.with_changes(sampler_order=DEFAULT_ORDER)
     if rank > 1 and plan(default) != plan(params):
-        default_cut = next((s for s in _cuts(builder, logits, token, default, history) if s.rank is None), None)
+        default_cut = next((s for s in _cuts(session, logits, token, default, history) if s.rank is None), None)
     return prob, rank, stages, verdict(piece, prob, rank, stages, default_cut)
 
 
@@ -90,7 +58,7 @@ def xray_at(session: LlamaSession, context: Sequence[int], token: int, params: S
     started = time.perf_counter()
     logits = session.scratch_logits(context)[0]
     piece = session.piece(token).decode("utf-8", errors="replace")
-    prob, rank, stages, line = explain(session.chains, logits, token, piece, params, context)
+    prob, rank, stages, line = explain(session, logits, token, piece, params, context)
     return XRay(token, piece, prob, rank, stages, line, time.perf_counter() - started)
 
 
@@ -143,31 +111,14 @@ def verdict(piece: str, prob: float, rank: int, stages: Sequence[Stage], default
     return f"{head}: a {stages[-1].prob:.1%} chance among {where}"
 
 
-def _cuts(builder: ChainBuilder, logits: np.ndarray, token: int, params: SamplingParams,
+def _cuts(session: LlamaSession, logits: np.ndarray, token: int, params: SamplingParams,
           history: Sequence[int]) -> tuple[Stage, ...]:
-    chain = builder.build(params, 0, history, xtc_always=True)
+    """The stages of a chain built for the X-ray, over the raw distribution `explain` computed."""
+    chain = session.chains.build(params, 0, history, xtc_always=True)
     try:
-        return stage_cuts(chain, logits, token, fresh=True)
+        return session.stage_reader.stages(chain, logits, token, fresh=True, distributed=True)
     finally:
         chain.free()
-
-
-def _cut(name: str, text: str, rows: np.ndarray, raw: np.ndarray, token: int, note: str) -> Stage:
-    ids = rows["id"]
-    logits = rows["logit"].astype(np.float64)
-    mass = float(raw[ids].sum())
-    hit = np.flatnonzero(ids == token)
-    if not hit.size:
-        return Stage(name, text, len(ids), mass, None, None, note)
-    mine = logits[hit[0]]
-    shares = np.exp(logits - logits.max())
-    return Stage(name, text, len(ids), mass, 1 + int(np.count_nonzero(logits > mine)),
-                 float(shares[hit[0]] / shares.sum()), note)
-
-
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    row = np.exp(logits.astype(np.float64) - logits.max())
-    return row / row.sum()
 
 
 def _order_reason(stages: Sequence[Stage], cut: Stage) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from ..base import EngineError, Error, Loaded, ModelInfo, Request, Stream
+from ..base import Done, EngineError, Error, Loaded, ModelInfo, Request, Stream, written
 from ..formats import KINDS, FormatError, OutputFormat
 from ..params import SamplingParams
 from ..prompts import PLAIN
@@ -77,6 +77,7 @@ class OpenAIBackend:
         self.kind = GENERIC
         self._bos_tokens = 0
         self._implicit_stops: tuple[str, ...] = ()
+        self._hint_empty = True  # until a reply with text comes, or the hint is given once
         headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
         timeout = httpx.Timeout(settings.read_timeout_s, connect=CONNECT_TIMEOUT_S)
         self._client = httpx.Client(headers=headers, timeout=timeout)
@@ -251,7 +252,17 @@ class OpenAIBackend:
             return
         if reply.metrics().prompt_estimated and self.kind.tokenize_path:
             self._recount(request, reply, stream)
-        stream.put(reply.done(stop_reason(reply.finish_reason, params, self._implicit_stops)))
+        reason = stop_reason(reply.finish_reason, params, self._implicit_stops)
+        stream.put(self._checked(reply.done(reason, (*params.stop, *self._implicit_stops))))
+
+    def _checked(self, done: Done) -> Done:
+        """An empty reply before any with text: the server's chat format is the likely cause; said once."""
+        if written(done):
+            self._hint_empty = False
+        elif self._hint_empty and done.stop_reason in ("eos", "stop"):
+            self._hint_empty = False
+            return replace(done, note=f"the server wrote nothing: {self.kind.empty_reply}")
+        return done
 
     def _recount(self, request: Request, reply: StreamedReply, stream: Stream) -> None:
         """The server never said how long the prompt was: its own tokenizer counts the messages, now that no

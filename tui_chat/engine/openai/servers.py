@@ -27,6 +27,9 @@ class ServerKind:
     # Sent to continue the final assistant message instead of answering after it (a branch); None: it cannot.
     continues: dict[str, Any] | None = None
     one_request_at_a_time: bool = False  # a second request, even a token count, ends a reply streaming
+    # What to check when its first reply comes back empty: most often the chat format it renders the model with.
+    empty_reply: str = ("check the chat template the server renders this model's chats with (a base model needs "
+                        "a plain transcript: README, \"A base model behind a server\")")
 
     def ignored(self) -> tuple[str, ...]:
         return ignored_settings(self.name)
@@ -46,6 +49,9 @@ LLAMA_SERVER = ServerKind(
 LLAMA_CPP_PYTHON = ServerKind(
     "llama-cpp-python server", "extras/tokenize/count", lambda text, model: {"input": text, "model": model},
     counts_bos=True, one_request_at_a_time=True,
+    empty_reply=("llama-cpp-python's server renders a model whose file has no chat template in llama-2's format, "
+                 "which a base model answers with nothing: start it with a format the model follows, for a base "
+                 "model `--chat_format snoozy` (README, \"A base model behind a server\")"),
 )
 VLLM = ServerKind(
     "vLLM", "tokenize", lambda text, model: {"model": model, "prompt": text, "add_special_tokens": False},

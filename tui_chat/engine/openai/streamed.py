@@ -122,8 +122,10 @@ class StreamedReply:
             stream.put(Token(prob.token_id, text, now, self.params_version, prob.text, prob.prob, prob.top,
                              reasoning=reasoning, thinking=thinking))
 
-    def metrics(self) -> TurnMetrics:
-        """Counts the server reported win over our own: it knows the prompt, the cache and the tokens."""
+    def metrics(self, ended: StopReason | None = None) -> TurnMetrics:
+        """Counts the server reported win over our own: it knows the prompt, the cache and the tokens. A reply
+        `ended` on a stop sequence: the tokens the server counted beyond those it sent are the stop sequence's,
+        which it held back (llama-server, vLLM); they are not timed here."""
         usage, timings, progress = self.usage, self.timings, self.progress
         evaluated, cache_n = count(timings, "prompt_n"), count(timings, "cache_n")
         from_timings = evaluated + (cache_n or 0) if evaluated is not None else None
@@ -133,6 +135,7 @@ class StreamedReply:
         cached = count(usage, "prompt_tokens_details", "cached_tokens")
         cached = next((n for n in (cached, cache_n, count(progress, "cache")) if n is not None), 0)
         completion = count(usage, "completion_tokens") or count(timings, "predicted_n") or self.tokens
+        withheld = max(0, completion - self.tokens) if ended == "stop" else 0
         first = self.visible_at or self.first_at
         ttft = None if first is None else first - self.request.submitted_at
         return TurnMetrics(
@@ -148,6 +151,7 @@ class StreamedReply:
             prompt_estimated=not reported and self.estimate is not None,
             reasoning_tokens=count(usage, "completion_tokens_details", "reasoning_tokens") or self.thinking,
             thinking_s=None if self.thought_at is None else self.thought_at - self.first_at,
+            withheld_tokens=withheld,
         )
 
     def _prefill_s(self, prompt: int, timed: bool, ttft: float | None) -> float:
@@ -158,10 +162,13 @@ class StreamedReply:
             return prompt_ms / 1000
         return ttft if prompt and ttft else 0.0
 
-    def done(self, reason: StopReason) -> Done:
+    def done(self, reason: StopReason, stops: tuple[str, ...] = ()) -> Done:
+        """`stops`: the stop sequences sent; a server does not say which one it ended on, so only a lone one
+        is named."""
         incomplete = self.request.format.constrained and reason in ("length", "cancelled")
-        return Done(reason, self.text, self.metrics(), incomplete=incomplete, reasoning=self.reasoning,
-                    answer_from=self.thinking)
+        sequence = stops[0] if reason == "stop" and len(stops) == 1 else ""
+        return Done(reason, self.text, self.metrics(reason), incomplete=incomplete, reasoning=self.reasoning,
+                    answer_from=self.thinking, stop_sequence=sequence)
 
 
 def stop_reason(finish_reason: str | None, params: SamplingParams, implicit_stops: tuple[str, ...] = ()) -> StopReason:

@@ -125,9 +125,8 @@ class ChatScreen(Screen):
         self.notify(message, severity="error", timeout=10, markup=False)
 
     def _draft_costs(self) -> DraftCosts:
-        panel = self.query_one(MetricsPanel)
-        context = panel.metrics.context_tokens if self.session.turns else 0
-        return DraftCosts(panel.price, context, self.live.snapshot()[1].max_tokens)
+        price = self.query_one(MetricsPanel).price
+        return DraftCosts(price, self.session.context_tokens, self.live.snapshot()[1].max_tokens)
 
     # --- models -------------------------------------------------------------------------------
 

@@ -21,9 +21,9 @@ from ...engine.base import Candidate, Error, Event, PoolCut, Token, WordProbabil
 from ...engine.params import SamplingParams
 from ...engine.pool import kept_by
 from ...probe import TokenProbe
-from ...safetext import screen_safe
+from ...safetext import quoted, screen_safe
 from ..widgets.fields import TextField
-from ..widgets.xray import bar, grammar_text, shown_token, word_text, xray_text
+from ..widgets.xray import bar, grammar_text, word_text, xray_text
 
 CONTEXT_CHARS = 48
 
@@ -57,7 +57,7 @@ def candidate_lines(token: Token, params: SamplingParams) -> list[Text]:
         forbidden = candidate.allowed is False
         line = Text(f"{rank + 1}.".ljust(4))  # no leading blank: option lists trim it
         line.append("▶ " if chosen else "  ", style="bold")
-        line.append(f"{shown_token(candidate.text):<16.16}", style="bold" if chosen else "dim strike" if forbidden else "")
+        line.append(f"{quoted(candidate.text):<16.16}", style="bold" if chosen else "dim strike" if forbidden else "")
         line.append(f" {bar(candidate.prob)} ", style="dim" if forbidden or rank >= keep else "green")
         line.append(f"{candidate.prob:6.1%}  Σ {cumulative:6.1%}  ")
         if forbidden:
@@ -124,7 +124,8 @@ class InspectorScreen(ModalScreen[BranchChoice | None]):
         token = self.tokens[self.index]
         self.query_one(VerticalScroll).border_title = f"Token {self.index + 1} of {len(self.tokens)}"
         self.query_one("#context", Static).update(self._surroundings(token))
-        facts = Text(f"{shown_token(token.piece)}  ")
+        facts = Text(f"{quoted(token.piece)}  ") if not token.special else Text.assemble(
+            (screen_safe(token.special), "dim"), " not text: a special token, left out of the reply's text  ")
         if token.prob is not None:
             facts.append_text(Text.assemble((f"p = {token.prob:.1%}", "bold"),
                                             " under the model's raw distribution (before any setting)"))
@@ -153,7 +154,10 @@ class InspectorScreen(ModalScreen[BranchChoice | None]):
         before = "".join(t.piece for t in self.tokens[: self.index])
         after = "".join(t.piece for t in self.tokens[self.index + 1 :])
         out = Text("…" + screen_safe(before[-CONTEXT_CHARS:]).replace("\n", "⏎ "), style="dim")
-        out.append(screen_safe(token.piece).replace("\n", "⏎") or "∅", style="reverse bold")
+        if token.special:
+            out.append(screen_safe(token.special), style="reverse dim")
+        else:
+            out.append(screen_safe(token.piece).replace("\n", "⏎") or "∅", style="reverse bold")
         out.append(screen_safe(after[: CONTEXT_CHARS // 2]).replace("\n", "⏎ ") + "…", style="dim")
         return out
 
@@ -210,7 +214,7 @@ class InspectorScreen(ModalScreen[BranchChoice | None]):
         if reason:
             shown.update(Text(reason, style="italic"))
             return
-        shown.update(Text(f"Asking the model about {shown_token(text)}…", style="dim"))
+        shown.update(Text(f"Asking the model about {quoted(text)}…", style="dim"))
         self._recompute("word", self.index, text)
 
     @work(thread=True, group="probe")
@@ -225,8 +229,10 @@ class InspectorScreen(ModalScreen[BranchChoice | None]):
             return  # the user moved on
         if kind == "xray" and self.xray_on:
             shown = self.query_one("#xray", Static)
-            note = self.probe.settings(self.tokens[index])[1]
-            shown.update(xray_text(result, note) if isinstance(result, XRay) else self._failed("X-ray", result))
+            token = self.tokens[index]
+            note = self.probe.settings(token)[1]
+            shown.update(xray_text(result, note, token.prob) if isinstance(result, XRay)
+                         else self._failed("X-ray", result))
         elif kind == "word":
             shown = self.query_one("#asked", Static)
             top = self.tokens[index].top

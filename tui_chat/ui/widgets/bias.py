@@ -15,7 +15,7 @@ from textual.widgets import Input, OptionList
 from textual.widgets.option_list import Option
 
 from ...engine.params import InvalidParameter, parse_logit_bias
-from .xray import shown_token
+from ...safetext import quoted
 from .fields import ControlMessage, TextField
 
 Entries = tuple[tuple[str, float], ...]
@@ -77,7 +77,7 @@ class BiasList(Vertical):
         self.entries = tuple(entries)
         rows = self.query_one(BiasEntries)
         rows.clear_options()
-        rows.add_options([Option(Content(f"{shown_token(text):<20.20} {shown_bias(bias):>6}")) for text, bias in entries])
+        rows.add_options([Option(Content(f"{quoted(text):<20.20} {shown_bias(bias):>6}")) for text, bias in entries])
         rows.set_class(not entries, "-empty")
 
     @on(Input.Submitted, "#bias-add")

@@ -9,16 +9,12 @@ from collections.abc import Sequence
 from rich.text import Text
 
 from ...engine.base import Candidate, GrammarMask, WordProbability, XRay
-from ...safetext import screen_safe
+from ...safetext import quoted, screen_safe
 
 BAR_WIDTH = 16
 LABEL_WIDTH = 20
 
 
-def shown_token(text: str) -> str:
-    """A token as a quoted literal, so spaces and line breaks are visible."""
-    escaped = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
-    return f'"{screen_safe(escaped)}"'
 
 
 def bar(prob: float, width: int = BAR_WIDTH) -> str:
@@ -32,9 +28,10 @@ def percent(prob: float) -> str:
     return f"{prob:.1%}" if prob >= 0.001 else f"{prob:.1e}"
 
 
-def xray_text(xray: XRay, note: str = "") -> Text:
-    """The strip of bars and the verdict; `note` says what the figures assume (older settings)."""
-    out = Text(f"X-ray of {shown_token(xray.piece)}: the chain stage by stage ({xray.elapsed_s * 1000:.0f} ms)\n",
+def xray_text(xray: XRay, note: str = "", recorded: float | None = None) -> Text:
+    """The strip of bars and the verdict; `note` says what the figures assume (older settings). `recorded`:
+    the probability the reply recorded as it drew the token, said beside the recomputed one where they part."""
+    out = Text(f"X-ray of {quoted(xray.piece)}: the chain stage by stage ({xray.elapsed_s * 1000:.0f} ms)\n",
                style="bold")
     out.append(f"{'stage':<{LABEL_WIDTH}} {'kept':>7}  {'share of raw p kept':<{BAR_WIDTH + 9}}rank · p among kept\n",
                style="dim")
@@ -51,30 +48,50 @@ def xray_text(xray: XRay, note: str = "") -> Text:
     if not xray.stages:
         out.append("no stage cut the pool: the draw saw every candidate\n", style="dim")
     out.append(screen_safe(xray.verdict), style="bold")
-    if note:
-        out.append(f"\n({note})", style="dim")
+    for line in (note, drift_note(recorded, xray.prob)):
+        if line:
+            out.append(f"\n({line})", style="dim")
     return out
+
+
+def drift_note(recorded: float | None, recomputed: float) -> str:
+    """Where a recomputed probability is not the one recorded at the draw, both, and why: llama.cpp's figures
+    move with how a position was computed (a reply's first token is read in one batch with the prompt; a
+    chat restored from disk holds its cache in another layout), by a few percent of themselves on a small model."""
+    if recorded is None or abs(recomputed - recorded) <= max(1e-4, 0.01 * recorded):
+        return ""
+    return (f"recomputed p = {percent(recomputed)}; the reply recorded {percent(recorded)} when it drew it: "
+            "llama.cpp's figures move a little with how the position was computed (read with the prompt, or "
+            "after the cache came back from disk)")
 
 
 def word_text(asked: WordProbability, top: Sequence[Candidate]) -> Text:
     """A word's exact probability at this position, in the candidates' columns; for several tokens, the
     product of each one's probability after the ones before it."""
     line = Text("?   ▷ ", style="bold")
-    line.append(f"{shown_token(asked.text):<16.16}", style="bold")
+    line.append(f"{quoted(asked.text):<16.16}", style="bold")
     line.append(f" {bar(asked.prob)} ", style="cyan")
     line.append(f"{percent(asked.prob):>6}  rank {asked.rank:,}")
     if asked.rank > len(top):
         line.append(f" (not top {len(top)})", style="dim")
     if len(asked.tokens) > 1:
-        parts = " × ".join(f"{shown_token(part.text)} {percent(part.prob)}" for part in asked.tokens)
+        parts = " × ".join(f"{quoted(part.text)} {percent(part.prob)}" for part in asked.tokens)
         line.append(f"\n    = {parts}", style="dim")
     return line
 
 
+UNJUDGED_SHOWN = 0.0005  # below half a shown step (0.1%), the tokens the grammar was not asked about change nothing
+
+
 def grammar_summary(mask: GrammarMask, where: str = "") -> str:
-    """What an output format's grammar did at one token, in the words the heatmap and the inspector share."""
-    did = "forced: it left one choice" if mask.forced else f"it allowed {mask.allowed:,}"
-    return f"grammar removed {percent(mask.removed)} of the probability{where} · {did}"
+    """What an output format's grammar did at one token, in the words the heatmap and the inspector share.
+    Where much of the probability lay beyond the candidates it judged, its figures are bounds, and say so."""
+    if mask.unjudged < UNJUDGED_SHOWN:
+        did = "forced: it left one choice" if mask.forced else f"it allowed {mask.allowed:,}"
+        return f"grammar removed {percent(mask.removed)} of the probability{where} · {did}"
+    did = "forced among them: it left one choice" if mask.forced else f"it allowed {mask.allowed:,} of them"
+    return (f"grammar removed at least {percent(mask.removed)} of the probability{where}, judged over the likeliest "
+            f"candidates; {percent(mask.unjudged)} lay beyond them, unjudged · {did}")
 
 
 def grammar_text(mask: GrammarMask | None) -> Text:
