@@ -29,25 +29,43 @@ def test_starter_is_a_base_model_answered_through_a_plain_transcript(starter):
     assert done.stop_reason == "stop"
 
 
+TOLERANCE = 0.08  # batched reads and one-token steps use other Q4_K kernels: ~0.01 on AVX2, up to ~0.055 on AVX-512
+
+
+def assert_alike_until_a_near_tie(ours: list, cold: list) -> None:
+    """Two greedy replies to the same tokens from different cache states agree token for token, their
+    probabilities within rounding, and may part only where the top two candidates were a near tie."""
+    pairs = list(zip(ours, cold))
+    parted = next((i for i, (a, b) in enumerate(pairs) if a.token_id != b.token_id), None)
+    for a, b in pairs[:parted]:
+        assert a.forced or a.prob == pytest.approx(b.prob, abs=TOLERANCE)
+    if parted is not None:
+        top = ours[parted].top
+        assert top[0].prob - top[1].prob < TOLERANCE, f"parted at token {parted} without a near tie: {top}"
+    else:
+        assert len(ours) == len(cold)
+
+
 def test_sliding_window_cache_reuse_matches_a_fresh_read(starter):
     """Turn after turn past the 512-token sliding window: replies from the reused cache equal fresh reads."""
     notes = "Notes on European capitals. " + "Paris is on the Seine and Berlin is on the Spree. " * 45
     conversation: list[Message] = [Message("system", notes)]
     reused = []
+    params = LiveParams(GREEDY.with_changes(max_tokens=120))
     for question in QUESTIONS:
         conversation.append(Message("user", question))
         history = starter._history_text, list(starter._history_tokens)
-        done = ask(starter, conversation, GREEDY.with_changes(max_tokens=120))
+        tokens, done = collect(starter.generate(Request(list(conversation), params, top_logprobs=2)))
         reused.append(done.metrics.cached_tokens)
         conversation.append(Message("assistant", done.text))
     assert done.metrics.prompt_tokens > 600, "the conversation must outgrow the 512-token sliding window"
     assert all(later > 600 for later in reused[1:])
     starter._history_text, starter._history_tokens = history
     starter._session.keep_prefix([])
-    fresh = ask(starter, conversation[:-1], GREEDY.with_changes(max_tokens=120))
+    fresh_tokens, fresh = collect(starter.generate(Request(conversation[:-1], params, top_logprobs=2)))
     assert fresh.metrics.cached_tokens == 0
     assert fresh.prompt_ids == done.prompt_ids
-    assert fresh.text == done.text
+    assert_alike_until_a_near_tie(tokens, fresh_tokens)
 
 
 def test_prefill_reports_progress_and_can_be_cancelled(starter):
@@ -100,7 +118,8 @@ def test_a_branch_on_the_starter_rewinds_the_cache_and_matches_a_fresh_read(star
     cache reading the whole prompt does, up to rounding: they may part only at a near tie.
 
     On this Q4_K_M model a batched read and one-token steps use different quantised kernels, so
-    probabilities differ by up to ~0.01 (measured), not the ~1e-4 of the f32 tiny model."""
+    probabilities differ by up to ~0.01 on AVX2 and ~0.055 on AVX-512 (measured), not the ~1e-4 of the f32
+    tiny model."""
     question = [Message("user", QUESTIONS[5])]
     params = LiveParams(GREEDY.with_changes(max_tokens=60))
     starter._session.keep_prefix([])  # the original reply too is read whole, as in a fresh chat
@@ -114,15 +133,7 @@ def test_a_branch_on_the_starter_rewinds_the_cache_and_matches_a_fresh_read(star
     starter._session.keep_prefix([])
     fresh_tokens, fresh = collect(starter.generate(Request(question, params, top_logprobs=2, forced=forced)))
     assert fresh.metrics.cached_tokens == 0
-    pairs = list(zip(branch_tokens, fresh_tokens))
-    parted = next((i for i, (ours, cold) in enumerate(pairs) if ours.token_id != cold.token_id), None)
-    for ours, cold in pairs[: parted]:
-        assert ours.forced or ours.prob == pytest.approx(cold.prob, abs=0.03)
-    if parted is not None:
-        top = branch_tokens[parted].top
-        assert top[0].prob - top[1].prob < 0.05, f"parted at token {parted} without a near tie: {top}"
-    else:
-        assert branch.text == fresh.text
+    assert_alike_until_a_near_tie(branch_tokens, fresh_tokens)
 
 
 def test_a_media_placeholder_the_model_writes_is_kept_as_a_token_not_as_text(starter_model):
