@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import logs
-from .gguf_check import GgufProblem
+from .gguf_check import GgufHeader
 from .kvstore import KvKey, KvProblem, KvStore, Notes, model_key
 from .llamacpp import LlamaSession, StateRefused
 
@@ -85,14 +85,14 @@ class DiskCache:
         return known_text, list(tokens)
 
 
-def open_disk_cache(folder: Path | None, budget_bytes: int, session: LlamaSession, model: Path,
+def open_disk_cache(folder: Path | None, budget_bytes: int, session: LlamaSession, model: Path, header: GgufHeader,
                     build: str) -> DiskCache | None:
     """The disk cache for a freshly loaded model, or None when it is off or the model file cannot be identified."""
     if folder is None or budget_bytes <= 0:
         return None
     try:
-        key = model_key(model, session.n_ctx, *session.kv_types, build)
-    except (OSError, GgufProblem) as error:
+        key = model_key(model, header.sha256, session.n_ctx, *session.kv_types, build)
+    except OSError as error:
         logs.note(f"kv cache: off for {model.name}: {error}")
         return None
     return DiskCache(KvStore(folder, budget_bytes), key)

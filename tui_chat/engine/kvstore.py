@@ -16,7 +16,6 @@ No llama.cpp calls here: the session writes the body (`save(write=...)`) and rea
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import mmap
@@ -31,7 +30,6 @@ from pathlib import Path
 
 import numpy as np
 
-from .gguf_check import header_length
 
 FORMAT = 1
 SUFFIX = ".kv"
@@ -77,20 +75,12 @@ class KvKey:
         return None
 
 
-def model_key(path: Path, n_ctx: int, type_k: int, type_v: int, build: str) -> KvKey:
-    """The key of a context on the model at `path`. Raises OSError or GgufProblem for a file that cannot be read."""
+def model_key(path: Path, header_sha256: str, n_ctx: int, type_k: int, type_v: int, build: str) -> KvKey:
+    """The key of a context on the model at `path`, whose header hashes to `header_sha256` (the load read it:
+    `GgufHeader.sha256`). Raises OSError for a file that cannot be read."""
     path = path.resolve()
     stat = path.stat()
-    header = _header_sha256(path, stat.st_size, stat.st_mtime_ns)
-    return KvKey(str(path), stat.st_size, stat.st_mtime_ns, header, n_ctx, type_k, type_v, build)
-
-
-@functools.lru_cache(maxsize=16)
-def _header_sha256(path: Path, _size: int, _mtime_ns: int) -> str:
-    """Once per version of a file: a 253 MB model's 6.5 MB of settings and vocabulary take ~0.1 s."""
-    length = header_length(path)
-    with path.open("rb") as handle:
-        return hashlib.sha256(handle.read(length)).hexdigest()
+    return KvKey(str(path), stat.st_size, stat.st_mtime_ns, header_sha256, n_ctx, type_k, type_v, build)
 
 
 @dataclass(frozen=True, slots=True)
