@@ -15,7 +15,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import Checkbox, Footer, Input, Select
+from textual.widgets import Checkbox, Input, Select
 
 from ...config import Config, data_dir, history_path, save_setting
 from ...engine.base import Backend, Event, ModelInfo
@@ -28,6 +28,7 @@ from ...session import ChatSession, Ending, Turn, Writing, opened
 from ..bridge import EngineBatch, forward_events
 from ..keys import CHAT_KEYS
 from ..memory import ReplyMemory
+from ..textual_fixes import Footer
 from ..widgets.conversation import ConversationView
 from ..widgets.draft_meter import DraftCosts
 from ..widgets.messages import ReplyMessage, UserMessage
