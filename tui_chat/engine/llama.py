@@ -250,6 +250,8 @@ class LlamaBackend:
         try:
             if self._session is None or self._format is None:
                 raise EngineError("no model is loaded")
+            if self._disk is not None:
+                self._disk.start_turn()
             _Turn(self, request, stream).run()
         except (EngineError, PromptError, FormatError) as error:
             stream.put(Error(str(error)))
