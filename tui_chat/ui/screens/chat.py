@@ -64,6 +64,10 @@ class ChatScreen(Screen):
                                   loaded=self._model_loaded, failed=self._model_failed)
         self._writing: Writing | None = None
         self._panel_refreshed = 0.0
+        # The width's class from the start, as Textual picks it: added at the first resize instead, it would
+        # style every widget of the screen a second time before the first frame.
+        width = self.app.size.width
+        self.add_class(next(name for at, name in sorted(self.HORIZONTAL_BREAKPOINTS, reverse=True) if width >= at))
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="main"):
