@@ -61,14 +61,18 @@ def read_metadata(path: Path, keep_vocabulary: bool = True) -> dict[str, Any]:
 
 
 def read_header(path: Path) -> GgufHeader:
-    """The metadata checked (`check_metadata`), then the tensor list read, hashed with it: one pass over the
-    header for everything a load asks of the file. Raises as `read_metadata` does."""
+    """The metadata, the tensor list and their hash, in one pass over the header for everything a load asks of
+    the file; the metadata is checked (`check_metadata`) once the file is unmapped, so that the check's set of
+    the vocabulary does not need room beside the mapping. Raises as `read_metadata` does."""
     with _mapped(path) as data:
         reader = _Reader(data)
-        check_metadata(reader.metadata())
+        metadata = reader.metadata()
         tensor_count = struct.unpack_from("<Q", data, 8)[0]
         types = frozenset(reader.tensor_type() for _ in range(tensor_count))
-        return GgufHeader(types, hashlib.sha256(data[: reader.pos]).hexdigest())
+        with memoryview(data)[: reader.pos] as header:  # hashed where it lies: no copy of its megabytes
+            sha256 = hashlib.sha256(header).hexdigest()
+    check_metadata(metadata)
+    return GgufHeader(types, sha256)
 
 
 def _mapped(path: Path) -> mmap.mmap:
