@@ -19,6 +19,7 @@ from tui_chat.engine.base import Message, Request
 from tui_chat.engine.params import LiveParams
 from tui_chat.engine.cpu import LoadWatch, ThreadGovernor, Threads, Topology, choose_threads, read_topology
 from tui_chat.engine.cpu_path import CpuPath, ProbeResult, choose, known, result_of, run_probe
+from tui_chat.engine.gguf_check import read_header
 
 AMX_BUILD = {"AVX2", "AVX512", "AMX_INT8", "REPACK"}
 PLAIN_BUILD = {"AVX2", "REPACK"}
@@ -136,6 +137,11 @@ def child_probe(outcomes: dict[str, str], calls: list[str]):
     return probe
 
 
+def weights(model: Path) -> frozenset[int]:
+    """The tensor types a load reads from the model's header and gives the CPU path's choice."""
+    return read_header(model).tensor_types
+
+
 @pytest.fixture
 def amx_model(tiny_model):
     """The tiny model's F16 weights are a kind llama.cpp's AMX buffer takes (as are Q4_K, Q6_K, Q8_0...)."""
@@ -161,20 +167,21 @@ def f32_model(tmp_path):
 def test_a_crashing_amx_probe_falls_back_and_is_remembered(tmp_path, amx_model):
     calls: list[str] = []
     probe = child_probe({"all": "crash", "no-amx": "ok"}, calls)
-    path = choose("auto", amx_model, tmp_path, AMX_BUILD, probe, cpu_identity="Xeon with AMX")
+    path = choose("auto", amx_model, weights(amx_model), tmp_path, AMX_BUILD, probe, cpu_identity="Xeon with AMX")
     assert (path.name, calls) == ("no-amx", ["all", "no-amx"])
     assert path.describe() == "AVX-512 · AMX off (crashed its self-test)"
-    again = choose("auto", amx_model, tmp_path, AMX_BUILD, child_probe({}, calls), cpu_identity="Xeon with AMX")
+    again = choose("auto", amx_model, weights(amx_model), tmp_path, AMX_BUILD, child_probe({}, calls),
+                   cpu_identity="Xeon with AMX")
     assert again == path and calls == ["all", "no-amx"]  # remembered: no second probe
-    other_cpu = choose("auto", amx_model, tmp_path, AMX_BUILD, child_probe({"all": "ok"}, calls),
+    other_cpu = choose("auto", amx_model, weights(amx_model), tmp_path, AMX_BUILD, child_probe({"all": "ok"}, calls),
                        cpu_identity="another CPU")
     assert other_cpu.name == "all" and calls[-1] == "all"
 
 
 def test_when_repacking_crashes_too_the_extra_buffers_go(tmp_path, amx_model):
     calls: list[str] = []
-    path = choose("auto", amx_model, tmp_path, AMX_BUILD, child_probe({"all": "crash", "no-amx": "crash"}, calls),
-                  cpu_identity="x")
+    path = choose("auto", amx_model, weights(amx_model), tmp_path, AMX_BUILD,
+                  child_probe({"all": "crash", "no-amx": "crash"}, calls), cpu_identity="x")
     assert path.name == "none" and not path.extra_buffers and calls == ["all", "no-amx"]
     assert path.describe() == "AVX-512 · AMX off (crashed its self-test) · no repacking"
     assert known("auto", tmp_path, AMX_BUILD) != ""
@@ -187,8 +194,8 @@ def test_a_probe_that_does_not_finish_is_not_remembered(tmp_path, amx_model):
         calls.append(name)
         return ProbeResult(ok=False)
 
-    assert choose("auto", amx_model, tmp_path, AMX_BUILD, hung, cpu_identity="x").name == "none"
-    assert choose("auto", amx_model, tmp_path, AMX_BUILD, hung, cpu_identity="x").name == "none"
+    assert choose("auto", amx_model, weights(amx_model), tmp_path, AMX_BUILD, hung, cpu_identity="x").name == "none"
+    assert choose("auto", amx_model, weights(amx_model), tmp_path, AMX_BUILD, hung, cpu_identity="x").name == "none"
     assert calls == ["all", "all"]
 
 
@@ -196,8 +203,8 @@ def test_no_probe_without_amx_or_without_weights_that_meet_it(tmp_path, amx_mode
     def never(*_args):
         raise AssertionError("probed")
 
-    assert choose("auto", amx_model, tmp_path, PLAIN_BUILD, never) == CpuPath("all", False, "AVX2")
-    f32_only = choose("auto", f32_model, tmp_path, AMX_BUILD, never, cpu_identity="x")
+    assert choose("auto", amx_model, weights(amx_model), tmp_path, PLAIN_BUILD, never) == CpuPath("all", False, "AVX2")
+    f32_only = choose("auto", f32_model, weights(f32_model), tmp_path, AMX_BUILD, never, cpu_identity="x")
     assert f32_only.name == "all" and "not checked" in f32_only.reason
 
 
@@ -206,15 +213,16 @@ def test_the_config_forces_a_path_without_probing(tmp_path, amx_model, setting):
     def never(*_args):
         raise AssertionError("probed")
 
-    path = choose(setting, amx_model, tmp_path, AMX_BUILD, never)
+    path = choose(setting, amx_model, weights(amx_model), tmp_path, AMX_BUILD, never)
     assert path.name == setting and path.extra_buffers == (setting != "none")
 
 
 def test_a_damaged_cache_file_means_asking_again(tmp_path, amx_model):
     (tmp_path / "cpu-path.json").write_text("{not json")
     calls: list[str] = []
-    assert choose("auto", amx_model, tmp_path, AMX_BUILD, child_probe({"all": "ok"}, calls), cpu_identity="x").name == "all"
-    assert calls == ["all"]
+    path = choose("auto", amx_model, weights(amx_model), tmp_path, AMX_BUILD, child_probe({"all": "ok"}, calls),
+                  cpu_identity="x")
+    assert path.name == "all" and calls == ["all"]
 
 
 @pytest.mark.parametrize("path_name", ["all", "no-amx", "none"])

@@ -124,3 +124,22 @@ def test_the_command_line_and_the_server_backend_load_neither_textual_nor_llama_
               "assert not loaded, loaded\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(("argv", "commands"), [([], []), (["--help"], []), (["--version"], ["tui_chat.commands.info"])])
+def test_the_entry_point_help_and_version_load_no_heavy_library_and_no_other_command(argv, commands):
+    """`tui-chat --help` and `--version` answer at once: importing `tui_chat.cli` and answering either loads
+    neither Textual, llama.cpp, Jinja nor numpy, and no command's module but the one answering (each comes in
+    when its command runs)."""
+    script = ("import sys\nfrom tui_chat.cli import main\n"
+              f"if {argv!r}:\n"
+              "    try:\n"
+              f"        main({argv!r})\n"
+              "    except SystemExit:\n"
+              "        pass\n"
+              "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'textual', 'llama_cpp', 'jinja2', 'numpy'})\n"
+              "commands = sorted(m for m in sys.modules if m.startswith('tui_chat.commands.') and m != "
+              "'tui_chat.commands.common')\n"
+              f"assert not heavy and commands == {commands!r}, (heavy, commands)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr

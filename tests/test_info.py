@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 
 import llama_cpp
 
@@ -12,11 +13,12 @@ from tui_chat.config import config_path, history_path, log_dir
 from tui_chat.engine.cpu import read_topology
 
 
-def test_version_names_tui_chat_llama_cpp_python_and_the_ggml_build():
+def test_version_names_tui_chat_llama_cpp_python_textual_and_python():
     done = run_cli("--version")
     assert done.returncode == 0 and done.stderr == ""
     line = done.stdout.strip()
-    assert line.startswith("tui-chat 0.") and f"llama-cpp-python {llama_cpp.__version__}" in line and "ggml 0." in line
+    assert line.startswith("tui-chat 0.") and f"llama-cpp-python {llama_cpp.__version__}" in line
+    assert f"python {platform.python_version()}" in line and "textual 8." in line
 
 
 def test_info_as_json_has_versions_cpu_gpu_and_every_path():

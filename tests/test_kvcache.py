@@ -17,6 +17,7 @@ import pytest
 
 from conftest import GREEDY, ask, open_backend
 from tui_chat.engine.base import Done, Message, Request, restore_note
+from tui_chat.engine import kvstore
 from tui_chat.engine.kvcache import DiskCache
 from tui_chat.engine.kvstore import KvStore
 from tui_chat.engine.params import LiveParams
@@ -130,6 +131,28 @@ def test_the_reply_is_never_kept_waiting_by_the_save(tiny_model, tmp_path, monke
         release.set()
         backend.close()
     assert len(KvStore(tmp_path / "kv").list_entries()) == 1
+
+
+def test_a_turn_lists_the_folder_once_and_rereads_no_state_it_wrote(tiny_model, tmp_path, monkeypatch):
+    """Reading the reopened chat's transcript, restoring its state and saving the next one work from one look at
+    the folder a turn; a state this process wrote is known from what it wrote, not read back."""
+    kv = tmp_path / "kv"
+    first = chat(NOTES, "What is the capital of France?")
+    reply = run_closed(tiny_model, kv, first, "7", n_ctx=1024)
+    looks, reads = [], []
+    scandir, read_entry = kvstore.os.scandir, kvstore.read_entry
+    monkeypatch.setattr(kvstore.os, "scandir", lambda path: looks.append(path) or scandir(path))
+    monkeypatch.setattr(kvstore, "read_entry", lambda *args: reads.append(args[0]) or read_entry(*args))
+    backend = open_backend(tiny_model, n_ctx=1024, kv_dir=kv)
+    try:
+        second = with_reply(first, reply, "And of Germany?")
+        reopened = ask(backend, second, conversation="7")
+        ask(backend, with_reply(second, reopened, "And of Spain?"), conversation="7")
+    finally:
+        backend.close()  # after the last save
+    assert reopened.metrics.restored_tokens > 0
+    assert len(looks) == 2, "one look a turn"
+    assert reads == [reads[0]], "the first process's state read once; those this one saved never read back"
 
 
 def test_a_zero_budget_saves_nothing(tiny_model, tmp_path):

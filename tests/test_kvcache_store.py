@@ -210,15 +210,16 @@ def test_tokens_are_compared_as_numbers_not_text():
 def test_a_model_file_is_known_by_its_size_date_and_header(tmp_path):
     """Cheap to take (no weights read) and different for a changed file, even one given its old date back."""
     from tiny_model import write_tiny_model
+    from tui_chat.engine.gguf_check import read_header
     from tui_chat.engine.kvstore import model_key
 
     path = write_tiny_model(tmp_path / "model.gguf")
-    first = model_key(path, 1024, 1, 1, "b")
-    assert model_key(path, 1024, 1, 1, "b") == first and first.mismatch(first) is None
+    first = model_key(path, read_header(path).sha256, 1024, 1, 1, "b")
+    assert model_key(path, read_header(path).sha256, 1024, 1, 1, "b") == first and first.mismatch(first) is None
     before = path.stat()
     write_tiny_model(path, chat_template="{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}")
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
-    changed = model_key(path, 1024, 1, 1, "b")
+    changed = model_key(path, read_header(path).sha256, 1024, 1, 1, "b")
     assert changed.model_header_sha256 != first.model_header_sha256
     assert first.mismatch(changed) == "model.gguf changed since it was saved"
 

@@ -1,7 +1,8 @@
 import pytest
 
 from tui_chat.engine.base import Message
-from tui_chat.engine.prompts import NAMED_TEMPLATES, PromptError, choose_format
+from tui_chat.engine.prompts import PromptError, choose_format
+from tui_chat.engine.templates import NAMED_TEMPLATES
 
 CHAT = [
     Message("system", "Be brief."),

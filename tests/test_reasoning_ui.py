@@ -10,7 +10,6 @@ from tui_chat.config import history_path
 from tui_chat.history import History
 from tui_chat.ui.screens.inspector import InspectorScreen
 from tui_chat.ui.widgets.messages import ReplyMessage
-from tui_chat.ui.widgets.metrics import MetricsPanel
 from tui_chat.ui.widgets.thinking import ThinkingBlock
 
 

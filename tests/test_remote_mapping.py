@@ -21,7 +21,7 @@ from tui_chat.engine.formats import choose, grammar, json_schema
 from tui_chat.engine.openai import OpenAIBackend, RemoteSettings
 from tui_chat.engine.openai.streamed import stop_reason
 from tui_chat.engine.params import LiveParams, SamplingParams
-from tui_chat.engine.prompts import NAMED_TEMPLATES, PLAIN
+from tui_chat.engine.templates import NAMED_TEMPLATES, PLAIN
 from tui_chat.session import ChatSession, Ending
 from tui_chat.ui.screens.inspector import candidate_lines
 

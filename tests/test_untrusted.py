@@ -32,7 +32,6 @@ from tui_chat.history import History
 from tui_chat.safetext import terminal_safe
 from tui_chat.ui.screens.ask import AskText
 from tui_chat.ui.screens.inspector import InspectorScreen
-from tui_chat.ui.widgets.messages import ReplyMessage
 from tui_chat.ui.widgets.metrics import MetricsPanel
 from tui_chat.ui.widgets.prompt import PromptInput
 

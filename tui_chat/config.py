@@ -14,7 +14,7 @@ import platformdirs
 
 from .engine.cpu_path import AUTO as AUTO_CPU_PATH, CHOICES as CPU_PATHS
 from .engine.params import InvalidParameter, SamplingParams, check_top_logprobs
-from .engine.prompts import AUTO, NAMED_TEMPLATES
+from .engine.templates import AUTO, NAMED_TEMPLATES
 from .pricing import DEFAULT_PRESET, PRESETS, Price, PricingError, find_preset, presets_with
 
 APP_NAME = "tui-chat"

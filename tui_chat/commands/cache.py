@@ -20,9 +20,9 @@ if TYPE_CHECKING:
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    cache = commands.add_parser("cache", help="list the saved KV caches (model, tokens, size, last used), or clear them",
-                                description="List the KV caches saved on disk, most recently used first, or delete "
-                                            "them all with `clear` (the next turn of each chat reads its prompt again).")
+    cache = commands.add_parser("cache", description="List the KV caches saved on disk, most recently used first, "
+                                                     "or delete them all with `clear` (the next turn of each chat "
+                                                     "reads its prompt again).")
     cache.add_argument("action", nargs="?", choices=("list", "clear"), default="list",
                        help="list (the default) or clear")
     cache.add_argument("--json", action="store_true", help="list as JSON")

@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from ..config import (
     CPU_PATHS,
@@ -22,9 +22,11 @@ from ..config import (
     log_dir,
     models_dir,
 )
-from ..engine.factory import BackendOpener, LocalOptions, remote_spec
 from ..engine.params import InvalidParameter
 from ..safetext import terminal_safe
+
+if TYPE_CHECKING:
+    from ..engine.factory import BackendOpener
 
 RUNTIME_ERROR = 1  # a fault on the way: network, disk, a model that fails mid-reply
 USAGE_ERROR = 2  # what the user can fix in the command: a bad name, value or file
@@ -80,6 +82,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 def opener_for(config: Config, args: argparse.Namespace | None = None) -> tuple[BackendOpener, str | None]:
     """The backend opener for this run and the model name to open first, with the flags laid over the config."""
+    from ..engine.factory import BackendOpener, LocalOptions, remote_spec  # the engine: only for a command that opens one
+
     config = with_model_flags(config, args)
     remote = _remote_profile(config, args) if args is not None else None
     servers = dict(config.remotes) | ({remote.name or CLI_REMOTE: remote} if remote else {})

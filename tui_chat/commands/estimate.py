@@ -13,8 +13,8 @@ from ..pricing import Estimate, count, find_preset, words_to_tokens
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    estimate = commands.add_parser("estimate", help="what a workload would cost on a paid API",
-                                   description="What a workload would cost on a paid API, per call, day and month.")
+    estimate = commands.add_parser(
+        "estimate", description="What a workload would cost on a paid API, per call, day and month.")
     given_input = estimate.add_mutually_exclusive_group()
     given_input.add_argument("--text", help="the input of one call (tokens counted with --model's tokenizer)")
     given_input.add_argument("--file", type=Path, help="a file holding the input of one call")

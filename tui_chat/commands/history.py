@@ -15,18 +15,17 @@ from .common import writer
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    listing = commands.add_parser("history", help="list saved conversations, most recent first",
-                                  description="List saved conversations, most recent first.")
+    listing = commands.add_parser("history", description="List saved conversations, most recent first.")
     listing.add_argument("--search", metavar="TEXT", help="only conversations whose title or messages contain TEXT")
     listing.set_defaults(run=run_history)
-    export = commands.add_parser("export", help="write a saved conversation as Markdown or JSON",
-                                 description="Write a saved conversation as Markdown (to read) or JSON (to import).")
+    export = commands.add_parser(
+        "export", description="Write a saved conversation as Markdown (to read) or JSON (to import).")
     export.add_argument("id", type=int, help="the conversation's ID (see tui-chat history)")
     export.add_argument("--format", choices=("md", "json"), default="md", help="md to read, json to import (default md)")
     export.add_argument("--output", "-o", type=Path, metavar="FILE", help="write to FILE instead of stdout")
     export.set_defaults(run=run_export)
-    imports = commands.add_parser("import", help="add a conversation from a JSON export to the history",
-                                  description="Add a conversation from a JSON export to the history, under a new ID.")
+    imports = commands.add_parser(
+        "import", description="Add a conversation from a JSON export to the history, under a new ID.")
     imports.add_argument("file", type=Path, help="a file written by tui-chat export --format json")
     imports.set_defaults(run=run_import)
 

@@ -15,9 +15,8 @@ from ..guard import LOG_NAME
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    info = commands.add_parser("info", help="versions, what llama.cpp can use here, and the paths in use",
-                               description="Versions, the llama.cpp build's CPU features and devices, the CPU "
-                                           "path and threads in use, and every path tui-chat reads or writes.")
+    info = commands.add_parser("info", description="Versions, the llama.cpp build's CPU features and devices, the CPU "
+                                                   "path and threads in use, and every path tui-chat reads or writes.")
     info.add_argument("--json", action="store_true", help="print JSON")
     info.set_defaults(run=run)
 
@@ -34,10 +33,10 @@ def package_version(name: str) -> str:
 
 
 def version_line() -> str:
-    from ..engine.ggml import build_version
-
+    """From the packages' metadata, without loading llama.cpp: `--version` answers at once (its build, the ggml
+    version and commit, is in `tui-chat info`)."""
     return (f"tui-chat {package_version('tui-chat')} · llama-cpp-python {package_version('llama-cpp-python')} · "
-            f"ggml {build_version()}")
+            f"textual {package_version('textual')} · python {platform.python_version()}")
 
 
 def report(config: Config) -> dict[str, object]:

@@ -24,7 +24,7 @@ LINE_EVERY_S = 1.0
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    models = commands.add_parser("models", help="find, download and manage GGUF models (hub and local)",
+    models = commands.add_parser("models",
                                  description="Find, download and manage GGUF models: the hub and this machine.")
     models.set_defaults(run=run)
     actions = models.add_subparsers(dest="models_command", required=True, metavar="ACTION",

@@ -40,9 +40,8 @@ HELD_LINE_EVERY_S = 0.25
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    run = commands.add_parser("run", help="answer prompts without the UI (tokens stream to stdout)",
-                              description="Answer prompts without the UI: each --prompt is a turn of one "
-                                          "conversation; tokens stream to stdout.")
+    run = commands.add_parser("run", description="Answer prompts without the UI: each --prompt is a turn of one "
+                                                 "conversation; tokens stream to stdout.")
     add_model_options(run)
     run.add_argument("--prompt", "-p", action="append", required=True, help="a user turn; repeat for more turns")
     run.add_argument("--system", help="system prompt (default: system_prompt in the config)")

@@ -14,20 +14,16 @@ nothing. The answer is kept per llama.cpp build and CPU. The ladder, fastest fir
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import hashlib
 import json
 import os
 import platform
 import struct
-import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass
 from pathlib import Path
-
-from .gguf_check import GgufProblem, read_tensor_types
 
 AUTO = "auto"
 PATHS = ("all", "no-amx", "none")
@@ -73,9 +69,10 @@ class CpuPath:
         return " · ".join(parts)
 
 
-def choose(setting: str, model: Path, cache_dir: Path | None, features: set[str], probe: Probe | None = None,
-           cpu_identity: str | None = None) -> CpuPath:
-    """The path to load `model` with: forced by `setting`, remembered for this build and CPU, or probed."""
+def choose(setting: str, model: Path, tensor_types: Set[int], cache_dir: Path | None, features: set[str],
+           probe: Probe | None = None, cpu_identity: str | None = None) -> CpuPath:
+    """The path to load `model` with: forced by `setting`, remembered for this build and CPU, or probed (only
+    where its weights, `tensor_types` from its header, would meet the AMX kernels)."""
     amx = "AMX_INT8" in features
     simd = next((name for flag, name in SIMD_NAMES if flag in features), "")
     if setting != AUTO:
@@ -86,7 +83,7 @@ def choose(setting: str, model: Path, cache_dir: Path | None, features: set[str]
     known = _remembered(cache_dir, key)
     if known is not None:
         return CpuPath(known[0], amx, simd, known[1])
-    if not _meets_amx(model):
+    if not tensor_types & AMX_TYPES:
         return CpuPath("all", amx, simd, "not checked: this model's weights do not use AMX")
     return _probe_ladder(model, probe or run_probe, cache_dir, key, amx, simd)
 
@@ -116,6 +113,8 @@ def _probe_ladder(model: Path, probe: Probe, cache_dir: Path | None, key: str, a
 
 def run_probe(model: Path, path_name: str, timeout_s: float = PROBE_TIMEOUT_S) -> ProbeResult:
     """Load `model` on `path_name` in a child process and decode a few tokens."""
+    import subprocess  # here: the config imports this module for its names, at every start
+
     command = [sys.executable, "-m", "tui_chat.engine.probe", path_name, os.fspath(model)]
     try:
         child = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -136,13 +135,6 @@ def result_of(returncode: int) -> ProbeResult:
         except ValueError:
             return ProbeResult(ok=False, crashed=f"signal {-returncode}")
     return ProbeResult(ok=False)
-
-
-def _meets_amx(model: Path) -> bool:
-    try:
-        return bool(read_tensor_types(model) & AMX_TYPES)
-    except (OSError, GgufProblem):
-        return False  # the load itself will say what is wrong with the file
 
 
 def _cpu_identity() -> str:
@@ -209,16 +201,17 @@ _LOAD_WORD, _JUMP_IF_EQUAL, _RETURN = 0x20, 0x15, 0x06
 _ALLOW, _FAIL_WITH = 0x7FFF0000, 0x00050000
 
 
-class _Filter(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
-
-
 def deny_amx() -> bool:
     """Make the kernel refuse AMX state to every thread of this process, so llama.cpp's AMX buffer
     type reports itself unavailable (`ggml_amx_init`) and only CPU_REPACK is used. Must run before the
     first model load; cannot be undone. False where it cannot be done (not Linux on x86-64)."""
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
         return False
+    import ctypes  # here: the config imports this module for its names, at every start
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
     program = b"".join(struct.pack("<HBBI", *instruction) for instruction in (
         (_LOAD_WORD, 0, 0, 4),  # the system call's architecture
         (_JUMP_IF_EQUAL, 0, 5, _AUDIT_ARCH_X86_64),
@@ -230,7 +223,7 @@ def deny_amx() -> bool:
         (_RETURN, 0, 0, _ALLOW),
     ))
     libc = ctypes.CDLL(None, use_errno=True)
-    fprog = _Filter(len(program) // 8, program)
+    fprog = Filter(len(program) // 8, program)
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         return False
     return libc.syscall(_SECCOMP, _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC, ctypes.byref(fprog)) == 0

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Protocol
 
 from .base import Backend, EngineError
-from .kvstore import DEFAULT_BUDGET_BYTES
 from .models import resolve_model
 
 REMOTE_MARK = "@"
@@ -39,7 +38,7 @@ class LocalOptions:
     extra_buffers: str = "auto"
     cache_dir: Path | None = None
     kv_dir: Path | None = None  # KV states saved after each reply, restored later (None: none saved)
-    kv_budget_bytes: int = DEFAULT_BUDGET_BYTES  # their total size
+    kv_budget_bytes: int = 0  # their total size (0: none saved)
 
 
 class ServerProfile(Protocol):

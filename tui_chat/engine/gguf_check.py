@@ -7,9 +7,11 @@ they were found by fuzzing (tests/test_gguf_fuzz.py).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import mmap
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +41,42 @@ class GgufProblem(ValueError):
     """Why a file cannot be loaded; the message reads after the file's name."""
 
 
-def read_metadata(path: Path) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class GgufHeader:
+    """What loading a model needs from its file besides the weights, read in one pass (`read_header`)."""
+
+    tensor_types: frozenset[int]  # the ggml types of its tensors (12 for Q4_K): which CPU kernels they will meet
+    sha256: str  # of every byte before the tensor data (settings, vocabulary, tensor list): tells two versions
+    #              of a model apart without reading the weights
+
+
+def read_metadata(path: Path, keep_vocabulary: bool = True) -> dict[str, Any]:
     """The key/value metadata. Arrays are checked and skipped, except the vocabulary (a list of bytes).
 
     Raises GgufProblem for a file that is not GGUF or whose header does not fit inside it, and the
     usual OSErrors for a file that cannot be read.
     """
+    with _mapped(path) as data:
+        return _Reader(data, keep_vocabulary).metadata()
+
+
+def read_header(path: Path) -> GgufHeader:
+    """The metadata, the tensor list and their hash, in one pass over the header for everything a load asks of
+    the file; the metadata is checked (`check_metadata`) once the file is unmapped, so that the check's set of
+    the vocabulary does not need room beside the mapping. Raises as `read_metadata` does."""
+    with _mapped(path) as data:
+        reader = _Reader(data)
+        metadata = reader.metadata()
+        tensor_count = struct.unpack_from("<Q", data, 8)[0]
+        types = frozenset(reader.tensor_type() for _ in range(tensor_count))
+        with memoryview(data)[: reader.pos] as header:  # hashed where it lies: no copy of its megabytes
+            sha256 = hashlib.sha256(header).hexdigest()
+    check_metadata(metadata)
+    return GgufHeader(types, sha256)
+
+
+def _mapped(path: Path) -> mmap.mmap:
+    """The file mapped for reading, once its first bytes say it is a GGUF this llama.cpp reads."""
     with path.open("rb") as handle:
         head = handle.read(_HEADER_BYTES)
         if len(head) < 8 or head[:4] != MAGIC:
@@ -54,38 +86,15 @@ def read_metadata(path: Path) -> dict[str, Any]:
             raise GgufProblem(f"is GGUF version {version}, which this llama.cpp cannot read")
         if len(head) < _HEADER_BYTES:
             raise GgufProblem("is damaged: it ends inside its header (an incomplete download?)")
-        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            return _Reader(data).metadata()
+        return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
 
 
 def quantization(path: Path) -> str:
     """The file type its metadata names (`Q4_K_M`), or "" when it names none or cannot be read."""
     try:
-        return FILE_TYPES.get(read_metadata(path).get("general.file_type"), "")
+        return FILE_TYPES.get(read_metadata(path, keep_vocabulary=False).get("general.file_type"), "")
     except (OSError, GgufProblem):
         return ""
-
-
-def read_tensor_types(path: Path) -> set[int]:
-    """The ggml types of the file's tensors (e.g. 12 for Q4_K): which CPU kernels its weights will meet."""
-    return set(_tensor_list(path)[0])
-
-
-def header_length(path: Path) -> int:
-    """Bytes before the tensor data: the header, every setting and the tensor list (names, shapes, types,
-    offsets). Hashing them tells two versions of a model apart without reading the weights."""
-    return _tensor_list(path)[1]
-
-
-def _tensor_list(path: Path) -> tuple[list[int], int]:
-    """Each tensor's type, and the offset where their list ends."""
-    with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        if data[:4] != MAGIC or struct.unpack_from("<I", data, 4)[0] not in VERSIONS:
-            raise GgufProblem("is not a GGUF model file")
-        reader = _Reader(data, keep_vocabulary=False)
-        tensor_count = struct.unpack_from("<Q", data, 8)[0]
-        reader.metadata()
-        return [reader.tensor_type() for _ in range(tensor_count)], reader.pos
 
 
 def check_metadata(metadata: dict[str, Any]) -> None:

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import logs
-from .gguf_check import GgufProblem
-from .kvstore import KvKey, KvProblem, KvStore, Notes, model_key
+from .gguf_check import GgufHeader
+from .kvstore import KvKey, KvProblem, KvStore, Listing, Notes, model_key
 from .llamacpp import LlamaSession, StateRefused
 
 MIN_SAVE_TOKENS = 32  # fewer are read again in a few tens of milliseconds
@@ -45,6 +45,12 @@ class DiskCache:
         self.key = key
         self.prefill_tok_s: float | None = None
         self.last_save_s = 0.0  # how long the last save held the worker (benchmarks read it)
+        self._listing: Listing | None = None
+
+    def start_turn(self) -> None:
+        """Look at the folder once for the turn: its reading, restore and save work from what was there then (and
+        from what they change themselves); what other processes save or delete meanwhile shows next turn."""
+        self._listing = self.store.listing(self.key)
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         if tokens >= MIN_RATE_TOKENS and seconds > 0:
@@ -54,7 +60,7 @@ class DiskCache:
         """Load the saved state sharing the longest prefix with `prompt` when that spares enough reading over
         what the session's cache already shares; the caller then cuts it back to the shared prefix."""
         started = time.perf_counter()
-        found = self.store.best_match(self.key, prompt, len(prompt) - 1)
+        found = self.store.best_match(self.key, prompt, len(prompt) - 1, self._listing)
         if found is None:
             return None
         entry, shared = found
@@ -65,9 +71,9 @@ class DiskCache:
             with self.store.open(entry) as body:
                 session.load_state(body, entry.tokens)
         except (KvProblem, StateRefused) as problem:
-            self.store.discard(entry, str(problem))
+            self.store.discard(entry, str(problem), self._listing)
             return None
-        self.store.touch(entry)
+        self.store.touch(entry, self._listing)
         seconds = time.perf_counter() - started
         if rate is None and shared >= MIN_RATE_TOKENS:
             rate = session.reading_rate(entry.tokens[:shared])
@@ -83,23 +89,23 @@ class DiskCache:
         started = time.perf_counter()
         notes = Notes(conversation, transcript[0], tuple(transcript[1]), len(prompt[0]), len(prompt[1]),
                       self.prefill_tok_s)
-        self.store.save(self.key, session.tokens, session.save_state, session.state_file_bytes(), notes)
+        self.store.save(self.key, session.tokens, session.save_state, session.state_file_bytes(), notes, self._listing)
         self.last_save_s = time.perf_counter() - started
 
     def reading(self, text: str) -> tuple[str, list[int]]:
         """The longest start of `text` a saved state's transcript says was read, with its tokens; ("", [])."""
-        known_text, tokens = self.store.reading(self.key, text)
+        known_text, tokens = self.store.reading(self.key, text, self._listing)
         return known_text, list(tokens)
 
 
-def open_disk_cache(folder: Path | None, budget_bytes: int, session: LlamaSession, model: Path,
+def open_disk_cache(folder: Path | None, budget_bytes: int, session: LlamaSession, model: Path, header: GgufHeader,
                     build: str) -> DiskCache | None:
     """The disk cache for a freshly loaded model, or None when it is off or the model file cannot be identified."""
     if folder is None or budget_bytes <= 0:
         return None
     try:
-        key = model_key(model, session.n_ctx, *session.kv_types, build)
-    except (OSError, GgufProblem) as error:
+        key = model_key(model, header.sha256, session.n_ctx, *session.kv_types, build)
+    except OSError as error:
         logs.note(f"kv cache: off for {model.name}: {error}")
         return None
     return DiskCache(KvStore(folder, budget_bytes), key)

@@ -16,7 +16,6 @@ No llama.cpp calls here: the session writes the body (`save(write=...)`) and rea
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import mmap
@@ -31,7 +30,6 @@ from pathlib import Path
 
 import numpy as np
 
-from .gguf_check import header_length
 
 FORMAT = 1
 SUFFIX = ".kv"
@@ -77,20 +75,12 @@ class KvKey:
         return None
 
 
-def model_key(path: Path, n_ctx: int, type_k: int, type_v: int, build: str) -> KvKey:
-    """The key of a context on the model at `path`. Raises OSError or GgufProblem for a file that cannot be read."""
+def model_key(path: Path, header_sha256: str, n_ctx: int, type_k: int, type_v: int, build: str) -> KvKey:
+    """The key of a context on the model at `path`, whose header hashes to `header_sha256` (the load read it:
+    `GgufHeader.sha256`). Raises OSError for a file that cannot be read."""
     path = path.resolve()
     stat = path.stat()
-    header = _header_sha256(path, stat.st_size, stat.st_mtime_ns)
-    return KvKey(str(path), stat.st_size, stat.st_mtime_ns, header, n_ctx, type_k, type_v, build)
-
-
-@functools.lru_cache(maxsize=16)
-def _header_sha256(path: Path, _size: int, _mtime_ns: int) -> str:
-    """Once per version of a file: a 253 MB model's 6.5 MB of settings and vocabulary take ~0.1 s."""
-    length = header_length(path)
-    with path.open("rb") as handle:
-        return hashlib.sha256(handle.read(length)).hexdigest()
+    return KvKey(str(path), stat.st_size, stat.st_mtime_ns, header_sha256, n_ctx, type_k, type_v, build)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +124,22 @@ class Entry:
         return Path(self.key.model_path).name
 
 
+@dataclass(slots=True, eq=False)
+class Listing:
+    """The folder as one look saw it, for one model and context (`key`). A turn's reading, restore and save work
+    from one (the engine takes it as the turn starts); the store keeps it in step with what it does itself
+    (states used, saved, deleted), and what other processes do shows at the next look."""
+
+    key: KvKey
+    entries: dict[str, Entry]  # every state, by file name: the budget counts them all
+    partials: list[Path]  # unfinished writes: a save deletes those a dead process left
+
+    @property
+    def usable(self) -> list[Entry]:
+        """The states of this key's model and context (those saved for another file or build were discarded)."""
+        return [entry for name, entry in self.entries.items() if name.startswith(self.key.prefix + "-")]
+
+
 def shared_prefix(saved: np.ndarray, prompt: np.ndarray, limit: int) -> int:
     """How many leading tokens two lists share, at most `limit`."""
     n = min(len(saved), len(prompt), limit)
@@ -162,10 +168,10 @@ class KvStore:
 
     def list_entries(self) -> list[Entry]:
         """Every saved state, the most recently used first (damaged files are logged and deleted)."""
-        return sorted(self._scan(), key=lambda entry: entry.last_used, reverse=True)
+        return sorted(self._scan()[0], key=lambda entry: entry.last_used, reverse=True)
 
     def total_bytes(self) -> int:
-        return sum(entry.size_bytes for entry in self._scan())
+        return sum(entry.size_bytes for entry in self._scan()[0])
 
     def clear(self) -> int:
         """Delete every saved state (and any unfinished write); returns how many states were deleted."""
@@ -181,18 +187,32 @@ class KvStore:
         return self._delete(lambda entry: entry.key.model_path == target)
 
     # --- restoring and saving: what the engine calls --------------------------------------------
+    # Each takes the turn's listing of the folder, or looks at it itself when given none.
 
-    def best_match(self, key: KvKey, prompt: Sequence[int], limit: int) -> tuple[Entry, int] | None:
+    def listing(self, key: KvKey) -> Listing:
+        """The folder now, for `key`: its states saved for an older model file or another build are discarded
+        (they can never load again)."""
+        entries, partials = self._scan()
+        listing = Listing(key, {entry.path.name: entry for entry in entries}, partials)
+        for entry in entries:
+            reason = key.mismatch(entry.key) if entry.path.name.startswith(key.prefix + "-") else None
+            if reason is not None:
+                self.discard(entry, reason, listing)
+        return listing
+
+    def best_match(self, key: KvKey, prompt: Sequence[int], limit: int,
+                   listing: Listing | None = None) -> tuple[Entry, int] | None:
         """The usable state sharing the longest prefix with `prompt` (at most `limit` tokens), and that length;
         on a tie the smaller file. None when no state shares a token."""
         wanted = np.asarray(prompt, dtype=_TOKEN)
-        scored = [(shared_prefix(entry.tokens, wanted, limit), -entry.size_bytes, entry) for entry in self._usable(key)]
+        usable = (listing or self.listing(key)).usable
+        scored = [(shared_prefix(entry.tokens, wanted, limit), -entry.size_bytes, entry) for entry in usable]
         shared, _, entry = max(scored, key=lambda item: item[:2], default=(0, 0, None))
         return (entry, shared) if shared > 0 else None
 
-    def reading(self, key: KvKey, text: str) -> tuple[str, tuple[int, ...]]:
+    def reading(self, key: KvKey, text: str, listing: Listing | None = None) -> tuple[str, tuple[int, ...]]:
         """The longest start of `text` a usable state's transcript says was read, with its tokens; ("", ())."""
-        known = [(known_text, tokens) for entry in self._usable(key)
+        known = [(known_text, tokens) for entry in (listing or self.listing(key)).usable
                  for known_text, tokens in entry.notes.readings() if known_text and text.startswith(known_text)]
         return max(known, key=lambda reading: len(reading[0]), default=("", ()))
 
@@ -220,23 +240,23 @@ class KvStore:
                 body.release()
 
     def save(self, key: KvKey, tokens: Sequence[int], write: Callable[[Path], int], expected_bytes: int,
-             notes: Notes = Notes()) -> Entry | None:
+             notes: Notes = Notes(), listing: Listing | None = None) -> Entry | None:
         """Save a state holding `tokens`: `write(path)` writes its body (about `expected_bytes`). A state some
         saved one already holds the whole of is only marked used. Older states of the same chat that this one
         holds the whole of are deleted; then the budget is kept. Any failure is one log line and no file."""
         wanted = np.asarray(tokens, dtype=_TOKEN)
-        same = self._usable(key)
+        listing = listing or self.listing(key)
+        same = listing.usable
         holder = next((entry for entry in same if shared_prefix(entry.tokens, wanted, len(wanted)) == len(wanted)),
                       None)
         if holder is not None:
-            self.touch(holder)
-            return holder
+            return self.touch(holder, listing)
         name = f"{key.prefix}-{_tokens_digest(wanted)}{SUFFIX}"
         partial = self.folder / f"{name}.{os.getpid()}{PARTIAL}"
         try:
-            self._make_room(expected_bytes + 4 * len(wanted))
+            self._make_room(expected_bytes + 4 * len(wanted), listing)
             write(partial)
-            entry = self._seal(partial, name, key, wanted, notes)
+            entry = listing.entries[name] = self._seal(partial, name, key, wanted, notes)
         except (OSError, KvProblem) as error:
             with contextlib.suppress(OSError):
                 partial.unlink()
@@ -245,39 +265,33 @@ class KvStore:
         for older in same:
             held = shared_prefix(older.tokens, wanted, len(wanted)) == older.n_tokens
             if held and older.notes.conversation == notes.conversation:
-                self._remove(older.path)
+                self._remove(older.path, listing)
         return entry
 
-    def touch(self, entry: Entry) -> None:
+    def touch(self, entry: Entry, listing: Listing | None = None) -> Entry:
         """Mark `entry` as just used: eviction takes the least recently used first."""
         with contextlib.suppress(OSError):
             os.utime(entry.path)
+        used = replace(entry, last_used=time.time())
+        if listing is not None and entry.path.name in listing.entries:
+            listing.entries[entry.path.name] = used
+        return used
 
-    def discard(self, entry: Entry, reason: str) -> None:
+    def discard(self, entry: Entry, reason: str, listing: Listing | None = None) -> None:
         """A state that cannot be used: one log line, and the file goes (the turn reads its prompt instead)."""
-        self._discard(entry.path, reason)
+        self._discard(entry.path, reason, listing)
 
     # --- inside ---------------------------------------------------------------------------------
 
-    def _usable(self, key: KvKey) -> list[Entry]:
-        """The states of this model and context; those saved for an older model file or another build are
-        discarded (they can never load again)."""
-        usable = []
-        for entry in self._scan():
-            if entry.path.name.startswith(key.prefix + "-"):
-                reason = key.mismatch(entry.key)
-                if reason is None:
-                    usable.append(entry)
-                else:
-                    self.discard(entry, reason)
-        return usable
-
-    def _scan(self) -> list[Entry]:
-        """Every `.kv` file, each read once per version (their trailers; bodies are read only to restore)."""
+    def _scan(self) -> tuple[list[Entry], list[Path]]:
+        """Every `.kv` file, each read once per version (their trailers; bodies are read only to restore), and
+        the unfinished writes beside them."""
         try:
-            listing = [item for item in os.scandir(self.folder) if item.name.endswith(SUFFIX)]
+            found = list(os.scandir(self.folder))
         except OSError:
-            return []
+            return [], []
+        listing = [item for item in found if item.name.endswith(SUFFIX)]
+        partials = [Path(item.path) for item in found if item.name.endswith(PARTIAL)]
         entries = []
         with self._lock:
             seen = {}
@@ -293,7 +307,7 @@ class KvStore:
                 seen[item.name] = (stat.st_ino, stat.st_size), entry
                 entries.append(entry)
             self._parsed = seen
-        return entries
+        return entries, partials
 
     def _read(self, path: Path, stat: os.stat_result) -> Entry:
         known = self._parsed.get(path.name)
@@ -302,7 +316,8 @@ class KvStore:
         return read_entry(path, stat.st_size, stat.st_mtime)
 
     def _seal(self, partial: Path, name: str, key: KvKey, tokens: np.ndarray, notes: Notes) -> Entry:
-        """Append the trailer, fsync, and only then give the file its name."""
+        """Append the trailer, fsync, and only then give the file its name. The entry is made from what was
+        written (the next look knows the file by its inode and size) instead of being read back."""
         with partial.open("rb") as handle:
             body_sha256 = hashlib.file_digest(handle, "sha256").hexdigest()
             body_bytes = handle.tell()
@@ -325,48 +340,56 @@ class KvStore:
         os.replace(partial, final)
         _fsync_folder(self.folder)
         stat = final.stat()
-        return read_entry(final, stat.st_size, stat.st_mtime)
+        entry = Entry(final, key, tokens, notes, stat.st_size, stat.st_mtime, body_bytes, body_sha256)
+        with self._lock:
+            self._parsed[name] = (stat.st_ino, stat.st_size), entry
+        return entry
 
-    def _make_room(self, needed: int) -> None:
+    def _make_room(self, needed: int, listing: Listing) -> None:
         """Evict the least recently used states until `needed` more bytes fit in the budget and leave the disk
         MIN_FREE_BYTES free. Raises KvProblem when they cannot."""
         if needed > self.budget_bytes:
             raise KvProblem(f"it needs {human_size(needed)}, more than the whole budget "
                             f"({human_size(self.budget_bytes)}, kv_cache_budget_gb in the config)")
         self.folder.mkdir(parents=True, exist_ok=True)
-        entries = sorted(self._scan(), key=lambda entry: entry.last_used)
+        entries = sorted(listing.entries.values(), key=lambda entry: entry.last_used)
         total = sum(entry.size_bytes for entry in entries)
         free = shutil.disk_usage(self.folder).free
         for entry in entries:
             if total + needed <= self.budget_bytes and free - needed >= MIN_FREE_BYTES:
                 break
             _log(f"{entry.path.name} ({entry.n_tokens:,} tokens, least recently used) evicted")
-            if self._remove(entry.path):
+            if self._remove(entry.path, listing):
                 total -= entry.size_bytes
                 free += entry.size_bytes
-        self._remove_partials(STALE_PARTIAL_S)
+        self._remove_partials(listing.partials, STALE_PARTIAL_S)
         if free - needed < MIN_FREE_BYTES:
             raise KvProblem(f"the disk is nearly full ({human_size(free)} free)")
 
     def _delete(self, chosen: Callable[[Entry], bool], partials_older_than: float = STALE_PARTIAL_S) -> int:
-        deleted = sum(self._remove(entry.path) for entry in self._scan() if chosen(entry))
-        self._remove_partials(partials_older_than)
+        entries, partials = self._scan()
+        deleted = sum(self._remove(entry.path) for entry in entries if chosen(entry))
+        self._remove_partials(partials, partials_older_than)
         return deleted
 
-    def _remove_partials(self, older_than: float) -> None:
+    @staticmethod
+    def _remove_partials(partials: list[Path], older_than: float) -> None:
         """Unfinished writes left by a process that died (a write in progress is younger)."""
         now = time.time()
-        for partial in self.folder.glob(f"*{PARTIAL}"):
+        for partial in partials:
             with contextlib.suppress(OSError):
                 if now - partial.stat().st_mtime >= older_than:
                     partial.unlink()
 
-    def _discard(self, path: Path, reason: str) -> None:
+    def _discard(self, path: Path, reason: str, listing: Listing | None = None) -> None:
         _log(f"{path.name} skipped and deleted: {reason}")
-        self._remove(path)
+        self._remove(path, listing)
 
     @staticmethod
-    def _remove(path: Path) -> bool:
+    def _remove(path: Path, listing: Listing | None = None) -> bool:
+        """Delete a state's file (and its entry from `listing`); False when it was already gone or stays."""
+        if listing is not None:
+            listing.entries.pop(path.name, None)
         try:
             path.unlink()
         except FileNotFoundError:

@@ -41,6 +41,7 @@ from .grammar import Constraint, check_format
 from .kvcache import DiskCache, Restored, open_disk_cache
 from .kvstore import DEFAULT_BUDGET_BYTES
 from .llamacpp import Inspection, LlamaSession, PrefillAborted, quantization_of, supports_gpu_offload
+from .models import check_gguf
 from .params import SamplingParams
 from .prompts import PromptError, PromptFormat, ThinkingSyntax, choose_format, opens_thinking
 from .reasoning import ReplyText, ThinkingSplitter
@@ -203,8 +204,9 @@ class LlamaBackend:
                     self._session.close()
                     self._session = None
             self._disk = None
-            cpu_path = choose_cpu_path(settings.extra_buffers, settings.path, settings.cache_dir, build_features(),
-                                       probe=_announced_probe(stream))
+            header = check_gguf(settings.path)  # read once for the load: the check, the CPU path and the KV key
+            cpu_path = choose_cpu_path(settings.extra_buffers, settings.path, header.tensor_types, settings.cache_dir,
+                                       build_features(), probe=_announced_probe(stream))
             session = LlamaSession(
                 settings.path,
                 n_ctx=settings.n_ctx,
@@ -242,7 +244,7 @@ class LlamaBackend:
             thinking=prompt_format.thinking.label if prompt_format.names_thinking else "",
             thinking_switch=prompt_format.thinking_switch,
         )
-        self._disk = open_disk_cache(settings.kv_dir, settings.kv_budget_bytes, session, settings.path,
+        self._disk = open_disk_cache(settings.kv_dir, settings.kv_budget_bytes, session, settings.path, header,
                                      build_version())
         with self._session_lock:
             self._session = session
@@ -257,6 +259,8 @@ class LlamaBackend:
         try:
             if self._session is None or self._format is None:
                 raise EngineError("no model is loaded")
+            if self._disk is not None:
+                self._disk.start_turn()
             _Turn(self, request, stream).run()
         except (EngineError, PromptError, FormatError) as error:
             stream.put(Error(str(error)))

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .base import EngineError
-from .gguf_check import GgufProblem, check_metadata, read_metadata
+from .gguf_check import GgufHeader, GgufProblem, read_header
 
 STARTER_NAME = "gemma-3-270m"
 _STARTER_ALIASES = {
@@ -53,12 +53,13 @@ def resolve_model(name: str | None, default_model: str | None, models_dir: Path,
                       "or a downloaded hub model as OWNER/NAME:FILE.gguf")
 
 
-def check_gguf(path: Path) -> None:
+def check_gguf(path: Path) -> GgufHeader:
     """Reject what is not a GGUF model, or is damaged in a way that would make llama.cpp abort, before
-    llama.cpp sees it. A file is read once per size and modification time (a vocabulary takes ~0.1 s)."""
+    llama.cpp sees it; what a load needs from the header comes with the answer. A file is read once per
+    size and modification time (a vocabulary takes ~0.1 s): a load asks each time, and reads it once."""
     try:
         stat = path.stat()
-        _check_gguf_file(path, stat.st_size, stat.st_mtime_ns)
+        return _read_gguf_header(path, stat.st_size, stat.st_mtime_ns)
     except FileNotFoundError:
         raise EngineError(f"model file not found: {path}") from None
     except IsADirectoryError:
@@ -70,8 +71,8 @@ def check_gguf(path: Path) -> None:
 
 
 @functools.lru_cache(maxsize=16)
-def _check_gguf_file(path: Path, size: int, mtime_ns: int) -> None:
-    check_metadata(read_metadata(path))
+def _read_gguf_header(path: Path, _size: int, _mtime_ns: int) -> GgufHeader:
+    return read_header(path)
 
 
 def starter_file(models_dir: Path) -> Path | None:

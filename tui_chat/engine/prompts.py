@@ -29,57 +29,14 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
 from .base import Message
+from .templates import AUTO, NAMED_TEMPLATES, PLAIN
 
-PLAIN = "plain"
-AUTO = "auto"
 MODEL = "model"  # the format name of a model's own template
 MAX_RENDER_STEPS = 200_000  # loop turns and calls in one render; a long chat takes a few thousand
 MAX_RENDER_SECONDS = 5.0
 MAX_PROMPT_CHARS = 16_000_000  # about 4M tokens, past the largest context
 MAX_REPEAT_ITEMS = 1_000_000  # what `'x' * n` and `[..] * n` may build
 MAX_POWER_BITS = 100_000  # what `n ** m` may build
-
-_PLAIN_TEMPLATE = (
-    "{%- for m in messages -%}"
-    "{%- if m.role == 'system' -%}{{ m.content | trim }}{{ '\n\n' }}"
-    "{%- elif m.role == 'user' -%}User: {{ m.content | trim }}{{ '\n' }}"
-    "{%- else -%}Assistant: {{ m.content | trim }}{{ '\n' }}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}Assistant:{%- endif -%}"
-)
-
-_CHATML_TEMPLATE = (
-    "{%- for m in messages -%}"
-    "<|im_start|>{{ m.role }}{{ '\n' }}{{ m.content }}<|im_end|>{{ '\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|im_start|>assistant{{ '\n' }}{%- endif -%}"
-)
-
-_GEMMA_TEMPLATE = (
-    "{{ bos_token }}"
-    "{%- set system = messages[0].content + '\n\n' if messages and messages[0].role == 'system' else '' -%}"
-    "{%- for m in messages if m.role != 'system' -%}"
-    "<start_of_turn>{{ 'model' if m.role == 'assistant' else 'user' }}{{ '\n' }}"
-    "{{ system if loop.first else '' }}{{ m.content | trim }}<end_of_turn>{{ '\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<start_of_turn>model{{ '\n' }}{%- endif -%}"
-)
-
-_LLAMA3_TEMPLATE = (
-    "{{ bos_token }}"
-    "{%- for m in messages -%}"
-    "<|start_header_id|>{{ m.role }}<|end_header_id|>{{ '\n\n' }}{{ m.content | trim }}<|eot_id|>"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|start_header_id|>assistant<|end_header_id|>{{ '\n\n' }}{%- endif -%}"
-)
-
-NAMED_TEMPLATES: dict[str, str] = {
-    PLAIN: _PLAIN_TEMPLATE,
-    "chatml": _CHATML_TEMPLATE,
-    "gemma": _GEMMA_TEMPLATE,
-    "llama3": _LLAMA3_TEMPLATE,
-}
 
 _IMPLICIT_STOPS: dict[str, tuple[str, ...]] = {PLAIN: ("\nUser:",)}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textual.widgets
+
 
 def release_styles_caches() -> None:
     """Textual memoises `StylesCache.get_inner_outer` in an lru_cache keyed by the StylesCache itself, so the
@@ -14,3 +16,19 @@ def release_styles_caches() -> None:
     clear = getattr(StylesCache.get_inner_outer, "cache_clear", None)
     if clear is not None:
         clear()
+
+
+class Footer(textual.widgets.Footer):
+    """Textual's footer remounts every key, with their styles, on each bindings change, even when what it shows
+    stays the same (not reported upstream yet). Right after the first frame a screen has four or five such
+    changes (focus, its mount, its bindings): on 2 cores ~50 ms before the first key typed shows. This one
+    recomposes only when the keys it would show changed."""
+
+    _shown: tuple | None = None
+
+    async def recompose(self) -> None:
+        shown = tuple((binding, enabled, tooltip) for _, binding, enabled, tooltip
+                      in self.screen.active_bindings.values() if binding.show)
+        if shown != self._shown:
+            self._shown = shown
+            await super().recompose()

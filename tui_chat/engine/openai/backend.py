@@ -21,8 +21,8 @@ import httpx
 from ..base import Done, EngineError, Error, Loaded, ModelInfo, Request, Stream, written
 from ..formats import KINDS, FormatError, OutputFormat
 from ..params import SamplingParams
-from ..prompts import PLAIN
 from ..server_params import format_fields, server_fields, server_notes, thinking_fields
+from ..templates import PLAIN
 from .connection import Connection, CuttableStream
 from .servers import GENERIC, LLAMA_CPP_PYTHON, LLAMA_SERVER, PLAIN_FORMAT, VLLM, Served, is_plain, quantization
 from .servers import shown_name

@@ -17,7 +17,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.timer import Timer
 from textual.widget import Widget
-from textual.widgets import Checkbox, Footer, Input, Select
+from textual.widgets import Checkbox, Input, Select
 
 from ...config import Config, data_dir, history_path, save_setting
 from ...engine.base import Backend, Event, ModelInfo
@@ -31,6 +31,7 @@ from ..bridge import EngineBatch, forward_events
 from ..keys import CHAT_KEYS
 from ..memory import ReplyMemory
 from ..widgets.chat_log import ChatLog
+from ..textual_fixes import Footer
 from ..widgets.conversation import ConversationView
 from ..widgets.draft_meter import DraftCosts
 from ..widgets.messages import ChatMessage, ReplyMessage, UserMessage
@@ -68,6 +69,10 @@ class ChatScreen(Screen):
         self._writing: Writing | None = None
         self._panel_refreshed = 0.0
         self._settings_timer: Timer | None = None  # a change of the settings waiting to be saved with the chat
+        # The width's class from the start, as Textual picks it: added at the first resize instead, it would
+        # style every widget of the screen a second time before the first frame.
+        width = self.app.size.width
+        self.add_class(next(name for at, name in sorted(self.HORIZONTAL_BREAKPOINTS, reverse=True) if width >= at))
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="main"):

@@ -43,9 +43,12 @@ class ModelLoader:
         self.queued: str | None = None  # a message sent before the model was ready: sent when it is
 
     def load(self, name: str | None, fallback: str | None = None) -> None:
+        """The load starts once the screen is drawn: its imports and file checks hold the interpreter in long
+        stretches, and at start-up the first frame would wait for them."""
         job = self.loading = LoadJob(name, fallback)
         self._say(f"Loading {job.shown}…")
-        self.screen.run_worker(lambda: self._open_and_load(job), thread=True, group="load", exclusive=True)
+        self.screen.call_after_refresh(self.screen.run_worker, lambda: self._open_and_load(job), thread=True,
+                                       group="load", exclusive=True)
 
     def hold(self, text: str) -> bool:
         """Keep a message for the model being loaded; False when none is on its way or one is already held."""

@@ -18,7 +18,7 @@ from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.message import Message
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Button, DataTable, Footer, Input, ProgressBar, Select, Static, TabbedContent, TabPane
+from textual.widgets import Button, DataTable, Input, ProgressBar, Select, Static, TabbedContent, TabPane
 
 from ...config import Config, kv_cache_dir, models_dir, save_setting
 from ...engine.factory import remote_spec
@@ -29,6 +29,7 @@ from ...hub.http import OFFLINE_MESSAGE, offline
 from ...hub.local import LocalModel, import_model, list_local, remove_model
 from ...hub.names import format_size
 from ...safetext import terminal_safe
+from ..textual_fixes import Footer
 
 NAME = "models"
 

@@ -18,7 +18,6 @@ from ...engine.base import Backend, Candidate, TurnMetrics
 from ...probe import TokenProbe
 from ...safetext import screen_safe
 from ...session import ChatSession, Turn, Update
-from ..screens.inspector import InspectorScreen
 from .chat_log import ChatLog
 from .draft_meter import DraftCosts, DraftMeter
 from .figures import show
@@ -196,6 +195,8 @@ class ConversationView(Vertical):
             self.notify("This reply has no token probabilities: they are recorded as replies are written "
                         "(inspector_top in the config).", timeout=5)
             return
+        from ..screens.inspector import InspectorScreen  # with numpy, which it counts with: not at every start
+
         probe = TokenProbe(self._backend(), self.session.live, widget.turn.reply, self.session.model)
         screen = InspectorScreen(widget.tokens, widget.text, min(event.index, len(widget.tokens) - 1),
                                  self.session.live.snapshot()[1], self.session.why_not_branch(widget.turn), probe)
