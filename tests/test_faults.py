@@ -271,15 +271,17 @@ def test_a_hand_edited_config_stops_the_chat_before_it_draws(isolated_dirs, text
 
 # --- the terminal shrinks mid-reply -------------------------------------------------------------------
 
-LONG = SamplingParams(temperature=0.0, repeat_penalty=1.0, max_tokens=2000)
+LONG = SamplingParams(temperature=0.0, repeat_penalty=1.0, max_tokens=300)
+COUNTING = "Count from 1 to 100, separated by commas."  # the starter runs on until max tokens
 
 
-async def reply_at_100x30(tiny_model, shrink_mid_reply: bool) -> tuple[str, str, dict]:
-    """One long greedy reply; with `shrink_mid_reply` the terminal goes to 20x10 while it streams, then back."""
-    app = make_app(str(tiny_model), LONG, n_ctx=4096)
+async def reply_at_100x30(model, shrink_mid_reply: bool) -> tuple[str, str, dict]:
+    """One long greedy reply; with `shrink_mid_reply` the terminal goes to 20x10 while it streams, then back.
+    On the starter: the tiny model writes its thousands of tokens a second before the terminal shrinks."""
+    app = make_app(str(model), LONG, n_ctx=1024)
     async with app.run_test(size=(100, 30)) as pilot:
         screen = await loaded(pilot)
-        await send(pilot, "Hello there")
+        await send(pilot, COUNTING)
         if shrink_mid_reply:
             await wait_for(pilot, lambda: screen.reply is not None and screen.reply.visible)
             await pilot.resize_terminal(20, 10)
@@ -293,12 +295,13 @@ async def reply_at_100x30(tiny_model, shrink_mid_reply: bool) -> tuple[str, str,
         return reply.text, reply.footer, {part: screen.query_one(part).region for part in ("#log", "#prompt", "#side")}
 
 
-async def test_a_20x10_terminal_mid_reply_loses_nothing_and_the_layout_comes_back(tiny_model):
-    engine = open_backend(tiny_model, n_ctx=4096)
+@pytest.mark.starter
+async def test_a_20x10_terminal_mid_reply_loses_nothing_and_the_layout_comes_back(starter_model):
+    engine = open_backend(starter_model, n_ctx=1024)
     try:
-        expected = ask(engine, "Hello there", LONG).text
+        expected = ask(engine, COUNTING, LONG).text
     finally:
         engine.close()
-    text, footer, layout = await reply_at_100x30(tiny_model, shrink_mid_reply=True)
-    assert text == expected and footer.startswith("max tokens · 2000 tokens")
-    assert layout == (await reply_at_100x30(tiny_model, shrink_mid_reply=False))[2]
+    text, footer, layout = await reply_at_100x30(starter_model, shrink_mid_reply=True)
+    assert text == expected and footer.startswith("max tokens · 300 tokens")
+    assert layout == (await reply_at_100x30(starter_model, shrink_mid_reply=False))[2]

@@ -525,18 +525,20 @@ async def test_a_long_chat_mounts_only_recent_messages(tiny_model):
         assert log.messages() == [] and log.hidden == [] and not screen.query_one("#earlier").display
 
 
-async def test_regenerate_and_edit_wait_for_the_reply_and_the_footer_says_so(tiny_model):
-    app = make_app(str(tiny_model), sampling=GREEDY.with_changes(max_tokens=3000), n_ctx=4096)
+async def test_regenerate_and_edit_wait_for_the_reply_and_the_footer_says_so(starter_model):
+    """On the starter, whose reply to LONG_REPLY runs on for minutes: the tiny model writes 3,000 tokens
+    before the keys below arrive, now that the screen keeps up with it."""
+    app = make_app(str(starter_model), sampling=GREEDY.with_changes(max_tokens=3000), n_ctx=4096)
     async with app.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
         assert app.active_bindings["escape"].binding.action == "to_box", "nothing to stop: not offered"
-        await send(pilot, "Hello there")
+        await send(pilot, LONG_REPLY)
         await wait_for(pilot, lambda: screen.reply is not None and len(screen.reply.tokens) > 10)
         bindings = app.active_bindings
         assert not bindings["ctrl+r"].enabled and not bindings["ctrl+g"].enabled
         assert bindings["escape"].enabled and bindings["escape"].binding.action == "stop"
         await pilot.press("ctrl+r", "ctrl+g")
-        assert screen.reply is not None and [t.question for t in screen.session.turns] == ["Hello there"]
+        assert screen.reply is not None and [t.question for t in screen.session.turns] == [LONG_REPLY]
         assert len(screen.session.turns[0].branches) == 0, "no regeneration started"
         await pilot.press("escape")
         await reply_done(pilot)

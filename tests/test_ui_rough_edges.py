@@ -20,6 +20,7 @@ from test_ui import SIZE, finished_reply, focused_slider, loaded, make_app, repl
 from tui_chat.config import history_path
 from tui_chat.engine.base import Candidate, EngineError, Message, TurnMetrics
 from tui_chat.engine.context import fit_context
+from tui_chat.engine.params import SamplingParams
 from tui_chat.history import History
 from tui_chat.safetext import screen_safe, terminal_safe
 from tui_chat.session import Branch, Turn
@@ -184,10 +185,13 @@ async def test_a_setting_changed_after_the_last_reply_is_there_when_the_chat_reo
         await pilot.press("pagedown")
         assert slider.value == 0.8
         conversation = screen.session.conversation_id
-        await pilot.pause(SETTINGS_SAVED_AFTER_S + 0.3)
-        with History(history_path()) as history:
-            saved = history.load(conversation).sampling
-        assert saved.stop == () and saved.top_p == 0.8, "saved once the settings rest"
+        await pilot.pause(SETTINGS_SAVED_AFTER_S)
+
+        def saved() -> SamplingParams:
+            with History(history_path()) as history:
+                return history.load(conversation).sampling
+
+        await wait_for(pilot, lambda: saved().stop == () and saved().top_p == 0.8, timeout=5)  # once they rest
         await pilot.press("left", "ctrl+n")  # at once: the change is still waiting to be saved
         await pilot.pause()
         assert screen.live.snapshot()[1].stop == ("bread",), "a new chat: the config's settings"
