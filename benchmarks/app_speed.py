@@ -42,6 +42,7 @@ from tui_chat.engine.llama import PREFILL_CHUNK
 from tui_chat.engine.models import starter_path
 
 MAX_TOKENS = 128
+INSPECTOR_TOP = 10  # the app's default: run records as many with --top-logprobs, so both do the same work a token
 SHORT_PROMPT = "Write a long story about a dragon who learns to fly."
 # ~512 tokens in the starter's chat template, for prompt reading beside llama-bench's pp512.
 LONG_PROMPT = " ".join(
@@ -92,7 +93,7 @@ def isolated_env(root: Path) -> dict[str, str]:
     env = os.environ | {f"XDG_{name}_HOME": str(root / name.lower()) for name in ("CONFIG", "DATA", "STATE", "CACHE")}
     config = root / "config" / "tui-chat" / "config.toml"
     config.parent.mkdir(parents=True)
-    config.write_text(f"kv_cache_budget_gb = 0\n\n[sampling]\ntemperature = 0.0\nmax_tokens = {MAX_TOKENS}\n")
+    config.write_text(f"kv_cache_budget_gb = 0\ninspector_top = {INSPECTOR_TOP}\n\n[sampling]\ntemperature = 0.0\nmax_tokens = {MAX_TOKENS}\n")
     return env
 
 
@@ -103,7 +104,7 @@ def tui_chat(*args: str) -> list[str]:
 def run_turn(env: dict[str, str], model_args: list[str], prompt: str) -> dict:
     """`tui-chat run --json` on one prompt: its turn's metrics."""
     done = subprocess.run(tui_chat("run", *model_args, "-p", prompt, "--json", "--temperature", "0",
-                                   "--max-tokens", str(MAX_TOKENS)), env=env, capture_output=True, text=True,
+                                   "--max-tokens", str(MAX_TOKENS), "--top-logprobs", str(INSPECTOR_TOP)), env=env, capture_output=True, text=True,
                           start_new_session=True)
     if done.returncode:
         sys.exit(f"tui-chat run failed: {done.stderr.strip()}")
@@ -253,7 +254,8 @@ def main() -> None:
         "llama-bench": f"-b {PREFILL_CHUNK} -ub {PREFILL_CHUNK} -fa auto --repack {int(repack)} -r 1, -t "
                        f"{args.threads or 'as run (its decode threads: the reading ones too but on a hybrid CPU)'}, "
                        "swa_full off (it has no flag)",
-        "replies": f"temperature 0, {MAX_TOKENS} tokens, the config's n_ctx, no KV cache on disk",
+        "replies": f"temperature 0, {MAX_TOKENS} tokens, the config's n_ctx, no KV cache on disk, the top "
+                   f"{INSPECTOR_TOP} of every token recorded on both sides (the app's inspector, run's --top-logprobs)",
     }
     log = sys.stderr if args.json else sys.stdout
     print(f"machine   {cpu_model() or platform.processor()}, {topology.physical} cores ({topology.logical} logical), "

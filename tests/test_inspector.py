@@ -145,3 +145,18 @@ def test_forcing_the_end_of_text_token_ends_the_reply(tiny):
     branch_tokens, branch = collect(tiny.generate(request))
     assert branch.stop_reason == "eos" and branch.metrics.completion_tokens == 0
     assert branch.text == tokens[0].text
+
+
+def test_the_shortlist_of_the_likeliest_tokens_is_the_whole_partition():
+    """Peaked, flat and banned (-inf) logits: the same set as a partition of the whole vocabulary."""
+    import numpy as np
+
+    from tui_chat.engine.pool import likeliest
+
+    rng = np.random.default_rng(7)
+    for spread in (0.5, 3.0, 30.0):
+        logits = (rng.standard_normal(262_144) * spread).astype(np.float32)
+        logits[rng.integers(0, len(logits), 50)] = -np.inf
+        for k in (1, 10, 40, 1024):
+            assert set(likeliest(logits, k)) == set(np.argsort(logits)[-k:]), (spread, k)
+    assert len(likeliest(np.zeros(5, dtype=np.float32), 10)) == 5

@@ -1,11 +1,12 @@
 """The live tail of a reply: drawn as the finished reply will be, and the screen laid out again only when
-its height changes (a layout of the whole screen per batch kept a core busy while the engine decoded)."""
+its height changes, a few lines at a time (a layout of the whole screen per batch kept a core busy while
+the engine decoded)."""
 
 from __future__ import annotations
 
 from textual.app import App
 
-from tui_chat.ui.widgets.live_tail import LiveTail
+from tui_chat.ui.widgets.live_tail import GROW_LINES, LiveTail
 from tui_chat.ui.widgets.messages import rendered_markdown
 
 
@@ -34,16 +35,20 @@ async def test_text_on_the_same_line_repaints_and_a_new_line_lays_out():
         tail = app.query_one(Spied)
         tail.set_text("The capital")
         await pilot.pause()
-        assert shown(tail) == ["The capital"]
+        assert shown(tail)[0] == "The capital" and not "".join(shown(tail)[1:]).strip()
         tail.layouts.clear()
         tail.set_text("The capital of France")
         await pilot.pause()
-        assert shown(tail) == ["The capital of France"]
+        assert shown(tail)[0] == "The capital of France"
         assert tail.layouts[0] is False  # the same one line: no layout of the screen
         tail.set_text("The capital of France is Paris, a city on the Seine.")
         await pilot.pause()
-        assert tail.layouts[1] is True  # a second line: the screen is laid out again
-        assert tail.size.height == 2 and "Seine" in shown(tail)[1]
+        assert tail.layouts[1] is False  # a second line, in the room the first step left
+        assert tail.size.height == GROW_LINES and "Seine" in shown(tail)[1]
+        tail.set_text("Paris\n\n" * GROW_LINES)
+        await pilot.pause()
+        assert tail.layouts[2] is True  # past it: the screen is laid out again, one step taller
+        assert tail.size.height == 2 * GROW_LINES
 
 
 async def test_markdown_and_model_text_render_as_the_finished_reply_does():

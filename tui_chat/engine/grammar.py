@@ -29,6 +29,7 @@ from . import logs
 from .chain import Candidates, Chain
 from .formats import FormatError, OutputFormat
 from .llamacpp import POOL_SCAN, LlamaSession
+from .pool import likeliest
 
 _PARSE_ERROR = re.compile(r"error parsing grammar: (.*)")
 
@@ -72,7 +73,7 @@ class Constraint:
         """The likeliest candidates with the grammar's mask on them; the whole vocabulary if it allows
         none of those (see the module doc)."""
         scan = min(POOL_SCAN, len(logits))
-        likely = np.union1d(np.argpartition(logits, -scan)[-scan:], chain.raised)
+        likely = np.union1d(likeliest(logits, scan), chain.raised)
         candidates = Candidates(likely, logits[likely])
         candidates.apply(self.grammar)
         if not len(candidates.survivors()):

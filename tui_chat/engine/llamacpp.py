@@ -29,7 +29,7 @@ from .cpu import Threads
 from .cpu_path import CpuPath, deny_amx
 from .models import check_gguf
 from .params import SamplingParams
-from .pool import pool_cut
+from .pool import likeliest, pool_cut
 from .prompts import BUILTIN_EQUIVALENTS
 
 SCRATCH_SEQ = 1
@@ -436,7 +436,7 @@ class LlamaSession:
         scale = 1.0 / float(probs.sum())
         wide = judge is not None or not 0 < params.top_k < POOL_SCAN
         scan = min(self.n_vocab, max(top_n, POOL_SCAN if wide else params.top_k))
-        best = np.argpartition(probs, -scan)[-scan:]
+        best = likeliest(logits, scan)
         best = best[np.argsort(probs[best])[::-1]]
         ranked = probs[best] * scale
         judged, ok = judge(best) if judge is not None else (None, None)

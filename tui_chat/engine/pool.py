@@ -70,3 +70,23 @@ def kept_by(probs: Sequence[float], params: SamplingParams) -> int:
     cut = pool_cut(np.asarray(probs, dtype=np.float64), _ANY_VOCAB, params)
     counts = [count for count in (cut.top_k, cut.top_p, cut.min_p) if count is not None]
     return min([len(probs), *counts])
+
+
+SHORTLIST_MARGINS = (12.0, 24.0, 48.0)  # logit units below the likeliest: e^-12 is ~6e-6 of its probability
+
+
+def likeliest(logits: np.ndarray, k: int) -> np.ndarray:
+    """The indices of the `k` largest logits, in no order. A partition of the whole vocabulary costs ~2.3 ms
+    on the starter's 262,144 tokens (measured, AMD EPYC): per token, a sixth of a decode step. A shortlist
+    of the tokens within a margin of the likeliest takes ~0.1 ms and holds them all whenever it is at least
+    `k` long (every token left out is below every token in it); only a flatter distribution than the widest
+    margin admits pays for the whole partition."""
+    if k >= len(logits):
+        return np.arange(len(logits))
+    top = logits.max()
+    for margin in SHORTLIST_MARGINS:
+        shortlist = np.flatnonzero(logits >= top - margin)
+        if len(shortlist) >= k:
+            return shortlist[np.argpartition(logits[shortlist], -k)[-k:]]
+    return np.argpartition(logits, -k)[-k:]
+

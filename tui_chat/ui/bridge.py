@@ -2,7 +2,7 @@
 
 One UI message per token floods the event loop at high token rates. The forwarder posts at most one
 batch every ~33 ms and never a second one before the UI has handled the first: when the UI is busy,
-batches simply grow. A slow stream (a CPU's 40 tok/s: one token a batch) is posted every 100 ms instead:
+batches simply grow. A slow stream (a CPU's 40 tok/s: one token a batch) is posted every 150 ms instead:
 every batch costs the UI a layout of the whole screen, and the UI shares the CPU with the engine, whose
 threads all wait for one that the UI delays. The engine never waits for any of this (its event queue is
 unbounded).
@@ -24,7 +24,7 @@ from textual.message_pump import MessagePump
 from ..engine.base import Event, Stream
 
 BATCH_INTERVAL_S = 0.033  # the shortest gap between two batches
-SLOW_INTERVAL_S = 0.1  # the gap when a batch would hold fewer than FULL_BATCH events
+SLOW_INTERVAL_S = 0.15  # the gap when a batch would hold fewer than FULL_BATCH events
 FULL_BATCH = 16
 RESEND_AFTER_S = 2.0
 _CHECK_ALIVE_S = 0.25

@@ -37,13 +37,12 @@ from ...engine.base import Token, thinking_line
 from ...safetext import screen_safe
 from ...session import Branch, Turn, Writing
 from ..clipboard import copy
-from .live_tail import LiveTail
+from .live_tail import LiveTail, freeze_point
 from .heatmap import band_styles, grammar_line, has_probabilities, heatmap_text
 from .thinking import ThinkingBlock, thinking_view
 
 FREEZE_AFTER_CHARS = 3000
 THINKING_TAIL_CHARS = 3000  # of a thinking unfolded while it streams: drawn again at every batch
-_FENCE = "```"
 
 
 def rendered_markdown(text: str) -> RichMarkdown:
@@ -53,16 +52,6 @@ def rendered_markdown(text: str) -> RichMarkdown:
 def live_tail() -> LiveTail:
     """Where a reply streams in."""
     return LiveTail(rendered_markdown, classes="tail")
-
-
-def freeze_point(text: str) -> int | None:
-    """Where the text can be cut between two top-level blocks: a blank line outside a code fence."""
-    cut = text.rfind("\n\n")
-    while cut > 0:
-        if text.count(_FENCE, 0, cut) % 2 == 0:
-            return cut
-        cut = text.rfind("\n\n", 0, cut)
-    return None
 
 
 def thinking_tail(reasoning: str) -> str:
