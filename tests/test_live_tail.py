@@ -12,7 +12,7 @@ from tui_chat.ui.widgets.messages import rendered_markdown
 
 class Spied(LiveTail):
     def __init__(self) -> None:
-        super().__init__(rendered_markdown)
+        super().__init__(rendered_markdown, rendered_markdown)
         self.layouts: list[bool] = []
 
     def refresh(self, *regions, repaint=True, layout=False, recompose=False):
@@ -59,3 +59,13 @@ async def test_markdown_and_model_text_render_as_the_finished_reply_does():
         await pilot.pause()
         assert "bold and a link (https://example.com)" in " ".join(shown(tail))  # a link shows its target
         assert "\x1b" not in "".join(shown(tail)) and "\\x1b" in "".join(shown(tail))
+
+
+def test_the_blocks_of_a_tail_split_at_blank_lines_outside_code():
+    from tui_chat.ui.widgets.live_tail import blocks
+
+    text = "# Title\n\nA paragraph.\n\n```python\na = 1\n\nb = 2\n```\n\nThe last one, still wr"
+    assert blocks(text) == ["# Title", "A paragraph.", "```python\na = 1\n\nb = 2\n```", "The last one, still wr"]
+    assert blocks("```\nopen\n\nfence") == ["```\nopen\n\nfence"]
+    assert "\n\n".join(blocks(text)) == text
+

@@ -32,9 +32,9 @@ class ReplyMemory:
         self._young = None
 
     def reply_started(self) -> None:
+        """A collection still owed waits for the next quiet moment: run now, it would stall the reply's start."""
         if self.streaming:
             return
-        self._collect()
         gc.freeze()
         gc.disable()
         self.streaming = True

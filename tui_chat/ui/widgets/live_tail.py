@@ -7,8 +7,9 @@ copied to the screen; and the screen is laid out again only when the widget's he
 grows GROW_LINES lines at a time (the last few rows blank until the text reaches them). Text added
 within that height repaints this widget alone: a layout of the whole screen costs ~15 ms on 2 cores, and
 every millisecond the UI holds a core stalls all of llama.cpp's threads. Only the last block (after the
-last blank line outside a code fence) is rendered again as text comes; the blocks before it keep their
-lines until the width changes.
+last blank line outside a code fence) is rendered again as text comes, and without syntax colours
+(`render_last`: a code block is highlighted once it is complete); each block before it is rendered once,
+and keeps its lines until the width changes.
 """
 
 from __future__ import annotations
@@ -21,6 +22,18 @@ from textual.widget import Widget
 
 GROW_LINES = 4
 _FENCE = "```"
+
+
+def blocks(text: str) -> list[str]:
+    """The text's top-level blocks, split at blank lines outside code fences; the last one may be unfinished."""
+    parts: list[list] = []
+    for piece in text.split("\n\n"):
+        if not parts or parts[-1][1] % 2 == 0:
+            parts.append([piece, piece.count(_FENCE)])
+        else:  # inside a fence: the blank line belongs to the code
+            parts[-1][0] += "\n\n" + piece
+            parts[-1][1] += piece.count(_FENCE)
+    return [part for part, _ in parts]
 
 
 def freeze_point(text: str) -> int | None:
@@ -41,14 +54,15 @@ def stepped(lines: int) -> int:
 class LiveTail(Widget):
     DEFAULT_CSS = "LiveTail { height: auto; }"
 
-    def __init__(self, render, **kwargs) -> None:
-        """`render(text)` gives the renderable for the tail's text (the reply's Markdown)."""
+    def __init__(self, render, render_last, **kwargs) -> None:
+        """`render(text)` gives the renderable for finished blocks of the tail's text (the reply's Markdown),
+        `render_last(text)` for the block being written."""
         super().__init__(**kwargs)
         self.text = ""
-        self._render_text = render
+        self._render_text, self._render_last = render, render_last
         self._lines: list[Strip] = []
         self._width = 0  # the width `_lines` were rendered at; 0: not rendered
-        self._head: tuple[str, int, list[Strip]] = ("", 0, [])  # the finished blocks, their width and lines
+        self._finished: dict[str, list[Strip]] = {}  # each finished block's lines, at `_width`
 
     def set_text(self, text: str) -> None:
         """Show `text`; lay the screen out again only if the widget's height changes."""
@@ -62,7 +76,7 @@ class LiveTail(Widget):
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
-        self._width, self._head = 0, ("", 0, [])  # the theme changed: render the lines again in its colours
+        self._width = 0  # the theme changed: render the lines again in its colours
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         if width != self._width:
@@ -76,20 +90,23 @@ class LiveTail(Widget):
         return self._lines[y] if y < len(self._lines) else Strip.blank(width, self.rich_style)
 
     def _rendered(self, width: int) -> list[Strip]:
-        if width <= 0 or not self.text:
-            return []
-        cut = freeze_point(self.text)
-        if cut is None:
-            return self._render(self.text, width)
-        head, tail = self.text[:cut], self.text[cut + 2 :]
-        if self._head[:2] != (head, width):
-            self._head = (head, width, self._render(head, width))
-        return self._head[2] + [Strip.blank(width, self.rich_style)] + self._render(tail, width)
+        if width != self._width:
+            self._finished = {}
+        *finished, last = blocks(self.text)
+        cache, self._finished = self._finished, {}
+        lines: list[Strip] = []
+        for block in finished:
+            rendered = cache.get(block)
+            if rendered is None:
+                rendered = self._render(self._render_text, block, width)
+            self._finished[block] = rendered
+            lines += [*rendered, Strip.blank(width, self.rich_style)] if rendered else []
+        return lines + self._render(self._render_last, last, width)
 
-    def _render(self, text: str, width: int) -> list[Strip]:
-        if not text.strip():
+    def _render(self, render, text: str, width: int) -> list[Strip]:
+        if width <= 0 or not text.strip():
             return []
-        renderable: RenderableType = self._render_text(text)
+        renderable: RenderableType = render(text)
         console, style = self.app.console, self.rich_style
         options = console.options.update(width=width, height=None, highlight=False)
         return [Strip(line, width) for line in console.render_lines(renderable, options, style=style, pad=True)]

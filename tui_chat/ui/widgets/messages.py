@@ -20,8 +20,10 @@ when clicked.
 
 from __future__ import annotations
 
-from rich.console import Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.markdown import CodeBlock
 from rich.markdown import Markdown as RichMarkdown
+from rich.syntax import Syntax
 from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
@@ -49,9 +51,21 @@ def rendered_markdown(text: str) -> RichMarkdown:
     return RichMarkdown(screen_safe(text), code_theme="monokai", hyperlinks=False)
 
 
+class _PlainCode(CodeBlock):
+    """A code block not yet complete: drawn without colours, which pygments would compute again at every batch."""
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield Syntax(str(self.text).rstrip(), "text", theme=self.theme, word_wrap=True, padding=1)
+
+
+class _WritingMarkdown(RichMarkdown):
+    elements = {**RichMarkdown.elements, "fence": _PlainCode, "code_block": _PlainCode}
+
+
 def live_tail() -> LiveTail:
     """Where a reply streams in."""
-    return LiveTail(rendered_markdown, classes="tail")
+    return LiveTail(rendered_markdown, lambda text: _WritingMarkdown(screen_safe(text), code_theme="monokai",
+                                                                     hyperlinks=False), classes="tail")
 
 
 def thinking_tail(reasoning: str) -> str:
