@@ -10,38 +10,31 @@ import pytest
 from textual.app import App
 
 from conftest import GREEDY
-from scripted import INFO
+from scripted import INFO, ScriptedBackend
 from tui_chat.config import Config
-from tui_chat.engine.base import Done, Loaded, Request, Stream, Token, TurnMetrics
+from tui_chat.engine.base import Done, Request, Stream, Token, TurnMetrics
 from tui_chat.ui import bridge
 from tui_chat.ui.app import ChatApp
 from tui_chat.ui.bridge import EngineBatch, forward_events
-from tui_chat.ui.widgets.messages import FREEZE_AFTER_CHARS, ReplyMessage
+from tui_chat.ui.widgets.messages import FREEZE_AFTER_CHARS
 from test_ui import loaded, reply_done, send, wait_for
 
 PARAGRAPH = "Word " * 60 + "end.\n\n"
 
 
-class FloodBackend:
+class FloodBackend(ScriptedBackend):
     """Writes `tokens` pieces as fast as it can, or all of them at once before the UI looks (`at_once`):
     then one batch holds the whole reply and its end, the case that froze the screen."""
 
-    info = None
-
     def __init__(self, tokens: int, at_once: bool = False) -> None:
         self.tokens, self.at_once = tokens, at_once
-
-    def load(self) -> Stream:
-        self.info = INFO
-        stream = Stream()
-        stream.put(Loaded(INFO))
-        return stream
 
     def generate(self, request: Request) -> Stream:
         stream = Stream()
         pieces = [PARAGRAPH[i % len(PARAGRAPH)] for i in range(self.tokens)]
         version = request.params.snapshot()[0]
-        metrics = TurnMetrics(prompt_tokens=5, completion_tokens=self.tokens, context_tokens=5 + self.tokens, n_ctx=INFO.n_ctx)
+        metrics = TurnMetrics(prompt_tokens=5, completion_tokens=self.tokens, context_tokens=5 + self.tokens,
+                              n_ctx=INFO.n_ctx)
 
         def write() -> None:
             for index, piece in enumerate(pieces):
@@ -53,12 +46,6 @@ class FloodBackend:
         else:
             threading.Thread(target=write, daemon=True).start()
         return stream
-
-    def count_tokens(self, text: str) -> int:
-        return len(text.split())
-
-    def close(self) -> None:
-        pass
 
 
 @pytest.mark.parametrize("at_once", [True, False])

@@ -141,15 +141,22 @@ def test_the_crash_line_names_llama_cpp_what_it_was_doing_and_its_last_words():
     assert crash_line(signal.SIGSEGV, "", Path("/l")).startswith("tui-chat: the app crashed with SIGSEGV")
 
 
-def test_the_app_killed_mid_reply_restores_the_terminal_and_the_reply_reopens_interrupted(tiny_model):
-    config = Path(os.environ["XDG_CONFIG_HOME"]) / "tui-chat" / "config.toml"
-    config.parent.mkdir(parents=True)
-    config.write_text(f'default_model = "{tiny_model}"\nn_ctx = 32768\n[sampling]\nmax_tokens = 100000\n')
+def app_on_a_terminal(config: str) -> tuple[Terminal, float]:
+    """The real app under its watcher on a pseudo-terminal, with `config`, once its message box is drawn;
+    and the deadline the caller's waits share."""
+    path = Path(os.environ["XDG_CONFIG_HOME"]) / "tui-chat" / "config.toml"
+    path.parent.mkdir(parents=True)
+    path.write_text(config)
     terminal = Terminal([sys.executable, "-m", "tui_chat"])
+    deadline = time.monotonic() + 30
+    while b"Type a message" not in terminal.read(0.2) and time.monotonic() < deadline:
+        pass
+    return terminal, deadline
+
+
+def test_the_app_killed_mid_reply_restores_the_terminal_and_the_reply_reopens_interrupted(tiny_model):
+    terminal, deadline = app_on_a_terminal(f'default_model = "{tiny_model}"\nn_ctx = 32768\n[sampling]\nmax_tokens = 100000\n')
     try:
-        deadline = time.monotonic() + 30
-        while b"Type a message" not in terminal.read(0.2) and time.monotonic() < deadline:
-            pass
         time.sleep(1.0)  # the model loads in the background
         os.write(terminal.master, b"Hello there\r")
         streaming = None
@@ -172,14 +179,8 @@ def test_kill_9_of_the_app_gives_back_every_mode_it_set_autowrap_too(tiny_model)
     """Whatever the real app set on the terminal (Textual's driver: alternate screen, mouse reports,
     bracketed paste, focus events, autowrap off, the keyboard protocol), the watcher sets back after
     `kill -9` of the app, so the crash line and every later line in that shell wrap."""
-    config = Path(os.environ["XDG_CONFIG_HOME"]) / "tui-chat" / "config.toml"
-    config.parent.mkdir(parents=True)
-    config.write_text(f'default_model = "{tiny_model}"\n')
-    terminal = Terminal([sys.executable, "-m", "tui_chat"])
+    terminal, _ = app_on_a_terminal(f'default_model = "{tiny_model}"\n')
     try:
-        deadline = time.monotonic() + 30
-        while b"Type a message" not in terminal.read(0.2) and time.monotonic() < deadline:
-            pass
         mark = len(terminal.read(0.5))
         os.kill(terminal.child_pid(), signal.SIGKILL)
         assert terminal.wait() == 128 + signal.SIGKILL

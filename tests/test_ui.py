@@ -214,13 +214,14 @@ async def test_mid_reply_change_reaches_the_engine_before_the_next_token(starter
         monkeypatch.setattr(screen.live, "update", lambda **c: changed_at.append(time.perf_counter()) or update(**c))
         await send(pilot, LONG_REPLY)
         await wait_for(pilot, lambda: screen.reply is not None and len(screen.reply.tokens) >= 3)
+        writing = screen.reply  # kept: at temperature 2 the reply may end before the note shows
         screen.query_one("#temperature", Slider).focus()
         await pilot.press("end")
         assert screen.live.snapshot()[1].temperature == 2.0
         new_version = screen.live.version
         applied = screen.query_one("#note-temperature")
         await wait_for(pilot, lambda: "Applied from token" in str(applied.render()))
-        drawn = list(screen.reply.tokens)
+        drawn = list(writing.tokens)
         after_change = [token for token in drawn if token.at > changed_at[0]]
         assert after_change, "the reply went on after the change"
         assert sum(token.params_version < new_version for token in after_change) <= 1
