@@ -109,4 +109,7 @@ class LiveTail(Widget):
         renderable: RenderableType = render(text)
         console, style = self.app.console, self.rich_style
         options = console.options.update(width=width, height=None, highlight=False)
-        return [Strip(line, width) for line in console.render_lines(renderable, options, style=style, pad=True)]
+        lines = [Strip(line, width) for line in console.render_lines(renderable, options, style=style, pad=True)]
+        while lines and not lines[0].text.strip():  # Rich opens a list with a blank line: one goes between blocks
+            lines.pop(0)
+        return lines
