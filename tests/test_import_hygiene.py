@@ -16,7 +16,7 @@ import tui_chat
 
 PACKAGE = Path(tui_chat.__file__).parent
 TEXTUAL_FREE = ("tui_chat.engine", "tui_chat.hub", "tui_chat.session", "tui_chat.recording", "tui_chat.history",
-                "tui_chat.pricing", "tui_chat.config", "tui_chat.safetext", "tui_chat.export")
+                "tui_chat.pricing", "tui_chat.config", "tui_chat.safetext", "tui_chat.export", "tui_chat.lag")
 
 
 def module_name(path: Path) -> str:
