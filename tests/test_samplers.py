@@ -268,3 +268,39 @@ def test_the_stage_reader_reads_what_each_stage_left_as_the_plain_way_does(sessi
         assert [(s.name, s.kept, s.rank) for s in read] == [(p[0], p[1], p[3]) for p in plain], token
         assert [s.mass for s in read] == pytest.approx([p[2] for p in plain], abs=1e-5)
         assert [s.prob for s in read] == pytest.approx([p[4] for p in plain], rel=1e-4)
+
+
+@pytest.mark.starter
+@pytest.mark.parametrize("params", [
+    GREEDY.with_changes(repeat_penalty=1.3, max_tokens=48),  # greedy after the penalties
+    SamplingParams(temperature=0.9, top_k=40, top_p=0.9, min_p=0.05, repeat_penalty=1.1, seed=11, max_tokens=48),
+    SamplingParams(temperature=0.8, top_k=20, seed=5, max_tokens=48, logit_bias=((" the", 6.0), (" a", -10.0))),
+])
+def test_a_chain_run_over_the_shortlist_draws_what_the_whole_vocabulary_draws(starter, params, monkeypatch):
+    """On the starter's 262,144 tokens: the shortlist (the likeliest logits and what a stage may raise) gives
+    token for token the reply llama.cpp's own sampling over every token gives, greedy and seeded."""
+    from tui_chat.engine import chain as chain_module
+
+    question = [Message("user", "Tell me a story about a cat.")]
+
+    def reply() -> list[int]:
+        starter._session.keep_prefix([])
+        tokens, done = collect(starter.generate(Request(question, LiveParams(params))))
+        assert done.stop_reason in ("length", "eos", "stop")
+        return [token.token_id for token in tokens]
+
+    assert chain_module.shortlist(plan(params), params) == chain_module.SHORTLIST
+    fast = reply()
+    monkeypatch.setattr(chain_module, "shortlist", lambda stages, params: None)
+    assert reply() == fast
+
+
+def test_the_chains_that_need_every_token_are_run_over_every_token():
+    from tui_chat.engine.chain import shortlist
+
+    base = SamplingParams(temperature=0.8, top_k=40)
+    assert shortlist(plan(base), base) is not None
+    for params in (base.with_changes(top_k=0), base.with_changes(mirostat_tau=5.0),
+                   base.with_changes(top_n_sigma=1.0), base.with_changes(sampler_order=("top_p", "top_k", "temperature")),
+                   base.with_changes(top_k=900)):
+        assert shortlist(plan(params), params) is None, params

@@ -13,9 +13,12 @@ import numpy as np
 
 from .base import Stage
 from .params import SamplingParams
+from .pool import likeliest
 from .stages import is_on, label, plan
 
 PENALTY_LAST_N = 64
+SHORTLIST = 1024  # the likeliest raw logits a chain that allows it is run over (see `shortlist`)
+_LOWERING = frozenset({"logit_bias", "penalties", "dry"})  # lower logits only (what they raise is in `raised`)
 DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")  # llama.cpp's defaults
 
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
@@ -86,11 +89,24 @@ class Chain:
         self.raised = raised
         self.biased = biased
         self.recent = deque(recent, maxlen=PENALTY_LAST_N)
+        self.shortlist = shortlist(stages, params)
+        self._candidates: Candidates | None = None
 
     def sample(self, ctx: ctypes.c_void_p) -> int:
         """Draw from the last decoded logits; llama.cpp also records the token for the penalties."""
         token = llama_cpp.llama_sampler_sample(self.pointer, ctx, -1)
         self.recent.append(token)
+        return token
+
+    def draw(self, logits: np.ndarray) -> int:
+        """Draw from `logits` over the `shortlist` likeliest of them and the tokens a stage may raise, and
+        record the token, as `sample` does over the whole vocabulary: the same pick, without building
+        llama.cpp's array of every token (~1 ms of each token on a 262,144-token vocabulary)."""
+        ids = np.union1d(likeliest(logits, self.shortlist), self.raised)
+        if self._candidates is None or len(self._candidates.buffer) < len(ids):
+            self._candidates = Candidates(ids, logits[ids])
+        token = self.apply(self._candidates.refill(ids, logits[ids]))
+        self.accept(token)
         return token
 
     def apply(self, candidates: Candidates) -> int:
@@ -120,6 +136,23 @@ class Chain:
 
     def free(self) -> None:
         llama_cpp.llama_sampler_free(self.pointer)
+
+
+def shortlist(stages: Sequence[str], params: SamplingParams) -> int | None:
+    """How many of the likeliest raw logits decide the chain's pick exactly, or None if it needs them all.
+
+    Before a greedy pick or a top-k cut, a stage that only lowers logits (of at most a few dozen recent
+    tokens) cannot lift a token from outside the SHORTLIST likeliest into the top k; what a stage may raise
+    is added to the candidates. Stages after the cut see only its k. Anything that reads the whole
+    distribution first (top-nσ, typical-p, XTC, min-p or top-p before the cut, mirostat) needs every token."""
+    for stage in stages:
+        if stage == "greedy":
+            return SHORTLIST
+        if stage == "top_k":
+            return SHORTLIST if 0 < params.top_k <= SHORTLIST // 2 else None
+        if stage not in _LOWERING:
+            return None
+    return None
 
 
 class ChainBuilder:

@@ -407,7 +407,10 @@ class LlamaSession:
         chain.free()
 
     def sample(self, chain: Chain) -> int:
-        return chain.sample(self.ctx)
+        """The next token from the last decoded logits; over a shortlist where the chain allows one."""
+        if chain.shortlist is None:
+            return chain.sample(self.ctx)
+        return chain.draw(self.logits())
 
     @property
     def stage_reader(self) -> StageReader:
