@@ -320,8 +320,12 @@ async def test_at_80x24_the_chat_has_the_width_and_the_panel_comes_on_f2(tiny_mo
         screen = await loaded(pilot)
         side = screen.query_one("#side")
         assert not side.display and screen.query_one(PromptInput).size.width >= 70
-        footer = "\n".join(strip.text for strip in app.screen._compositor.render_strips()[-1:])
-        assert "f1 Help" in footer and "f2 Panel" in footer, "the footer keeps what a newcomer needs"
+        def footer() -> str:
+            return "\n".join(strip.text for strip in app.screen._compositor.render_strips()[-1:])
+
+        # drawn once its keys are known, a frame or two after the screen (a busy machine: a few)
+        await wait_for(pilot, lambda: "f1 Help" in footer(), timeout=10)
+        assert "f2 Panel" in footer(), "the footer keeps what a newcomer needs"
         await send(pilot, "Hi")
         await reply_done(pilot)
         title = str(screen.query_one("#chat-title").render())
