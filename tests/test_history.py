@@ -406,3 +406,15 @@ def test_markdown_export_reads_like_the_chat(db):
     assert "## System prompt\n\nBe brief.\n" in text
     assert "## User\n\nWhat is the capital of France?\nAnswer in one word.\n" in text
     assert "## Assistant (branch 2 of 2) (error)\n\n*(empty)*\n\n*Error: out of memory*" in text
+
+
+def test_closing_the_history_ends_its_writer_thread(db):
+    with History(db) as history:
+        conversation = history.create()
+        reply = history.start_reply(conversation, history.add_user_message(conversation, "Count", None))
+        time.sleep(FLUSH_INTERVAL_S)
+        reply.append("one")
+        writer = history.later._thread
+        assert writer is not None
+    writer.join(timeout=2)
+    assert not writer.is_alive()

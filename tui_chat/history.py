@@ -246,7 +246,7 @@ class History:
 
     def close(self) -> None:
         try:
-            self.later.settle()
+            self.later.close()
         except HistoryError:
             pass  # said already, or about to be lost with the chat that is closing
         with self._lock:
@@ -543,6 +543,7 @@ class LaterWrites:
         self._writing = False
         self._error: HistoryError | None = None
         self._thread: threading.Thread | None = None
+        self._closing = False
 
     def submit(self, message_id: int, text: str, reasoning: str) -> None:
         with self._changed:
@@ -564,10 +565,19 @@ class LaterWrites:
             self._changed.wait_for(lambda: not self._queued and not self._writing)
         self.check()
 
+    def close(self) -> None:
+        """Write what is queued, then let the thread end (a process opens many histories: the tests do)."""
+        with self._changed:
+            self._closing = True
+            self._changed.notify_all()
+        self.settle()
+
     def _run(self) -> None:
         while True:
             with self._changed:
-                self._changed.wait_for(lambda: self._queued)
+                self._changed.wait_for(lambda: self._queued or self._closing)
+                if not self._queued:
+                    return
                 message_id, (text, reasoning) = self._queued.popitem()
                 self._writing = True
             try:
