@@ -304,3 +304,27 @@ def test_the_chains_that_need_every_token_are_run_over_every_token():
                    base.with_changes(top_n_sigma=1.0), base.with_changes(sampler_order=("top_p", "top_k", "temperature")),
                    base.with_changes(top_k=900)):
         assert shortlist(plan(params), params) is None, params
+
+
+@pytest.mark.parametrize("shape", ["peaked", "flat", "sorted_by_id", "few_finite"])
+def test_the_likeliest_are_exactly_the_largest_whatever_the_distribution(shape):
+    """The sampler's shortlist and the inspector's top come from `likeliest`: the k largest logits exactly,
+    whether the estimate from every 32nd logit holds (a peaked or flat distribution) or misleads (logits
+    ordered by id, a vocabulary banned but for a few) and the whole partition has to be paid."""
+    from tui_chat.engine.pool import likeliest
+
+    rng = np.random.default_rng(7)
+    logits = rng.normal(0.0, 3.0, 262_144).astype(np.float32)
+    if shape == "peaked":
+        logits[12_345] = 60.0
+    elif shape == "flat":
+        logits = rng.uniform(-0.01, 0.01, 262_144).astype(np.float32)
+    elif shape == "sorted_by_id":
+        logits.sort()
+    else:
+        logits[:] = -np.inf
+        logits[rng.choice(262_144, 1_500, replace=False)] = rng.normal(0.0, 1.0, 1_500)
+    for k in (1, 40, 1024):
+        found = likeliest(logits, k)
+        assert len(found) == len(set(found.tolist())) == k
+        assert logits[found].min() >= np.partition(logits, -k)[-k]

@@ -13,7 +13,6 @@ import numpy as np
 
 from .base import Stage
 from .params import SamplingParams
-from .pool import likeliest
 from .stages import is_on, label, plan
 
 PENALTY_LAST_N = 64
@@ -98,11 +97,12 @@ class Chain:
         self.recent.append(token)
         return token
 
-    def draw(self, logits: np.ndarray) -> int:
-        """Draw from `logits` over the `shortlist` likeliest of them and the tokens a stage may raise, and
+    def draw(self, logits: np.ndarray, likeliest: np.ndarray) -> int:
+        """Draw from `logits` over the `shortlist` `likeliest` of them and the tokens a stage may raise, and
         record the token, as `sample` does over the whole vocabulary: the same pick, without building
-        llama.cpp's array of every token (~1 ms of each token on a 262,144-token vocabulary)."""
-        ids = np.union1d(likeliest(logits, self.shortlist), self.raised)
+        llama.cpp's array of every token (~1 ms of each token on a 262,144-token vocabulary). The ids go in
+        ascending order, as in that array, so a tie falls to the same token."""
+        ids = np.union1d(likeliest, self.raised) if len(self.raised) else np.sort(likeliest)
         if self._candidates is None or len(self._candidates.buffer) < len(ids):
             self._candidates = Candidates(ids, logits[ids])
         token = self.apply(self._candidates.refill(ids, logits[ids]))

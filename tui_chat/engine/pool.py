@@ -72,21 +72,22 @@ def kept_by(probs: Sequence[float], params: SamplingParams) -> int:
     return min([len(probs), *counts])
 
 
-SHORTLIST_MARGINS = (12.0, 24.0, 48.0)  # logit units below the likeliest: e^-12 is ~6e-6 of its probability
+SAMPLE_STRIDE = 32  # every 32nd logit estimates where the likeliest `k` begin
 
 
 def likeliest(logits: np.ndarray, k: int) -> np.ndarray:
     """The indices of the `k` largest logits, in no order. A partition of the whole vocabulary costs ~2.3 ms
-    on the starter's 262,144 tokens (measured, AMD EPYC): per token, a sixth of a decode step. A shortlist
-    of the tokens within a margin of the likeliest takes ~0.1 ms and holds them all whenever it is at least
-    `k` long (every token left out is below every token in it); only a flatter distribution than the widest
-    margin admits pays for the whole partition."""
+    on the starter's 262,144 tokens (measured, AMD EPYC): per token, a sixth of a decode step. Instead, every
+    SAMPLE_STRIDE-th logit estimates the value about 2k of them clear; one pass keeps those, and whenever at
+    least `k` do, they hold the `k` largest exactly (every token left out is below every token kept): ~0.15 ms
+    a token whatever the shape of the distribution. An unlucky estimate pays for the whole partition."""
     if k >= len(logits):
         return np.arange(len(logits))
-    top = logits.max()
-    for margin in SHORTLIST_MARGINS:
-        shortlist = np.flatnonzero(logits >= top - margin)
-        if len(shortlist) >= k:
-            return shortlist[np.argpartition(logits[shortlist], -k)[-k:]]
+    sample = logits[::SAMPLE_STRIDE]
+    rank = min(len(sample), 2 * k // SAMPLE_STRIDE + 1)
+    threshold = np.partition(sample, -rank)[-rank]
+    shortlist = np.flatnonzero(logits >= threshold)
+    if len(shortlist) >= k:
+        return shortlist[np.argpartition(logits[shortlist], -k)[-k:]]
     return np.argpartition(logits, -k)[-k:]
 
