@@ -477,7 +477,11 @@ def test_run_with_a_profile_and_its_key(isolated_dirs, monkeypatch):
         (["--backend", "openai"], "--backend openai needs --base-url URL or --remote PROFILE"),
         (["--backend", "local", "--base-url", "http://h/v1"], "--base-url needs --backend openai"),
         (["--remote", "lab"], "unknown remote 'lab' (configured: none"),
-        (["--base-url", "http://h/v1", "--gpu-layers", "0"], "--n-ctx and --gpu-layers are for local models"),
+        (["--base-url", "http://h/v1", "--gpu-layers", "0"], "--gpu-layers is for local models: the server sets its own"),
+        (["--base-url", "http://h/v1", "--threads", "2"], "--threads is for local models: the server sets its own"),
+        (["--base-url", "http://h/v1", "--extra-buffers", "none", "--threads-batch", "2", "--n-ctx", "512"],
+         "--n-ctx, --threads-batch and --extra-buffers are for local models: the server sets its own"),
+        (["--model", "@lab", "--threads", "2"], "--threads is for local models: the server sets its own"),
     ],
 )
 def test_bad_remote_flags_are_one_line_and_exit_2(args, message):
