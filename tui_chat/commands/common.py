@@ -63,6 +63,16 @@ def writer(out: TextIO) -> Callable[[str], None]:
     return write
 
 
+def print_table(rows: list[tuple[str, ...]], right: tuple[int, ...] = ()) -> None:
+    """Columns as wide as their widest cell, two spaces apart, the columns in `right` (figures) aligned
+    right. Cells come from files, the hub and the history: always written terminal-safe."""
+    rows = [tuple(terminal_safe(cell) for cell in row) for row in rows]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.rjust(width) if column in right else cell.ljust(width)
+                        for column, (cell, width) in enumerate(zip(row, widths))).rstrip())
+
+
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", "-m", help="a .gguf file, a downloaded OWNER/NAME:FILE.gguf, or gemma-3-270m")
     parser.add_argument("--n-ctx", type=int, help="context size in tokens (rounded up to a multiple of 256)")
