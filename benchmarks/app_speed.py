@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine_vs_raw import fmt, median, ratio
+from shared import fmt, median, ratio
 
 from tui_chat.config import cache_dir, models_dir
 from tui_chat.engine.base import STOP_LABELS

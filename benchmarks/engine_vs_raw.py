@@ -20,10 +20,8 @@ import argparse
 import contextlib
 import os
 import platform
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,12 +29,11 @@ from pathlib import Path
 
 import llama_cpp
 
-from tui_chat.config import models_dir
-from tui_chat.engine import logs
+from shared import alternate, bench_model, fmt, greedy_settings, median, ms, ratio
+
 from tui_chat.engine.base import Done, Error, Message, Request, Token
 from tui_chat.engine.cpu import cpu_model, read_topology
 from tui_chat.engine.llama import LlamaBackend, LlamaSettings
-from tui_chat.engine.models import resolve_model
 from tui_chat.engine.params import LiveParams, SamplingParams
 
 N_CTX = 4096
@@ -65,7 +62,7 @@ QUESTIONS = (
 
 
 def greedy(max_tokens: int) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=1, repeat_penalty=1.0)
+    return SamplingParams(**greedy_settings(max_tokens))
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,32 +153,6 @@ def run_raw(llm: llama_cpp.Llama, prompt: str, params: SamplingParams) -> Run:
         ttft_s=None if first_at is None else first_at - started,
         decode_tok_s=client_decode_rate(completion, first_at, last_at),
     )
-
-
-def fmt(value: float | None, spec: str = ".1f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.1f}"
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
-def median(values: list[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
-
-
-def bench_decode(sides: dict[str, Callable[[], Run]], rounds: int) -> dict[str, list[Run]]:
-    """Each round runs every side once, in the same order, so drifting load lands on all of them."""
-    runs: dict[str, list[Run]] = {name: [] for name in sides}
-    for _ in range(rounds):
-        for name, run in sides.items():
-            runs[name].append(run())
-    return runs
 
 
 def bench_chat(backend: LlamaBackend, llm: llama_cpp.Llama, questions: tuple[str, ...]) -> tuple[list[Run], list[Run]]:
@@ -309,7 +280,7 @@ def bench_busy(backend: LlamaBackend, path: Path, prompt: str, args: argparse.Na
     for n, llm in raws.items():
         sides[f"raw {n} thr"] = lambda llm=llm: run_raw(llm, transcript(messages), greedy(args.max_tokens))
     with busy_cores(args.busy):
-        runs = bench_decode(sides, args.rounds)
+        runs = alternate(sides, args.rounds)
     med = {name: median([r.decode_tok_s for r in side]) for name, side in runs.items()}
     best = max((name for name in med if name.startswith("raw")), key=lambda name: med[name] or 0)
     threads = backend._session.threads.decode if backend._session else "?"
@@ -331,7 +302,7 @@ def bench_cpu_paths(path: Path, prompt: str, args: argparse.Namespace) -> None:
         if isinstance(loaded := backends[setting].load().result(), Error):
             sys.exit(f"cannot load {path} with extra buffers {setting}: {loaded.message}")
     sides = {name: (lambda b=b: run_ours(b, messages, greedy(args.max_tokens))) for name, b in backends.items()}
-    runs = bench_decode(sides, args.rounds)
+    runs = alternate(sides, args.rounds)
     med = {name: median([r.decode_tok_s for r in side]) for name, side in runs.items()}
     print(f"\n== Extra buffer types (CPU_REPACK, AMX where built): decode tok/s, median of {args.rounds}")
     print(f"on (all): {fmt(med['all'])}   off (none): {fmt(med['none'])}   off/on: {fmt(ratio(med['none'], med['all']), '.3f')}")
@@ -353,9 +324,7 @@ def main() -> None:
     if args.rounds < 1 or args.max_tokens < 128 or args.top_logprobs < 0 or args.busy < 0:
         parser.error("--rounds must be >= 1, --max-tokens >= 128, --top-logprobs >= 0, --busy >= 0")
 
-    log_dir = Path(tempfile.mkdtemp(prefix="tui-chat-bench-"))
-    logs.install(log_dir)
-    path = resolve_model(str(args.model) if args.model else None, None, models_dir())
+    path, log_dir = bench_model(args.model)
     topology = read_topology()
     print(f"machine   {topology.logical} CPUs, {topology.physical} cores ({cpu_model() or platform.processor()}), "
           f"{platform.system()} {platform.machine()}, Python {platform.python_version()}, "
@@ -389,7 +358,7 @@ def main() -> None:
     if args.top_logprobs:
         n = args.top_logprobs
         sides[f"ours+top{n}"] = lambda: run_ours(backend, story, greedy(args.max_tokens), n)
-    med = report_decode(bench_decode(sides, args.rounds), warm, args, prompt)
+    med = report_decode(alternate(sides, args.rounds), warm, args, prompt)
 
     # A new chat each round, opening with another question, so only "User:" is left to reuse from the last one.
     chats = [bench_chat(backend, llm, QUESTIONS[r % len(QUESTIONS):] + QUESTIONS[: r % len(QUESTIONS)])

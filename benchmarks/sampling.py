@@ -30,17 +30,15 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import llama_cpp
 
-from tui_chat.config import models_dir
-from tui_chat.engine import logs
+from shared import alternate, bench_model, greedy_settings
+
 from tui_chat.engine.base import Message, PromptProgress, Request, Token
 from tui_chat.engine.formats import TEXT, choose, json_schema
 from tui_chat.engine.llama import LlamaBackend, LlamaSettings
-from tui_chat.engine.models import resolve_model
 from tui_chat.engine.params import LiveParams, SamplingParams
 from tui_chat.engine.xray import position_context
 
@@ -85,15 +83,6 @@ def decode_rate(backend, package, prompt: str, params: dict, **request) -> tuple
     return done.metrics.decode_tok_s or 0.0, done.metrics.completion_tokens
 
 
-def rounds(sides: dict[str, Callable[[], tuple[float, int]]], count: int) -> dict[str, list[tuple[float, int]]]:
-    """Each round runs every side once, in turn, so drifting load lands on all of them alike."""
-    runs: dict[str, list[tuple[float, int]]] = {name: [] for name in sides}
-    for _ in range(count):
-        for name, run in sides.items():
-            runs[name].append(run())
-    return runs
-
-
 def report(title: str, runs: dict[str, list[tuple[float, int]]], pairs: list[tuple[str, str]], target: float) -> None:
     print(f"\n== {title}")
     for name, values in runs.items():
@@ -112,7 +101,7 @@ def bench_decode(path: Path, args: argparse.Namespace) -> None:
     ours = LlamaBackend(LlamaSettings(path, n_ctx=N_CTX))
     for backend in (theirs, ours):
         backend.load().result()
-    greedy = {"temperature": 0.0, "repeat_penalty": 1.0, "max_tokens": args.max_tokens, "seed": 1}
+    greedy = greedy_settings(args.max_tokens)
     sampled = {"seed": 1, "max_tokens": args.max_tokens}
     sides = {
         f"{args.baseline} greedy": lambda: decode_rate(theirs, "tui_chat_baseline", STORY, greedy),
@@ -122,7 +111,7 @@ def bench_decode(path: Path, args: argparse.Namespace) -> None:
         f"{args.baseline} sampled, --xray": lambda: decode_rate(theirs, "tui_chat_baseline", STORY, sampled, xray=True),
         "ours sampled, --xray": lambda: decode_rate(ours, "tui_chat", STORY, sampled, xray=True),
     }
-    runs = rounds(sides, args.rounds)
+    runs = alternate(sides, args.rounds)
     report(f"Decode, X-ray closed (and run --xray's stages per token): this tree against {args.baseline}, "
            f"{args.rounds} rounds", runs,
            [("ours greedy", f"{args.baseline} greedy"), ("ours sampled", f"{args.baseline} sampled"),
@@ -158,11 +147,11 @@ def bench_xray(backend: LlamaBackend) -> None:
 def bench_formats(path: Path, args: argparse.Namespace) -> None:
     backend = LlamaBackend(LlamaSettings(path, n_ctx=N_CTX, chat_template=args.chat_template))
     backend.load().result()
-    greedy = {"temperature": 0.0, "repeat_penalty": 1.0, "max_tokens": args.max_tokens, "seed": 1}
+    greedy = greedy_settings(args.max_tokens)
     outputs = {"free text": TEXT, "JSON": choose("json"), "JSON schema": json_schema(json.dumps(SCHEMA))}
     sides = {name: (lambda output=output: decode_rate(backend, "tui_chat", JSON_PROMPT, greedy, format=output))
              for name, output in outputs.items()}
-    runs = rounds(sides, args.rounds)
+    runs = alternate(sides, args.rounds)
     report(f"Output formats, greedy, chat template {args.chat_template}, {args.rounds} rounds", runs,
            [("JSON", "free text"), ("JSON schema", "free text")], 0.85)
     done = backend.generate(Request([Message("user", JSON_PROMPT)], LiveParams(SamplingParams(**greedy)),
@@ -182,8 +171,7 @@ def main() -> None:
     parser.add_argument("--only", choices=("decode", "formats"), help="run one part")
     args = parser.parse_args()
     args.chat_template = args.chat_template or ("auto" if args.model else "gemma")
-    logs.install(Path(tempfile.mkdtemp(prefix="tui-chat-bench-")))
-    path = resolve_model(str(args.model) if args.model else None, None, models_dir())
+    path, _ = bench_model(args.model)
     print(f"model {path.name}, llama_cpp {llama_cpp.__version__}, {os.cpu_count()} CPUs, "
           f"load avg {os.getloadavg()[0]:.2f}")
     started = time.perf_counter()

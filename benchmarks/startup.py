@@ -32,6 +32,8 @@ import termios
 import time
 from pathlib import Path
 
+from shared import median
+
 from tui_chat.engine.cpu import cpu_model
 
 SIZE = (40, 120)  # rows, columns
@@ -133,12 +135,11 @@ def launch(home: Path) -> dict[str, float | None]:
 
 
 def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 1)
+    return _tenths(None if seconds is None else seconds * 1000)
 
 
-def median(values: list[float | None]) -> float | None:
-    known = [value for value in values if value is not None]
-    return round(statistics.median(known), 1) if known else None
+def _tenths(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
 
 
 def main() -> None:
@@ -164,7 +165,7 @@ def main() -> None:
         if args.home is None:
             shutil.rmtree(home, ignore_errors=True)
     app = {"first_launch": first, "launches": len(later),
-           **{name: median([run[name] for run in later]) for name in first},
+           **{name: _tenths(median([run[name] for run in later])) for name in first},
            "runs": later}
     report = {"cpu": cpu_model() or platform.processor(), "logical_cpus": os.cpu_count(),
               "python": platform.python_version(), "runs": args.runs, "commands": commands, "app": app}

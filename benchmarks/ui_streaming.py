@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import json
 import os
 import platform
@@ -28,7 +29,10 @@ from dataclasses import dataclass, field
 import textual
 from textual import events
 
+import shared
+
 from tui_chat.config import Config
+from tui_chat.engine.cpu import cpu_model
 from tui_chat.lag import LagMonitor, Stall
 from tui_chat.engine.base import Candidate, Done, Loaded, Metrics, ModelInfo, Request, Stream, Token, TurnMetrics
 from tui_chat.session import Branch, Turn
@@ -396,8 +400,7 @@ async def answered_once(screen: ChatScreen, backend: SyntheticBackend, pieces: l
 # --- reporting -----------------------------------------------------------------------------------
 
 
-def ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.0f}"
+ms = functools.partial(shared.ms, spec=".0f")
 
 
 def print_case(case: Case) -> None:
@@ -436,11 +439,6 @@ def run_alone(history: int, rate: int, seconds: float, mode: str) -> Case:
     return Case(**json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def cpu_name() -> str:
-    with open("/proc/cpuinfo", encoding="utf-8") as info:
-        return next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), platform.machine())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rates", type=int, nargs="+", default=[2000, 5000], help="offered tok/s, default 2000 5000")
@@ -474,15 +472,15 @@ def main() -> None:
         if not args.json:
             print_case(case)
     if args.json:
-        print(json.dumps({"cases": [case.summary() for case in cases], "cpu": cpu_name(), "cpus": os.cpu_count(),
-                          "textual": textual.__version__, "seconds": args.seconds}, indent=1))
+        print(json.dumps({"cases": [case.summary() for case in cases], "cpu": cpu_model() or platform.machine(),
+                          "cpus": os.cpu_count(), "textual": textual.__version__, "seconds": args.seconds}, indent=1))
         return
     print(f"\nfinished in {time.perf_counter() - started:.0f} s, load avg {os.getloadavg()[0]:.2f}")
     print_markdown(cases)
 
 
 def print_header(args: argparse.Namespace) -> None:
-    print(f"machine   {cpu_name()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+    print(f"machine   {cpu_model() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"textual {textual.__version__}, load avg {os.getloadavg()[0]:.2f}")
     print(f"app       ChatApp headless at {SIZE[0]}x{SIZE[1]}; a key into the prompt every "
           f"{KEY_EVERY_S * 1000:.0f} ms while tokens flow; stalls from tui_chat/lag.py (>= 20 ms, with their cause)")

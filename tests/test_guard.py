@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tui_chat.config import history_path, log_dir
-from tui_chat.guard import RESTORE, crash_line
+from tui_chat.guard import MAX_LOG_BYTES, RESTORE, crash_line
 from tui_chat.history import History
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the watcher forks")
@@ -231,3 +231,49 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
     except OSError:
         return "Z"
+
+
+# --- one log shared by every process --------------------------------------------------------------------
+
+
+def test_two_processes_keep_each_others_entries_in_the_log(tmp_path):
+    """The app and `tui-chat run` at once: the second to start neither truncates nor hides the first's lines."""
+    first_body = ("import os, sys\nos.write(2, b'first before\\n')\nprint('ready', flush=True)\n"
+                  "sys.stdin.readline()\nos.write(2, b'first after\\n')")
+    first = subprocess.Popen(watched_script(first_body, tmp_path), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert first.stdout.readline() == b"ready\n"
+        second = subprocess.run(watched_script("import os\nos.write(2, b'second\\n')", tmp_path), timeout=30)
+        first.stdin.write(b"go\n")
+        first.stdin.close()
+        assert second.returncode == 0 and first.wait(timeout=30) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    log = (tmp_path / "stderr.log").read_text()
+    assert all(line in log for line in ("first before\n", "second\n", "first after\n"))
+    starts = re.findall(r"^--- tui-chat process (\d+): started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d ---$", log, re.MULTILINE)
+    assert len(set(starts)) == 2
+
+
+def test_the_crash_line_never_reads_an_earlier_runs_crash(tmp_path):
+    (tmp_path / "stderr.log").write_text(
+        "--- tui-chat process 1: started 2026-01-01 00:00:00 ---\n"
+        "/src/ggml.c:1: GGML_ASSERT(old) failed\nFatal Python error: Aborted\n\nCurrent thread 0x01 (most recent "
+        f"call first):\n  File \"/x/tui_chat{os.sep}engine{os.sep}llamacpp.py\", line 214 in step\n\n")
+    terminal = Terminal(watched_script("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", tmp_path))
+    try:
+        assert terminal.wait() == 128 + signal.SIGKILL
+    finally:
+        terminal.close()
+    [line] = [line for line in terminal.output.decode().split("\r\n") if "crashed" in line]
+    assert line.startswith("tui-chat: the app crashed with SIGKILL (Killed). The chat so far is kept")
+    assert "GGML_ASSERT(old)" in (tmp_path / "stderr.log").read_text()
+
+
+def test_a_large_log_is_moved_aside_not_cut(tmp_path):
+    (tmp_path / "stderr.log").write_bytes(b"x" * (MAX_LOG_BYTES + 1))
+    subprocess.run(watched_script("import os\nos.write(2, b'new\\n')", tmp_path), check=True, timeout=30)
+    assert (tmp_path / "stderr.log.1").stat().st_size == MAX_LOG_BYTES + 1
+    assert (tmp_path / "stderr.log").read_text().endswith("---\nnew\n")

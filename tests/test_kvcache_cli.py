@@ -44,7 +44,7 @@ def test_the_cache_command_lists_and_clears_and_a_chat_that_is_not_there_is_one_
     header, row, total = listing.stdout.splitlines()
     assert header.split() == ["MODEL", "TOKENS", "SIZE", "LAST", "USED", "CHAT"]
     assert row.startswith("tiny.gguf") and row.endswith("  1")
-    assert total.startswith("1 saved, ") and "of the 4.0 GB budget" in total
+    assert total.startswith("1 saved, ") and "of the 4.0 GiB budget" in total
     [entry] = json.loads(run_cli("cache", "--json").stdout)
     assert entry["model"] == "tiny.gguf" and entry["conversation"] == "1" and entry["tokens"] > 32
     cleared = run_cli("cache", "clear")

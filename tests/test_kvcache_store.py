@@ -109,8 +109,8 @@ def test_a_state_larger_than_the_whole_budget_writes_nothing(tmp_path, kv_log):
     assert save(store, range(100)) is None
     assert not (tmp_path / "kv").exists()
     [line] = kv_log.new_lines()
-    assert line.startswith("tui-chat: kv cache: the state of 100 tokens was not saved: it needs 10 KB, more than "
-                           "the whole budget (5 KB, kv_cache_budget_gb in the config)")
+    assert line.startswith("tui-chat: kv cache: the state of 100 tokens was not saved: it needs 10.2 KiB, more than "
+                           "the whole budget (4.9 KiB, kv_cache_budget_gb in the config)")
 
 
 def test_listing_and_deleting_by_chat_by_model_and_all(tmp_path):

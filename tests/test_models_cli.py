@@ -35,19 +35,19 @@ def test_search_files_pull_run_list_and_rm(hub, models, tiny_model):
     assert files.returncode == 0
     header, q4, q8 = files.stdout.splitlines()
     assert header.split() == ["FILE", "QUANT", "SIZE", "FITS"]
-    assert q4.split()[:4] == [FILE, "Q4_K_M", "398.9", "KB"] and "RAM ✓" in q4
+    assert q4.split()[:4] == [FILE, "Q4_K_M", "389.6", "KiB"] and "RAM ✓" in q4
     pulled = run_cli("models", "pull", REF)
     assert pulled.returncode == 0, pulled.stderr
     assert pulled.stdout == f"{REF}\t{local_file(models)}\n"
-    assert "[########################] 100% 398.9 KB / 398.9 KB" in pulled.stderr
+    assert "[########################] 100% 389.6 KiB / 389.6 KiB" in pulled.stderr
     common = ("run", "-p", "Hello", "--temperature", "0", "--max-tokens", "8", "--n-ctx", "512")
     by_name = run_cli(*common, "-m", REF)
     assert by_name.returncode == 0, by_name.stderr
     assert by_name.stdout == run_cli(*common, "-m", str(tiny_model)).stdout
     listed = run_cli("models", "list").stdout.splitlines()
-    assert listed[1].split()[:4] == [REF, "Q4_K_M", "398.9", "KB"] and "never" not in listed[1]
+    assert listed[1].split()[:4] == [REF, "Q4_K_M", "389.6", "KiB"] and "never" not in listed[1]
     removed = run_cli("models", "rm", REF)
-    assert removed.returncode == 0 and removed.stdout == f"removed {REF} (398.9 KB)\n"
+    assert removed.returncode == 0 and removed.stdout == f"removed {REF} (389.6 KiB)\n"
     assert run_cli("models", "list", "--json").stdout.strip() == "[]"
     gone = run_cli("run", "-p", "hi", "-m", REF)
     assert gone.returncode == 2 and gone.stderr == (
@@ -170,7 +170,7 @@ def test_offline_start_lists_and_loads_local_models_without_a_socket(hub, models
     assert run_cli("models", "pull", REF).returncode == 0
     script = subprocess.run([sys.executable, "-c", OFFLINE_START, REF], capture_output=True, text=True, timeout=120)
     assert script.returncode == 0, script.stderr
-    assert script.stdout.splitlines()[1].split()[:4] == [REF, "Q4_K_M", "398.9", "KB"]
+    assert script.stdout.splitlines()[1].split()[:4] == [REF, "Q4_K_M", "389.6", "KiB"]
     assert script.stdout.splitlines()[-2:] == [f"loaded {FILE}", "connects [] hub imported False"]
 
 

@@ -71,7 +71,7 @@ async def test_a_download_goes_on_while_chatting_and_can_be_cancelled(hub, model
         await download_the_tiny_model(pilot, screen)
         await wait_for(pilot, lambda: "% " in text(screen, "#download-status"))
         shown = text(screen, "#download-status")
-        assert shown.startswith(f"{FILE} · ") and "KB / 398.9 KB" in shown
+        assert shown.startswith(f"{FILE} · ") and "KiB / 389.6 KiB" in shown
         await pilot.press("escape")
         await wait_for(pilot, lambda: isinstance(app.screen, ChatScreen))
         await send(pilot, "Hello")

@@ -69,6 +69,25 @@ def test_server_is_described_as_remote(tiny_remote, tiny_server):
     assert tiny_remote.list_models() == ["tiny"]
 
 
+def test_the_model_info_says_what_the_server_is_not_sent_and_reads_otherwise(tiny_remote):
+    assert tiny_remote.info.server_facts == (
+        "Not sent: Typical-p, Top-nσ, XTC probability, XTC threshold, DRY multiplier, DRY base, DRY allowed len, "
+        "DRY last n, Sampler order, Think budget",
+        "Logit bias: the bias goes to every token of the text as the server tokenizes it, not only the first")
+
+
+def test_run_names_the_settings_in_use_the_server_is_not_sent(tiny_server):
+    result = run_cli("run", "--base-url", tiny_server, "--model", "tiny", "-p", "Hi", "--max-tokens", "4",
+                     "--xtc-probability", "0.5", "--top-k", "5", "--json")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ("tui-chat: note: not sent to this server, which takes no such setting: "
+                             "XTC probability, XTC threshold\n")
+    report = json.loads(result.stdout)
+    assert "xtc_probability" in report["ignored_params"] and "top_k" not in report["ignored_params"]
+    assert report["ignored_formats"] == [] and report["server_notes"] == [
+        "logit bias: the bias goes to every token of the text as the server tokenizes it, not only the first"]
+
+
 def test_greedy_reply_streams_token_by_token_and_repeats(tiny_remote):
     tokens, first = reply(tiny_remote, PROMPT)
     _, again = reply(tiny_remote, PROMPT)
@@ -477,7 +496,11 @@ def test_run_with_a_profile_and_its_key(isolated_dirs, monkeypatch):
         (["--backend", "openai"], "--backend openai needs --base-url URL or --remote PROFILE"),
         (["--backend", "local", "--base-url", "http://h/v1"], "--base-url needs --backend openai"),
         (["--remote", "lab"], "unknown remote 'lab' (configured: none"),
-        (["--base-url", "http://h/v1", "--gpu-layers", "0"], "--n-ctx and --gpu-layers are for local models"),
+        (["--base-url", "http://h/v1", "--gpu-layers", "0"], "--gpu-layers is for local models: the server sets its own"),
+        (["--base-url", "http://h/v1", "--threads", "2"], "--threads is for local models: the server sets its own"),
+        (["--base-url", "http://h/v1", "--extra-buffers", "none", "--threads-batch", "2", "--n-ctx", "512"],
+         "--n-ctx, --threads-batch and --extra-buffers are for local models: the server sets its own"),
+        (["--model", "@lab", "--threads", "2"], "--threads is for local models: the server sets its own"),
     ],
 )
 def test_bad_remote_flags_are_one_line_and_exit_2(args, message):

@@ -275,6 +275,8 @@ def test_formats_go_to_llama_server_in_its_fields_and_a_server_that_cannot_refus
         assert server.requests == []
     assert vllm.info.ignored_formats == ("grammar",) and vllm.info.notes == (
         "JSON: the server's JSON mode writes an object, not any JSON value",)
+    assert vllm.info.server_facts[1:] == ("No grammar output",
+                                          "JSON: the server's JSON mode writes an object, not any JSON value")
     assert isinstance(refused, Error) and refused.text == "" and "\n" not in refused.message
     assert refused.message.startswith("the vLLM at 127.0.0.1:") and "cannot be asked for grammar output" in refused.message
 

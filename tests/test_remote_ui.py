@@ -54,6 +54,15 @@ async def test_settings_a_plain_server_ignores_are_greyed_out_and_apply_per_repl
             assert "unknown" in str(screen.query_one(MetricsPanel).query_one("#tokens").render())
 
 
+async def test_the_model_panel_says_what_a_real_server_is_not_sent_and_reads_otherwise(tiny_server):
+    app = make_app("@lab", remotes={"lab": RemoteProfile("lab", tiny_server, model="tiny")})
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        facts = str(screen.query_one("#model-facts").render())
+        assert "Not sent: Typical-p, Top-nσ, XTC probability" in facts
+        assert "Logit bias: the bias goes to every token of the text as the server tokenizes it" in facts
+
+
 async def test_an_unknown_server_name_is_a_clear_error_and_the_app_stays_up(tiny_model):
     app = make_app("@nowhere")
     async with app.run_test(size=SIZE) as pilot:

@@ -11,6 +11,7 @@ from .engine.base import INCOMPLETE_LABEL, stop_label, thinking_line
 from .engine.context import left_out
 from .pricing import format_usd
 from .history import STATES, Conversation, HistoryError, StoredMessage, active_path, output_format_from, sampling_from
+from .units import local_time
 
 FORMAT = "tui-chat conversation"
 FORMAT_VERSION = 1
@@ -157,7 +158,7 @@ def to_markdown(conversation: Conversation) -> str:
         f"# {conversation.title or 'Untitled conversation'}",
         "",
         f"- Model: {conversation.model or 'unknown'}",
-        f"- Started: {datetime.fromtimestamp(conversation.created_at).strftime('%Y-%m-%d %H:%M')}",
+        f"- Started: {local_time(conversation.created_at)}",
         f"- Settings: temperature {settings.temperature:g}, top-p {settings.top_p:g}, top-k {settings.top_k},"
         f" min-p {settings.min_p:g}, repeat penalty {settings.repeat_penalty:g}, seed {settings.seed},"
         f" max tokens {settings.max_tokens}",

@@ -10,6 +10,8 @@ In the child, file descriptor 2 goes to `stderr.log`: what llama.cpp's C code pr
 its last words before an abort) and Python's stack at a fatal signal (faulthandler) land in the file,
 never across the screen; Python's own `sys.stderr` keeps the terminal. A bug in the app's Python code
 ends the same way: its traceback goes to that file and the terminal gets one line (`exception_line`).
+Every process appends to the one file (the app and `tui-chat run` may run at once), each entry under a
+line naming its process; the crash line reads only its own process's part.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ import os
 import re
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 
 from .safetext import terminal_safe
 
 LOG_NAME = "stderr.log"
+MAX_LOG_BYTES = 1024 * 1024  # past this, a process starting moves the log aside to `stderr.log.1`
 _PR_SET_PDEATHSIG = 1
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 # What the terminal needs back after a full-screen app (what Textual's driver sets on start): main
@@ -64,10 +68,10 @@ def watch(log_dir: Path) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
-    os._exit(exit_code(status, terminal, log, forwarded))
+    os._exit(exit_code(status, terminal, log, child, forwarded))
 
 
-def exit_code(status: int, terminal: list | None, log: Path, forwarded: set[int] = frozenset()) -> int:
+def exit_code(status: int, terminal: list | None, log: Path, pid: int, forwarded: set[int] = frozenset()) -> int:
     """The shell's convention: the child's own code, or 128 + the signal that killed it. A signal the
     user sent (and this process passed on) is no crash: the terminal comes back without a word."""
     if os.WIFEXITED(status):
@@ -75,8 +79,25 @@ def exit_code(status: int, terminal: list | None, log: Path, forwarded: set[int]
     number = os.WTERMSIG(status)
     restore_terminal(terminal)
     if number not in forwarded:
-        print(crash_line(number, _read_tail(log), log), file=sys.stderr, flush=True)
+        print(crash_line(number, own_part(_read_tail(log), pid), log), file=sys.stderr, flush=True)
     return 128 + number
+
+
+def entry_line(pid: int, what: str) -> str:
+    """The line above each entry in the shared log: which process, what, when."""
+    return f"{_entry_mark(pid)}{what} {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n"
+
+
+def _entry_mark(pid: int) -> str:
+    return f"--- tui-chat process {pid}: "
+
+
+def own_part(log_text: str, pid: int) -> str:
+    """What process `pid` wrote since it started, and whatever other processes wrote after it (their
+    lines are not marked; a crash's own dump is the last): never an earlier run's crash. Where its start
+    line has left the tail already read, the tail is all its own."""
+    start = log_text.rfind(f"{_entry_mark(pid)}started ")
+    return log_text if start < 0 else log_text[start:]
 
 
 def crash_line(number: int, log_text: str, log: Path) -> str:
@@ -105,7 +126,7 @@ def exception_line(error: BaseException, log: Path) -> str:
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("a", encoding="utf-8") as handle:
-            handle.write("".join(traceback.format_exception(error)))
+            handle.write(entry_line(os.getpid(), type(error).__name__) + "".join(traceback.format_exception(error)))
         details = f"details in {log}"
     except OSError as failure:
         details = f"no details: the log {log} cannot be written ({failure.strerror or failure})"
@@ -149,15 +170,25 @@ def _become_the_app(log: Path) -> None:
     """The child: C-level stderr to the log file, Python's stderr (and Textual's screen) to the terminal."""
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
-        # appending, so that a traceback the app adds itself (`exception_line`) is never written over
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+        _move_aside_when_large(log)
+        # appending, never truncating: another tui-chat process (the app beside `tui-chat run`) writes here too
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
         handle = os.fdopen(os.open(log, flags, 0o644), "w", encoding="utf-8", buffering=1)
+        handle.write(entry_line(os.getpid(), "started"))
     except OSError:
         return  # no log: stderr stays as it was, and the watcher still restores the terminal
     terminal = os.fdopen(os.dup(2), "w", buffering=1, encoding=sys.stderr.encoding, errors=sys.stderr.errors)
     os.dup2(handle.fileno(), 2)
     sys.stderr = sys.__stderr__ = terminal
     faulthandler.enable(file=handle, all_threads=True)
+
+
+def _move_aside_when_large(log: Path) -> None:
+    """Keeps the log's size bounded without losing a running process's entries: a process that has the
+    file open goes on writing into `stderr.log.1`, under its new name."""
+    with contextlib.suppress(OSError):
+        if log.stat().st_size > MAX_LOG_BYTES:
+            os.replace(log, log.with_name(f"{log.name}.1"))
 
 
 def _wait(child: int, forwarded: set[int]) -> int:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import TYPE_CHECKING
 
 from ..config import Config, kv_cache_dir
-from .common import writer
+from ..units import format_size, local_time
+from .common import print_table
 
 if TYPE_CHECKING:
     from ..engine.kvstore import Entry
@@ -30,21 +30,21 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
-    from ..engine.kvstore import KvStore, human_size  # numpy: only for this command, not every start
+    from ..engine.kvstore import KvStore  # numpy: only for this command, not every start
 
     store = KvStore(kv_cache_dir(), config.kv_cache_budget_bytes)
     if args.action == "clear":
         freed = store.total_bytes()
         deleted = store.clear()
-        print(f"deleted {deleted} saved KV cache{'' if deleted == 1 else 's'} ({human_size(freed)})")
+        print(f"deleted {deleted} saved KV cache{'' if deleted == 1 else 's'} ({format_size(freed)})")
         return 0
     entries = store.list_entries()
     if args.json:
         print(json.dumps([_as_dict(entry) for entry in entries], indent=2))
     elif entries:
-        _print_table(entries)
-        print(f"{len(entries)} saved, {human_size(sum(e.size_bytes for e in entries))} of the "
-              f"{human_size(config.kv_cache_budget_bytes)} budget (kv_cache_budget_gb) in {kv_cache_dir()}")
+        _print_entries(entries)
+        print(f"{len(entries)} saved, {format_size(sum(e.size_bytes for e in entries))} of the "
+              f"{format_size(config.kv_cache_budget_bytes)} budget (kv_cache_budget_gb) in {kv_cache_dir()}")
     else:
         off = " (saving is off: kv_cache_budget_gb = 0)" if config.kv_cache_budget_bytes <= 0 else ""
         print(f"no KV caches saved in {kv_cache_dir()}{off}", file=sys.stderr)
@@ -56,16 +56,8 @@ def _as_dict(entry: Entry) -> dict:
             "bytes": entry.size_bytes, "last_used": entry.last_used, "conversation": entry.notes.conversation or None}
 
 
-def _print_table(entries: list[Entry]) -> None:
-    from ..engine.kvstore import human_size
-
+def _print_entries(entries: list[Entry]) -> None:
     rows = [("MODEL", "TOKENS", "SIZE", "LAST USED", "CHAT")]
-    rows += [(entry.model_name, f"{entry.n_tokens:,}", human_size(entry.size_bytes),
-              time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.last_used)), entry.notes.conversation or "–")
-             for entry in entries]
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    write = writer(sys.stdout)  # model file names and chat IDs are read from files: shown terminal-safe
-    for row in rows:
-        cells = [cell.rjust(width) if column in (1, 2) else cell.ljust(width)
-                 for column, (cell, width) in enumerate(zip(row, widths))]
-        write("  ".join(cells).rstrip() + "\n")
+    rows += [(entry.model_name, f"{entry.n_tokens:,}", format_size(entry.size_bytes), local_time(entry.last_used),
+              entry.notes.conversation or "–") for entry in entries]
+    print_table(rows, right=(1, 2))

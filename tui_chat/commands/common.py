@@ -63,6 +63,16 @@ def writer(out: TextIO) -> Callable[[str], None]:
     return write
 
 
+def print_table(rows: list[tuple[str, ...]], right: tuple[int, ...] = ()) -> None:
+    """Columns as wide as their widest cell, two spaces apart, the columns in `right` (figures) aligned
+    right. Cells come from files, the hub and the history: always written terminal-safe."""
+    rows = [tuple(terminal_safe(cell) for cell in row) for row in rows]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.rjust(width) if column in right else cell.ljust(width)
+                        for column, (cell, width) in enumerate(zip(row, widths))).rstrip())
+
+
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", "-m", help="a .gguf file, a downloaded OWNER/NAME:FILE.gguf, or gemma-3-270m")
     parser.add_argument("--n-ctx", type=int, help="context size in tokens (rounded up to a multiple of 256)")
@@ -82,7 +92,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 def opener_for(config: Config, args: argparse.Namespace | None = None) -> tuple[BackendOpener, str | None]:
     """The backend opener for this run and the model name to open first, with the flags laid over the config."""
-    from ..engine.factory import BackendOpener, LocalOptions, remote_spec  # the engine: only for a command that opens one
+    from ..engine.factory import REMOTE_MARK, BackendOpener, LocalOptions, remote_spec  # the engine: only for a command that opens one
 
     config = with_model_flags(config, args)
     remote = _remote_profile(config, args) if args is not None else None
@@ -96,6 +106,8 @@ def opener_for(config: Config, args: argparse.Namespace | None = None) -> tuple[
     model = getattr(args, "model", None)
     if remote is not None:
         model = remote_spec(remote.name or CLI_REMOTE, model)
+    if args is not None and model is not None and model.startswith(REMOTE_MARK):
+        _refuse_local_flags(args)
     return BackendOpener(local, servers), model
 
 
@@ -115,6 +127,18 @@ def with_model_flags(config: Config, args: argparse.Namespace | None) -> Config:
     return replace(config, **changes)
 
 
+LOCAL_FLAGS = ("n_ctx", "gpu_layers", "threads", "threads_batch", "extra_buffers")  # how llama.cpp runs here
+
+
+def _refuse_local_flags(args: argparse.Namespace) -> None:
+    """A server sets its own context, offload, threads and CPU path: a flag for them would do nothing."""
+    given = [f"--{name.replace('_', '-')}" for name in LOCAL_FLAGS if getattr(args, name, None) is not None]
+    if given:
+        flags = given[0] if len(given) == 1 else f"{', '.join(given[:-1])} and {given[-1]}"
+        raise InvalidParameter(f"{flags} {'is' if len(given) == 1 else 'are'} for local models: "
+                               "the server sets its own")
+
+
 def _remote_profile(config: Config, args: argparse.Namespace) -> RemoteProfile | None:
     """The server this run talks to (a config profile with the flags laid over it), or None for local."""
     profile = None
@@ -131,8 +155,6 @@ def _remote_profile(config: Config, args: argparse.Namespace) -> RemoteProfile |
         if flags:
             raise InvalidParameter(f"{flags[0]} needs --backend openai")
         return None
-    if args.n_ctx is not None or args.gpu_layers is not None:
-        raise InvalidParameter("--n-ctx and --gpu-layers are for local models: the server sets its own")
     base_url = args.base_url or (profile.base_url if profile else None)
     if base_url is None:
         raise InvalidParameter("--backend openai needs --base-url URL or --remote PROFILE")

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import datetime
 from pathlib import Path
 
 from ..config import Config, history_path
 from ..export import from_json, to_json, to_markdown
 from ..history import History, HistoryError, model_label
-from .common import writer
+from ..units import local_time
+from .common import print_table, writer
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -50,13 +50,12 @@ def list_conversations(history: History, search: str | None) -> int:
     if not rows:
         print(f"no conversation mentions {search!r}" if search else "no saved conversations yet")
         return 0
-    write = writer(sys.stdout)
-    print(f"{'ID':>5}  {'UPDATED':<16}  {'MSGS':>4}  {'MODEL':<24}  TITLE")
+    table = [("ID", "UPDATED", "MSGS", "MODEL", "TITLE")]
     for row in rows:
-        updated = datetime.fromtimestamp(row.updated_at).strftime("%Y-%m-%d %H:%M")
         model = model_label(row.model)
         model = model if len(model) <= 24 else model[:23] + "…"
-        write(f"{row.id:>5}  {updated:<16}  {row.messages:>4}  {model:<24}  {row.title or '(untitled)'}\n")
+        table.append((str(row.id), local_time(row.updated_at), str(row.messages), model, row.title or "(untitled)"))
+    print_table(table, right=(0, 2))
     return 0
 
 

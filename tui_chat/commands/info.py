@@ -12,6 +12,7 @@ from importlib import metadata
 
 from ..config import Config, cache_dir, config_path, data_dir, history_path, log_dir, models_dir
 from ..guard import LOG_NAME
+from ..units import format_size
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -107,8 +108,8 @@ def show(config: Config, as_json: bool) -> int:
         f"threads     {threads['decode']} decoding, {threads['batch']} reading prompts"
         + (" (fewer while other programs keep cores busy)" if threads["follow_load"] else " (set)"),
         f"GPU offload {'yes' if gpu['offload'] else 'no: this llama.cpp build has no GPU backend'}",
-        *(f"GPU         {d['name']}: {d['description']}, {d['memory_total'] / 2**30:.1f} GiB "
-          f"({d['memory_free'] / 2**30:.1f} GiB free)" for d in gpu["devices"]),
+        *(f"GPU         {d['name']}: {d['description']}, {format_size(d['memory_total'])} "
+          f"({format_size(d['memory_free'])} free)" for d in gpu["devices"]),
         f"model       {facts['default_model'] or 'none configured'}",
         *(f"{name:<11} {path}" for name, path in paths.items()),
     ]

@@ -15,9 +15,9 @@ from pathlib import Path
 from ..config import Config, kv_cache_dir, models_dir
 from ..hub import HubError, HubInputError
 from ..hub.download import Progress
-from ..hub.names import format_size
 from ..safetext import terminal_safe
-from .common import INTERRUPTED, RUNTIME_ERROR, USAGE_ERROR, fail
+from ..units import format_size, local_time
+from .common import INTERRUPTED, RUNTIME_ERROR, USAGE_ERROR, fail, print_table
 
 BAR_WIDTH = 24
 LINE_EVERY_S = 1.0
@@ -73,7 +73,7 @@ def _search(args: argparse.Namespace, config: Config) -> int:
     elif not found:
         print(f"no GGUF repos match {terminal_safe(args.query)!r}", file=sys.stderr)
     else:
-        _print_table([("REPO", "DOWNLOADS", "LIKES")]
+        print_table([("REPO", "DOWNLOADS", "LIKES")]
                      + [(item.repo, f"{item.downloads:,}", f"{item.likes:,}") for item in found])
     return 0
 
@@ -91,7 +91,7 @@ def _files(args: argparse.Namespace, config: Config) -> int:
     for model in listing.models:
         name = model.name if len(model.parts) == 1 else f"{model.name} ({len(model.parts)} parts)"
         rows.append((name, model.quant or "?", format_size(model.size), fit_text(model.size)))
-    _print_table(rows)
+    print_table(rows)
     return 0
 
 
@@ -124,7 +124,7 @@ def _list(args: argparse.Namespace, config: Config) -> int:
     for model in models:
         mark = " *" if model.path == default else ""
         rows.append((model.name + mark, model.quant or "?", format_size(model.size), _when(model.last_used)))
-    _print_table(rows)
+    print_table(rows)
     return 0
 
 
@@ -158,7 +158,7 @@ def _default_path(config: Config) -> Path | None:
 
 
 def _when(timestamp: float | None) -> str:
-    return "never" if timestamp is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(timestamp))
+    return "never" if timestamp is None else local_time(timestamp)
 
 
 class _ProgressBar:
@@ -184,13 +184,6 @@ class _ProgressBar:
     def close(self) -> None:
         if self.tty and self.shown:
             sys.stderr.write("\n")
-
-
-def _print_table(rows: list[tuple[str, ...]]) -> None:
-    rows = [tuple(terminal_safe(cell) for cell in row) for row in rows]
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
 
 
 def _print_json(value: object) -> None:

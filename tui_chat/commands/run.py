@@ -26,7 +26,9 @@ from ..engine.params import (
     InvalidParameter,
     LiveParams,
     check_top_logprobs,
+    label,
 )
+from ..engine.server_params import unsent_settings
 from ..guard import watch
 from ..history import Conversation, History
 from ..pricing import find_preset
@@ -128,6 +130,9 @@ def _run_opened(backend: Backend, args: argparse.Namespace, config: Config, mode
             if note := no_thinking_note(backend.info):
                 print(f"tui-chat: {note}", file=sys.stderr)
         session.model = model or config.default_model or backend.info.path  # what opens this model again
+        if unsent := unsent_settings(backend.info.ignored_params, live.snapshot()[1]):
+            print(f"tui-chat: note: not sent to this server, which takes no such setting: "
+                  f"{', '.join(label(name) for name in unsent)}", file=sys.stderr)
         try:
             return run_conversation(backend, session, args.prompt, as_json=args.json)
         except EngineError as error:
@@ -158,7 +163,9 @@ def run_conversation(backend: Backend, session: ChatSession, prompts: list[str],
     if as_json:
         info = backend.info
         report = {"model": info.name, "model_path": info.path, "backend": info.backend,
-                  "gpu_layers": info.gpu_layers, "params": session.live.snapshot()[1].as_dict(), "turns": turns}
+                  "gpu_layers": info.gpu_layers, "params": session.live.snapshot()[1].as_dict(),
+                  "ignored_params": list(info.ignored_params), "ignored_formats": list(info.ignored_formats),
+                  "server_notes": list(info.notes), "turns": turns}
         write(json.dumps(report, indent=2) + "\n")
     return INTERRUPTED if turns and turns[-1]["stop_reason"] == "cancelled" else 0
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from ..safetext import quoted
-from .formats import TEXT, OutputFormat
-from .params import LiveParams
+from .formats import KINDS, TEXT, OutputFormat
+from .params import LiveParams, label
 
 Role = Literal["system", "user", "assistant"]
 StopReason = Literal["eos", "stop", "length", "context", "cancelled"]  # context: the KV cache is full
@@ -98,6 +98,15 @@ class ModelInfo:
     threads: int = 0  # decode threads when it loaded (they follow the load: TurnMetrics.threads)
     thinking: str = ""  # the thinking markers recognised, e.g. "<think>…</think>" ("" where it cannot tell)
     thinking_switch: bool = False  # its chat template takes `enable_thinking`
+
+    @property
+    def server_facts(self) -> tuple[str, ...]:
+        """What the model info says of a backend that takes settings or formats otherwise than tui-chat, a
+        line each: the settings it is not sent, the output formats it cannot be asked for, and its notes."""
+        lines = [f"Not sent: {', '.join(label(name) for name in self.ignored_params)}"] if self.ignored_params else []
+        if self.ignored_formats:
+            lines.append(f"No {' or '.join(KINDS[kind] for kind in self.ignored_formats)} output")
+        return (*lines, *(note[:1].upper() + note[1:] for note in self.notes))
 
     @property
     def offload(self) -> str:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..units import format_size
 
 FORMAT = 1
 SUFFIX = ".kv"
@@ -349,8 +350,8 @@ class KvStore:
         """Evict the least recently used states until `needed` more bytes fit in the budget and leave the disk
         MIN_FREE_BYTES free. Raises KvProblem when they cannot."""
         if needed > self.budget_bytes:
-            raise KvProblem(f"it needs {human_size(needed)}, more than the whole budget "
-                            f"({human_size(self.budget_bytes)}, kv_cache_budget_gb in the config)")
+            raise KvProblem(f"it needs {format_size(needed)}, more than the whole budget "
+                            f"({format_size(self.budget_bytes)}, kv_cache_budget_gb in the config)")
         self.folder.mkdir(parents=True, exist_ok=True)
         entries = sorted(listing.entries.values(), key=lambda entry: entry.last_used)
         total = sum(entry.size_bytes for entry in entries)
@@ -364,7 +365,7 @@ class KvStore:
                 free += entry.size_bytes
         self._remove_partials(listing.partials, STALE_PARTIAL_S)
         if free - needed < MIN_FREE_BYTES:
-            raise KvProblem(f"the disk is nearly full ({human_size(free)} free)")
+            raise KvProblem(f"the disk is nearly full ({format_size(free)} free)")
 
     def _delete(self, chosen: Callable[[Entry], bool], partials_older_than: float = STALE_PARTIAL_S) -> int:
         entries, partials = self._scan()
@@ -455,14 +456,6 @@ def _log(line: str) -> None:
     from . import logs
 
     logs.note(f"kv cache: {line}")
-
-
-def human_size(size: int) -> str:
-    """`10 KB`, `52.8 MB`, `4.0 GB`: how listings and log lines give sizes."""
-    for unit, scale in (("GB", 2**30), ("MB", 2**20)):
-        if size >= scale:
-            return f"{size / scale:,.1f} {unit}"
-    return f"{size / 1024:,.0f} KB"
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -227,6 +227,11 @@ LIST_PARAMS: tuple[ListSpec, ...] = (
 LIST_SPECS: dict[str, ListSpec] = {spec.name: spec for spec in LIST_PARAMS}
 
 
+def label(name: str) -> str:
+    """A setting's name as the sampling panel shows it (`xtc_probability` → `XTC probability`)."""
+    return (SPECS.get(name) or LIST_SPECS[name]).label
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     temperature: float = SPECS["temperature"].default

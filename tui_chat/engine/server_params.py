@@ -114,19 +114,23 @@ def server_fields(server: str, params: SamplingParams) -> tuple[dict[str, Any], 
     """
     accepted = SERVER_FIELDS.get(server, _OPENAI)
     body: dict[str, Any] = {}
-    refused: list[str] = []
     for name, sampler in SAMPLER_OF.items():
         spec = accepted.get(name)
         if spec is None:
-            if _in_use(sampler, params):
-                refused.append(name)
-        elif spec.off is not None and not _in_use(sampler, params):
+            continue
+        if spec.off is not None and not _in_use(sampler, params):
             body.update(spec.off)
         else:
             value = getattr(params, name)
             body[spec.name] = spec.convert(value) if spec.convert else value
             body.update(spec.also)
-    return body, tuple(refused)
+    return body, unsent_settings(ignored_settings(server), params)
+
+
+def unsent_settings(ignored: tuple[str, ...], params: SamplingParams) -> tuple[str, ...]:
+    """Of the settings a server is not sent (`ModelInfo.ignored_params`), those `params` turn on: what a
+    user asked for and will not get."""
+    return tuple(name for name in ignored if _in_use(SAMPLER_OF[name], params))
 
 
 def _in_use(sampler: str, params: SamplingParams) -> bool:

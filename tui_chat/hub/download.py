@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..units import format_size
 from . import HubError
 from .http import auth_headers, session, status_error, timeout, translated
-from .names import format_size
 
 PROGRESS_EVERY_S = 0.1
 SPEED_WINDOW_S = 3.0

@@ -94,9 +94,3 @@ def split_names(first: str, count: int) -> list[str]:
     return [f"{part.stem}-{index:05d}-of-{count:05d}.gguf" for index in range(1, count + 1)]
 
 
-def format_size(size: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1000:
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{size:.1f} TB"

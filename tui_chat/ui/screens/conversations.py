@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime
 from pathlib import Path
 
 from rich.text import Text
@@ -22,13 +21,14 @@ from ...engine.kvstore import KvStore
 from ...export import to_json, to_markdown
 from ...history import ConversationSummary, History, HistoryError, model_label
 from ...safetext import screen_safe
+from ...units import local_time
 from .ask import AskText
 
 CONFIRM_WITHIN_S = 3.0
 
 
 def summary_line(summary: ConversationSummary) -> Text:
-    when = datetime.fromtimestamp(summary.updated_at).strftime("%Y-%m-%d %H:%M")
+    when = local_time(summary.updated_at)
     line = Text(screen_safe(summary.title or "(untitled)"), style="bold")
     line.append(f"\n  {when} · {summary.messages} messages · {screen_safe(model_label(summary.model))}",
                 style="dim")

@@ -27,8 +27,8 @@ from ...hub import HubError
 from ...hub.download import Cancelled, Progress
 from ...hub.http import OFFLINE_MESSAGE, offline
 from ...hub.local import LocalModel, import_model, list_local, remove_model
-from ...hub.names import format_size
 from ...safetext import terminal_safe
+from ...units import format_size
 from ..textual_fixes import Footer
 
 NAME = "models"

@@ -20,8 +20,8 @@ from ...engine.factory import remote_spec
 from ...engine.models import STARTER_NAME
 from ...engine.params import InvalidParameter
 from ...hub import HubError
-from ...hub.names import format_size
 from ...safetext import terminal_safe
+from ...units import format_size
 
 
 @dataclass(frozen=True, slots=True)

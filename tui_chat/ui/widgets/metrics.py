@@ -164,7 +164,8 @@ class MetricsPanel(Vertical):
             threads = m.threads or info.threads
             hardware = f"{info.offload} · {threads} thread{'s' if threads != 1 else ''}" if threads else info.offload
             thinks = f"\nThinking {'on' if self.thinking else 'off'} · F7" if info.thinking else ""
-            show(facts, Content(terminal_safe(f"{info.quantization} · {hardware}\n{info.description}{thinks}")))
+            server = "".join(f"\n{line}" for line in info.server_facts)
+            show(facts, Content(terminal_safe(f"{info.quantization} · {hardware}\n{info.description}{thinks}{server}")))
         server = f"\n  server {_rate(m.server_decode_tok_s)}" if m.server_decode_tok_s else ""  # by its own clock
         grammar = m.grammar_ms_per_token
         show(self.query_one("#speed", Static), Content(
