@@ -156,7 +156,7 @@ async def test_an_overfull_context_leaves_out_the_oldest_turns_and_says_so(tiny_
         for turn in range(5):
             await send(pilot, f"Turn {turn}: " + "tell me more about the weather " * 6)
             reply = await reply_done(pilot)
-        assert "earlier turn" in reply.footer and "left out" in reply.footer
+        assert "earlier turn" in reply.reply.footer and "left out" in reply.reply.footer
         await wait_for(pilot, lambda: any("left out" in str(n.message) for n in app._notifications))
         assert len(said(screen)) == 10, "nothing is dropped from the chat itself"
     [conversation] = stored()
