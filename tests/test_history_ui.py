@@ -16,6 +16,7 @@ from tui_chat.ui.screens.ask import AskText
 from tui_chat.ui.screens.conversations import ConversationsScreen
 from tui_chat.ui.screens.inspector import InspectorScreen
 from tui_chat.ui.widgets.messages import ReplyMessage, UserMessage
+from tui_chat.ui.widgets.metrics import MetricsPanel
 from tui_chat.ui.widgets.sampling import SamplingPanel
 
 
@@ -89,6 +90,33 @@ async def test_a_chat_reopens_with_its_settings_system_prompt_and_branches(tiny_
     assert conversation.path[2].content == "Go on" and len(conversation.path) == 4
     forks = [m for m in conversation.messages if m.fork_of is not None]
     assert [(m.content, m.fork_token) for m in forks] == [(branched, 1)]
+
+
+async def test_the_panels_session_cost_comes_back_with_a_reopened_chat(tiny_model):
+    """The panel sums the session from the chat's replies, not from a list of its own: reopened, a chat
+    costs what it did (issue 26: it showed nothing spent)."""
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        await send(pilot, "Hello there")
+        await reply_done(pilot)
+        await send(pilot, "And then?")
+        await reply_done(pilot)
+
+        def session_lines() -> list[str]:
+            cost = str(screen.query_one(MetricsPanel).query_one("#cost").render())
+            return [line for line in cost.splitlines() if line.startswith(("Session", "Saved"))]
+
+        spent = session_lines()
+        assert spent and "$0.000000" not in spent[0]
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert session_lines()[0].endswith("$0.000000")
+        await chats_open(pilot)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: screen.is_current and screen.query(ReplyMessage))
+        await pilot.pause()
+        assert session_lines() == spent
 
 
 async def test_the_system_prompt_editor_sets_it_for_this_chat(tiny_model):
