@@ -292,7 +292,7 @@ async def reply_at_100x30(model, shrink_mid_reply: bool) -> tuple[str, str, dict
         reply = await reply_done(pilot, timeout=180)
         await pilot.pause()
         assert said(screen)[-1].content == reply.text and screen.query_one(PromptInput).has_focus
-        return reply.text, reply.footer, {part: screen.query_one(part).region for part in ("#log", "#prompt", "#side")}
+        return reply.text, reply.reply.footer, {part: screen.query_one(part).region for part in ("#log", "#prompt", "#side")}
 
 
 @pytest.mark.starter

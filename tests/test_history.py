@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+from dataclasses import dataclass, fields
 from decimal import Decimal
 from pathlib import Path
 
@@ -68,6 +69,29 @@ def test_a_conversation_round_trips_through_the_file(db):
         ("assistant", "Paris."), ("user", "And Italy?"), ("assistant", "Ro"),
     ]
     assert loaded.last_id == ids[-1]
+
+
+def test_a_replys_figures_round_trip_through_the_file_field_for_field(db):
+    """`as_dict` and `from_dict` follow TurnMetrics' fields: each is stored and read back (with the rates the
+    footer reads beside them), and a figure added later needs no line more (issue 26)."""
+    every = TurnMetrics(**{f.name: True if f.type == "bool" else n + 0.5 if "float" in f.type else n
+                           for n, f in enumerate(fields(TurnMetrics), start=2)})
+    with History(db) as history:
+        conversation = history.create(model="tiny")
+        reply = history.start_reply(conversation, history.add_user_message(conversation, "Hi", None))
+        reply.finish("Hello", "eos", every, Decimal("0.01"))
+    with History(db) as history:
+        record = history.load(conversation).path[1].metrics
+    assert TurnMetrics.from_dict(record) == every
+    assert record["decode_tok_s"] == every.decode_tok_s and record["prefill_tok_s"] == every.prefill_tok_s
+    assert TurnMetrics.from_dict({}) == TurnMetrics(), "a reply stored before a figure was kept: its default"
+
+    @dataclass(frozen=True, slots=True)
+    class Later(TurnMetrics):
+        added_figure: int = 0
+
+    assert Later(added_figure=3).as_dict()["added_figure"] == 3
+    assert Later.from_dict(Later(added_figure=3, completion_tokens=4).as_dict()) == Later(added_figure=3, completion_tokens=4)
 
 
 def test_branches_keep_every_reply_and_the_chosen_one_is_active(db):

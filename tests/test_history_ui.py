@@ -16,6 +16,7 @@ from tui_chat.ui.screens.ask import AskText
 from tui_chat.ui.screens.conversations import ConversationsScreen
 from tui_chat.ui.screens.inspector import InspectorScreen
 from tui_chat.ui.widgets.messages import ReplyMessage, UserMessage
+from tui_chat.ui.widgets.metrics import MetricsPanel
 from tui_chat.ui.widgets.sampling import SamplingPanel
 
 
@@ -91,6 +92,33 @@ async def test_a_chat_reopens_with_its_settings_system_prompt_and_branches(tiny_
     assert [(m.content, m.fork_token) for m in forks] == [(branched, 1)]
 
 
+async def test_the_panels_session_cost_comes_back_with_a_reopened_chat(tiny_model):
+    """The panel sums the session from the chat's replies, not from a list of its own: reopened, a chat
+    costs what it did (issue 26: it showed nothing spent)."""
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        await send(pilot, "Hello there")
+        await reply_done(pilot)
+        await send(pilot, "And then?")
+        await reply_done(pilot)
+
+        def session_lines() -> list[str]:
+            cost = str(screen.query_one(MetricsPanel).query_one("#cost").render())
+            return [line for line in cost.splitlines() if line.startswith(("Session", "Saved"))]
+
+        spent = session_lines()
+        assert spent and "$0.000000" not in spent[0]
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert session_lines()[0].endswith("$0.000000")
+        await chats_open(pilot)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: screen.is_current and screen.query(ReplyMessage))
+        await pilot.pause()
+        assert session_lines() == spent
+
+
 async def test_the_system_prompt_editor_sets_it_for_this_chat(tiny_model):
     app = make_app(str(tiny_model))
     async with app.run_test(size=SIZE) as pilot:
@@ -156,7 +184,7 @@ async def test_an_overfull_context_leaves_out_the_oldest_turns_and_says_so(tiny_
         for turn in range(5):
             await send(pilot, f"Turn {turn}: " + "tell me more about the weather " * 6)
             reply = await reply_done(pilot)
-        assert "earlier turn" in reply.footer and "left out" in reply.footer
+        assert "earlier turn" in reply.reply.footer and "left out" in reply.reply.footer
         await wait_for(pilot, lambda: any("left out" in str(n.message) for n in app._notifications))
         assert len(said(screen)) == 10, "nothing is dropped from the chat itself"
     [conversation] = stored()

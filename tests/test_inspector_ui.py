@@ -55,7 +55,7 @@ async def test_heatmap_colours_each_token_by_its_probability(tiny_model):
         screen = await loaded(pilot)
         await send(pilot, "Hello there")
         reply = await reply_done(pilot)
-        assert len(reply.tokens) > 3 and all(t.prob is not None and len(t.top) == 10 for t in reply.tokens)
+        assert len(reply.reply.tokens) > 3 and all(t.prob is not None and len(t.top) == 10 for t in reply.reply.tokens)
         await pilot.press("ctrl+t")
         await pilot.pause()
         assert screen.query_one("#legend").display
@@ -68,11 +68,11 @@ async def test_heatmap_colours_each_token_by_its_probability(tiny_model):
             if index is None or not segment.text.strip():
                 continue
             drawn.add(index)
-            pair = colors[band_of(reply.tokens[index].prob)]
+            pair = colors[band_of(reply.reply.tokens[index].prob)]
             if pair is not None:
                 assert segment.style.bgcolor.triplet == pair[1].rich_color.triplet
-        assert drawn == {i for i, t in enumerate(reply.tokens) if t.piece.strip()}
-        assert len({band_of(t.prob) for t in reply.tokens}) > 1, "the tiny model's reply should span several bands"
+        assert drawn == {i for i, t in enumerate(reply.reply.tokens) if t.piece.strip()}
+        assert len({band_of(t.prob) for t in reply.reply.tokens}) > 1, "the tiny model's reply should span several bands"
         await pilot.press("ctrl+t")
         await pilot.pause()
         assert not reply.query(".heatmap") and not screen.query_one("#legend").display
@@ -84,7 +84,7 @@ async def test_keys_pick_a_token_the_inspector_shows_it_and_a_branch_rewinds_to_
         screen = await loaded(pilot)
         await send(pilot, "Hello there")
         reply = await reply_done(pilot)
-        original, original_tokens = reply.text, list(reply.tokens)
+        original, original_tokens = reply.text, list(reply.reply.tokens)
         await pilot.press("ctrl+t")
         reply.focus()
         await pilot.press("right", "right", "right", "enter")
@@ -99,11 +99,11 @@ async def test_keys_pick_a_token_the_inspector_shows_it_and_a_branch_rewinds_to_
         await wait_for(pilot, lambda: screen.is_current and screen.reply is None and len(reply.branches) == 2)
         await pilot.pause()
         alternative = [c for c in original_tokens[3].top if c.token_id != original_tokens[3].token_id][0]
-        assert [t.token_id for t in reply.tokens[:4]] == [t.token_id for t in original_tokens[:3]] + [alternative.token_id]
-        assert reply.tokens[3].forced and reply.tokens[3].prob == alternative.prob
-        assert all(not t.forced and t.prob is not None for t in reply.tokens[4:])
+        assert [t.token_id for t in reply.reply.tokens[:4]] == [t.token_id for t in original_tokens[:3]] + [alternative.token_id]
+        assert reply.reply.tokens[3].forced and reply.reply.tokens[3].prob == alternative.prob
+        assert all(not t.forced and t.prob is not None for t in reply.reply.tokens[4:])
         assert reply.text.startswith("".join(t.piece for t in original_tokens[:3]) + alternative.text)
-        assert "branched at token 4, 1 token read" in reply.footer
+        assert "branched at token 4, 1 token read" in reply.reply.footer
         assert "branch 2/2" in str(reply.query_one(".last", Static).content.renderables[1])
         assert said(screen)[-1] == Message("assistant", reply.text)
         branched = reply.text
@@ -111,7 +111,7 @@ async def test_keys_pick_a_token_the_inspector_shows_it_and_a_branch_rewinds_to_
         reply.focus()
         await pilot.press("left_square_bracket")
         await pilot.pause()
-        assert reply.text == original and reply.tokens == original_tokens
+        assert reply.text == original and reply.reply.tokens == original_tokens
         assert said(screen)[-1] == Message("assistant", original)
         await pilot.press("right_square_bracket")
         await pilot.pause()
@@ -150,7 +150,7 @@ async def test_inspector_marks_what_the_current_settings_would_keep(tiny_model):
         screen = await loaded(pilot)
         await send(pilot, "Hello there")
         reply = await reply_done(pilot)
-        token = reply.tokens[0]
+        token = reply.reply.tokens[0]
         lines = [str(line) for line in candidate_lines(token, screen.live.snapshot()[1])]
         assert lines[0].rstrip().endswith("kept") and all(line.rstrip().endswith("cut") for line in lines[1:])
         wide = screen.live.snapshot()[1].with_changes(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0)
@@ -248,7 +248,7 @@ async def test_the_xray_shows_each_stage_of_the_chain_and_the_verdict(tiny_model
         await pilot.press("left")  # the X-ray follows the picked token
         expected = inspector.probe.xray(1).result()
         await wait_for(pilot, lambda: expected.verdict in str(shown.render()))
-        assert expected.token_id == reply.tokens[1].token_id
+        assert expected.token_id == reply.reply.tokens[1].token_id
 
 
 def test_the_xray_says_when_its_recomputed_figure_parts_from_the_recorded_one():
@@ -265,7 +265,7 @@ async def test_ask_about_any_word_shows_its_exact_probability_beside_the_alterna
     async with app.run_test(size=SIZE) as pilot:
         _, reply, inspector = await inspect_a_reply(pilot)
         asked = inspector.query_one("#asked")
-        top = reply.tokens[0].top[0]
+        top = reply.reply.tokens[0].top[0]
         inspector.query_one("#ask").focus()
         await pilot.press(*top.text, "enter")
         await wait_for(pilot, lambda: "rank" in str(asked.render()))
@@ -312,8 +312,8 @@ async def test_the_mask_shows_in_the_heatmap_and_the_inspector(tiny_model):
         screen.session.output_format = schema
         await send(pilot, "Hello there")
         reply = await reply_done(pilot)
-        forced = [i for i, t in enumerate(reply.tokens) if t.grammar is not None and t.grammar.forced]
-        assert forced and reply.tokens[0].piece.startswith("{")
+        forced = [i for i, t in enumerate(reply.reply.tokens) if t.grammar is not None and t.grammar.forced]
+        assert forced and reply.reply.tokens[0].piece.startswith("{")
         await pilot.press("ctrl+t")
         reply.focus()
         await pilot.press("right", "left")
@@ -330,9 +330,9 @@ async def test_the_mask_shows_in_the_heatmap_and_the_inspector(tiny_model):
         await pilot.press("enter")
         inspector = await screen_open(pilot, InspectorScreen)
         assert "The output format's grammar removed" in str(inspector.query_one("#facts").render())
-        lines = [str(line) for line in candidate_lines(reply.tokens[0], SAMPLED)]
+        lines = [str(line) for line in candidate_lines(reply.reply.tokens[0], SAMPLED)]
         marks = [line.rstrip().endswith("forbidden") for line in lines]
-        assert marks == [c.allowed is False for c in reply.tokens[0].top] and any(marks)
+        assert marks == [c.allowed is False for c in reply.reply.tokens[0].top] and any(marks)
 
 
 @pytest.mark.starter
@@ -342,7 +342,7 @@ async def test_a_special_token_the_model_wrote_is_named_dimmed_in_the_inspector_
     app = make_app(STARTER_NAME, sampling=sampling, n_ctx=2048)
     async with app.run_test(size=SIZE) as pilot:
         _, reply, inspector = await inspect_a_reply(pilot)
-        assert "<start_of_image>" not in reply.text and len(reply.tokens) == 4
+        assert "<start_of_image>" not in reply.text and len(reply.reply.tokens) == 4
         facts = inspector.query_one("#facts").render()
         assert str(facts).startswith("<start_of_image> not text: a special token")
         assert any("dim" in str(span.style) for span in facts.spans)

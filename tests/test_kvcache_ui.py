@@ -26,7 +26,7 @@ async def test_a_chat_reopened_after_a_restart_says_what_came_from_disk(tiny_mod
         await loaded(pilot)
         await send(pilot, "What is the capital of France?")
         first = await reply_done(pilot)
-    assert "from disk" not in first.footer and saved_for() == ["1"]
+    assert "from disk" not in first.reply.footer and saved_for() == ["1"]
     async with make_app(str(tiny_model)).run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
         await chats_open(pilot)
@@ -36,7 +36,7 @@ async def test_a_chat_reopened_after_a_restart_says_what_came_from_disk(tiny_mod
         reply = await reply_done(pilot)
         restored = screen.query_one(MetricsPanel).metrics.restored_tokens
         tokens = str(screen.query_one("#tokens").render())
-    assert restored > 0 and f"restored {restored:,} tokens from disk in " in reply.footer
+    assert restored > 0 and f"restored {restored:,} tokens from disk in " in reply.reply.footer
     assert f"Restored {restored:,} tokens from disk" in tokens
 
 

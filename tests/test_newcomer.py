@@ -263,5 +263,5 @@ async def test_a_cut_reply_continues_where_it_stopped(tiny_model):
         await pilot.press("f8")
         await wait_for(pilot, lambda: screen.reply is None and len(reply.branches) == 2)
         assert reply.text.startswith(cut) and len(reply.text) > len(cut)
-        assert "continued at token 8, 1 token read" in reply.footer and len(reply.tokens) == 16
+        assert "continued at token 8, 1 token read" in reply.reply.footer and len(reply.reply.tokens) == 16
         assert said(screen)[-1].content == reply.text, "the chat goes on from the continued reply"

@@ -24,7 +24,7 @@ async def test_a_reply_cut_mid_stream_stays_on_screen_and_in_the_history():
             await send(pilot, "hi")
             reply = await reply_done(pilot)
             assert reply.text == "Paris is the"
-            assert reply.footer.startswith("cut short: the server at") and "closed the stream mid-reply" in reply.footer
+            assert reply.reply.footer.startswith("cut short: the server at") and "closed the stream mid-reply" in reply.reply.footer
             assert said(screen)[-1].content == "Paris is the"
             await send(pilot, "go on")
             await wait_for(pilot, lambda: len(screen.query(ReplyMessage)) == 2 and screen.reply is None)
@@ -129,8 +129,8 @@ async def test_the_panel_shows_the_servers_own_figures_and_what_a_stopped_reply_
             reply = await reply_done(pilot)
             read = len(prompt_words([{"role": "user", "content": "hi"}, {"role": "assistant", "content": REPLY},
                                      {"role": "user", "content": "and again"}]))
-            assert reply.footer.startswith("stopped")
-            last = panel.turns[-1]
+            assert reply.reply.footer.startswith("stopped")
+            last = screen.session.spent()[-1]
             assert last.prompt_tokens == read and last.cached_tokens == read - 4, "only `<user> and again <assistant>`"
             assert f"in {read:,} · out" in str(panel.query_one("#tokens").render())
             cost = turn_cost(panel.price, read, last.cached_tokens, last.completion_tokens)

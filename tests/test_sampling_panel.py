@@ -250,14 +250,14 @@ async def test_a_banned_word_never_appears_in_the_chat(tiny_model):
         await send(pilot, "Hello there")
         first = await reply_done(pilot)
         counts: dict[int, int] = {}
-        for token in first.tokens:
+        for token in first.reply.tokens:
             counts[token.token_id] = counts.get(token.token_id, 0) + 1
         banned = max(counts, key=counts.get)
-        piece = next(t.piece for t in first.tokens if t.token_id == banned)
+        piece = next(t.piece for t in first.reply.tokens if t.token_id == banned)
         screen.query_one(SamplingPanel)._apply("logit_bias", logit_bias=[(piece, -math.inf)])
         await pilot.press("ctrl+r")
         await wait_for(pilot, lambda: screen.reply is None and len(first.branches) == 2)
-        assert banned not in [t.token_id for t in first.tokens]
+        assert banned not in [t.token_id for t in first.reply.tokens]
 
 
 async def choose_format(pilot, kind: str, source: str = "") -> None:
@@ -279,7 +279,7 @@ async def test_the_format_is_kept_per_conversation_and_reopens_with_it(tiny_mode
         assert screen.session.output_format == choose("json")
         await send(pilot, "Hello there")
         reply = await reply_done(pilot)
-        if "incomplete" not in reply.footer:
+        if "incomplete" not in reply.reply.footer:
             json.loads(reply.text)
         assert "Grammar" in str(screen.query_one(MetricsPanel).query_one("#speed").render())
         saved = screen.session.conversation_id
@@ -302,7 +302,7 @@ async def test_a_grammar_that_cannot_end_says_the_output_is_incomplete(tiny_mode
         await send(pilot, "Hello there")
         reply = await reply_done(pilot)
         assert reply.text == "a" * 12
-        assert reply.footer.startswith("max tokens · 12 tokens") and "incomplete" in reply.footer
+        assert reply.reply.footer.startswith("max tokens · 12 tokens") and "incomplete" in reply.reply.footer
 
 
 async def test_bad_formats_are_one_line_and_nothing_is_lost(tiny_model):
@@ -338,8 +338,8 @@ async def test_streaming_off_holds_the_reply_and_compares_the_wait(tiny_model):
         await pilot.press("escape")
         reply = await reply_done(pilot)
         assert reply.text.strip() and not reply.query(".status"), "the whole reply is shown at the end"
-        assert "first word after" in reply.footer and "when streaming; you waited" in reply.footer
-        assert reply.footer.startswith("stopped")
+        assert "first word after" in reply.reply.footer and "when streaming; you waited" in reply.reply.footer
+        assert reply.reply.footer.startswith("stopped")
         assert screen.session.streaming is False
         await pilot.press("ctrl+n")
         assert screen.session.streaming is False, "the toggle holds for new chats"

@@ -15,7 +15,7 @@ from tui_chat.history import History
 from tui_chat.pricing import PRESETS
 from tui_chat.recording import Saving
 from tui_chat.safetext import quoted
-from tui_chat.session import ChatSession, opened
+from tui_chat.session import ChatSession, Reply, opened
 
 
 def finish(session: ChatSession):
@@ -142,6 +142,22 @@ def test_a_saved_chat_reopens_with_its_turns_branches_and_system_prompt(tiny, hi
     assert [(t.question, len(t.branches), t.active) for t in again.turns] == [("Hello there", 2, 1)]
     assert again.messages() == session.messages()
 
+
+
+def test_each_reply_keeps_its_figures_and_a_reopened_chat_has_the_same(tiny, history):
+    """A reply's figures are data on its branch: what the panel sums as the session, the same once the chat is
+    reopened (issue 26). A reply being written reads as a finished one does."""
+    session = new_session(history)
+    session.ask("Hello there", tiny.generate)
+    assert isinstance(session.writing, Reply) and session.writing.footer is None
+    done = finish(session).done
+    session.regenerate(tiny.generate)
+    finish(session)
+    first = session.turns[0].branches[0]
+    assert isinstance(first, Reply) and first.metrics == done.metrics
+    assert len(session.spent()) == 2
+    again = opened(history.load(session.conversation_id), LiveParams(GREEDY), None)
+    assert again.spent() == session.spent()
 
 
 def test_a_format_and_the_xray_go_with_each_request_and_the_format_is_saved(tiny, history):

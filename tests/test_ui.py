@@ -104,7 +104,7 @@ async def focused_slider(pilot, name: str) -> Slider:
 
 
 def footer(message: ReplyMessage) -> str:
-    return message.footer
+    return message.reply.footer
 
 
 async def test_send_streams_a_reply_from_the_tiny_model(tiny, tiny_model):
@@ -461,7 +461,7 @@ async def test_panel_costs_match_the_pricing_module(tiny, tiny_model):
         await send(pilot, "And then?")
         await reply_done(pilot)
         panel = screen.query_one(MetricsPanel)
-        first, second = panel.turns
+        first, second = screen.session.spent()
         assert second.cached_tokens > 0
 
         def shown() -> str:
@@ -558,7 +558,7 @@ async def test_the_draft_meter_keeps_the_conversation_after_a_reply_stopped_befo
         screen = await loaded(pilot)
         await send(pilot, "Hello there")
         await reply_done(pilot)
-        context = screen.query_one(MetricsPanel).turns[-1].context_tokens
+        context = screen.session.spent()[-1].context_tokens
         assert context > 0
         generate = screen.backend.generate
 

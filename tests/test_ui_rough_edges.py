@@ -22,6 +22,7 @@ from tui_chat.engine.base import Candidate, EngineError, Message, TurnMetrics
 from tui_chat.engine.context import fit_context
 from tui_chat.engine.params import SamplingParams
 from tui_chat.history import History
+from tui_chat.pricing import format_usd
 from tui_chat.safetext import screen_safe, terminal_safe
 from tui_chat.session import Branch, Turn
 from tui_chat.ui.keys import CHAT_KEYS
@@ -370,8 +371,8 @@ async def test_the_panels_money_has_one_format_as_the_session_passes_a_cent(tiny
         panel = screen.query_one(MetricsPanel)
         reply = TurnMetrics(prompt_tokens=1_000, completion_tokens=300)  # $0.0055 at GPT-4o's prices
         screen.choose_price("GPT-4o")
-        for _ in range(3):
-            panel.finish_reply(reply)
+        screen.session.turns = [Turn(f"question {n}", [Branch("answer", "end of text", metrics=reply)]) for n in range(3)]
+        panel.update_metrics(reply)
         await pilot.pause()
         figures = re.findall(r"\$[\d,.]+", str(screen.query_one("#cost").render()))
         assert "$0.005500" in figures and "$0.016500" in figures, figures
@@ -402,6 +403,29 @@ async def test_the_delete_prompt_counts_one_turn_after_it_in_the_singular(tiny_m
             await pilot.press("delete")
             await pilot.pause()
             assert notified(app)[-1].startswith(said)
+
+
+async def test_a_deleted_turns_reply_leaves_the_panels_session_cost(tiny_model):
+    """The panel sums the chat's replies (issue 26): a turn deleted takes its reply's cost with it, at once."""
+    app = make_app(str(tiny_model), sampling=GREEDY.with_changes(max_tokens=4))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        for text in ("One", "Two"):
+            await send(pilot, text)
+            await reply_done(pilot)
+        panel = screen.query_one(MetricsPanel)
+
+        def session_line() -> str:
+            return next(line for line in str(panel.query_one("#cost").render()).splitlines()
+                        if line.startswith("Session"))
+
+        both = session_line()
+        screen.query(UserMessage)[1].focus()
+        await pilot.press("delete", "delete")
+        await wait_for(pilot, lambda: len(screen.session.turns) == 1)
+        await pilot.pause()
+        assert session_line() != both and session_line() == f"Session  {format_usd(panel.session_cost(), fine=True)}"
+        assert len(screen.session.spent()) == 1
 
 
 def test_the_context_size_in_an_error_has_thousands_separators():

@@ -128,7 +128,7 @@ async def test_markdown_links_in_a_reply_show_their_target_and_open_nothing():
 async def test_the_heatmap_and_the_inspector_show_tokens_and_candidates_as_written():
     async with hostile_reply() as (pilot, reply):
         app = pilot.app
-        assert len(reply.tokens) == len(HOSTILE.split(" "))
+        assert len(reply.reply.tokens) == len(HOSTILE.split(" "))
         await pilot.press("ctrl+t")
         await pilot.pause()
         assert_literal_on_screen(app)
@@ -136,7 +136,7 @@ async def test_the_heatmap_and_the_inspector_show_tokens_and_candidates_as_writt
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, InspectorScreen))
         inspector = app.screen
-        for index in range(len(reply.tokens)):
+        for index in range(len(reply.reply.tokens)):
             await pilot.pause()
             assert_literal_on_screen(app, SHOWN_CANDIDATES)
             assert inspector.index == index

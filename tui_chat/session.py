@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from .engine.base import Candidate, Done, Error, Event, Message, Metrics, PromptProgress, Request, Stream, Token
 from .engine.base import INCOMPLETE_LABEL, STOP_LABELS, StopReason, TurnMetrics, restore_note, stop_label
@@ -58,9 +58,29 @@ def stored_footer(message: StoredMessage) -> str:
     return reply_footer(message.stop_reason or "eos", message.metrics or {})
 
 
+@runtime_checkable
+class Reply(Protocol):
+    """A reply as the views read it, the same whether it is being written (`Writing`) or finished (`Branch`)."""
+
+    @property
+    def text(self) -> str: ...
+    @property
+    def reasoning(self) -> str: ...  # its thinking, before the answer
+    @property
+    def tokens(self) -> list[Token]: ...
+    @property
+    def answer_from(self) -> int: ...  # tokens[:answer_from] are the thinking's (the markers included)
+    @property
+    def thought(self) -> str: ...  # the thinking's header: `thinking_line` of it
+    @property
+    def footer(self) -> str | None: ...  # how it ended; None while it is written
+    @property
+    def metrics(self) -> TurnMetrics | None: ...  # the engine's figures (the latest, while it is written)
+
+
 @dataclass(eq=False)
 class Branch:
-    """One version of a reply: regenerated, or branched from a token of another (`cut`: where)."""
+    """One version of a reply: regenerated, or branched from a token of another (`cut`: where). A `Reply`."""
 
     text: str
     footer: str
@@ -73,7 +93,12 @@ class Branch:
     reasoning: str = ""  # its thinking, before the answer (`text`)
     thought: str = ""  # `thinking_line` of it
     answer_from: int = 0  # tokens[:answer_from] are the thinking's (the markers included)
-    context_tokens: int = 0  # the context the model held after it (its prompt and itself); 0: not known
+    metrics: TurnMetrics | None = None  # its figures, kept (None: cut short, or reopened without them)
+
+    @property
+    def context_tokens(self) -> int:
+        """The context the model held after it (its prompt and itself); 0: not known."""
+        return self.metrics.context_tokens if self.metrics is not None else 0
 
 
 @dataclass(eq=False)
@@ -93,7 +118,7 @@ class Turn:
 
 @dataclass(eq=False)
 class Writing:
-    """The reply being written: its stream, its tokens so far and its record."""
+    """The reply being written: its stream, its tokens so far and its record. A `Reply`, with no footer yet."""
 
     turn: Turn
     stream: Stream
@@ -103,7 +128,7 @@ class Writing:
     tokens: list[Token] = field(default_factory=list)
     text: str = ""
     reasoning: str = ""
-    thinking: int = 0  # tokens so far that belong to the thinking
+    answer_from: int = 0  # tokens so far that belong to the thinking
     thinking_span: tuple[float, float] | None = None  # the engine's clock at the first and latest of them
     visible: bool = False
     metrics: TurnMetrics | None = None  # the latest figures the engine sent
@@ -114,7 +139,16 @@ class Writing:
         if self.thinking_span is None:
             return {}
         first, last = self.thinking_span
-        return {"thinking_s": last - first, "reasoning_tokens": self.thinking}
+        return {"thinking_s": last - first, "reasoning_tokens": self.answer_from}
+
+    @property
+    def thought(self) -> str:
+        """Its time and tokens so far."""
+        return thinking_line(self.thinking_figures(), ongoing=True) or "thinking…"
+
+    @property
+    def footer(self) -> None:
+        return None
 
     @property
     def is_branch(self) -> bool:
@@ -207,6 +241,10 @@ class ChatSession:
         draft meter bills it with the next message (a reply taken back changes nothing)."""
         return next((turn.reply.context_tokens for turn in reversed(self.turns)
                      if turn.reply is not None and turn.reply.context_tokens), 0)
+
+    def spent(self) -> list[TurnMetrics]:
+        """The figures of every reply in this chat, its other branches too: what the panel bills as the session."""
+        return [branch.metrics for turn in self.turns for branch in turn.branches if branch.metrics is not None]
 
     @property
     def conversation_id(self) -> int | None:
@@ -313,7 +351,7 @@ class ChatSession:
         writing.stream.cancel()
         metrics = writing.metrics or TurnMetrics(completion_tokens=len(writing.tokens))
         done = Done("cancelled", writing.text, replace(metrics, completion_tokens=len(writing.tokens)),
-                    reasoning=writing.reasoning, answer_from=writing.thinking)
+                    reasoning=writing.reasoning, answer_from=writing.answer_from)
         self._finish(writing, done, keep_empty=True)
 
     def why_not_branch(self, turn: Turn) -> str | None:
@@ -371,7 +409,7 @@ class ChatSession:
     @staticmethod
     def _think(writing: Writing, token: Token) -> None:
         """A token of the thinking: its count and time."""
-        writing.thinking += 1
+        writing.answer_from += 1
         first = writing.thinking_span[0] if writing.thinking_span else token.at
         writing.thinking_span = (first, token.at)
 
@@ -408,7 +446,7 @@ class ChatSession:
         if writing.writer is not None and self.saved is not None:
             self._save(lambda: self.saved.end_reply(writing.writer, done))
         self._add_branch(writing, done.text, footer, done.stop_reason, done.prompt_ids, done.reasoning,
-                         thinking_line(done.metrics.as_dict()), done.answer_from, done.metrics.context_tokens)
+                         thinking_line(done.metrics.as_dict()), done.answer_from, done.metrics)
         return Ending("finished", " ".join(notes), done, waited)
 
     @staticmethod
@@ -435,17 +473,16 @@ class ChatSession:
         if writing.writer is not None and self.saved is not None:
             self._save(lambda: self.saved.end_reply(writing.writer, error))
         self._add_branch(writing, error.text, f"cut short: {error.message}", reasoning=reasoning,
-                         thought=thinking_line(writing.thinking_figures()), answer_from=writing.thinking)
+                         thought=thinking_line(writing.thinking_figures()), answer_from=writing.answer_from)
         return Ending("failed", error.message)
 
     def _add_branch(self, writing: Writing, text: str, footer: str, stop_reason: StopReason | None = None,
                     prompt_ids: tuple[int, ...] = (), reasoning: str = "", thought: str = "",
-                    answer_from: int = 0, context_tokens: int = 0) -> None:
+                    answer_from: int = 0, metrics: TurnMetrics | None = None) -> None:
         cut = len(writing.forced) - 1 if writing.forced else None
         turn = writing.turn
         turn.branches.append(Branch(text, footer, writing.tokens, cut, writing.writer.id if writing.writer else None,
-                                    stop_reason, prompt_ids, self.model, reasoning, thought, answer_from,
-                                    context_tokens))
+                                    stop_reason, prompt_ids, self.model, reasoning, thought, answer_from, metrics))
         turn.active = len(turn.branches) - 1
 
     def _take_back(self, writing: Writing) -> Ending:
@@ -505,7 +542,7 @@ def turns_of(conversation: Conversation) -> list[Turn]:
         siblings = [m for m in conversation.siblings(message) if m.role == "assistant"]
         turns[-1].branches = [Branch(m.content, stored_footer(m), cut=m.fork_token, message_id=m.id,
                                      reasoning=m.reasoning, thought=thinking_line(m.metrics or {}),
-                                     context_tokens=(m.metrics or {}).get("context_tokens") or 0)
+                                     metrics=TurnMetrics.from_dict(m.metrics) if m.metrics else None)
                               for m in siblings]
         turns[-1].active = siblings.index(message)
     return turns

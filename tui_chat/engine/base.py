@@ -10,8 +10,8 @@ import queue
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, Protocol, Self
 
 from ..safetext import quoted
 from .formats import KINDS, TEXT, OutputFormat
@@ -170,27 +170,15 @@ class TurnMetrics:
         return steps / self.decode_s if self.decode_s > 0 and steps > 0 else None
 
     def as_dict(self) -> dict[str, float | int | None]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": self.cached_tokens,
-            "completion_tokens": self.completion_tokens,
-            "ttft_s": self.ttft_s,
-            "prefill_tok_s": self.prefill_tok_s,
-            "decode_tok_s": self.decode_tok_s,
-            "context_tokens": self.context_tokens,
-            "n_ctx": self.n_ctx,
-            "dropped_turns": self.dropped_turns,
-            "server_decode_tok_s": self.server_decode_tok_s,
-            "threads": self.threads,
-            "restored_tokens": self.restored_tokens,
-            "restore_s": self.restore_s,
-            "restore_avoided_s": self.restore_avoided_s,
-            "grammar_ms_per_token": self.grammar_ms_per_token,
-            "reasoning_tokens": self.reasoning_tokens,
-            "thinking_s": self.thinking_s,
-            "prompt_estimated": self.prompt_estimated,
-            "withheld_tokens": self.withheld_tokens,
-        }
+        """Every field, and the rates a stored reply's footer reads: what the history and `run --json` keep."""
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {
+            "prefill_tok_s": self.prefill_tok_s, "decode_tok_s": self.decode_tok_s,
+            "grammar_ms_per_token": self.grammar_ms_per_token}
+
+    @classmethod
+    def from_dict(cls, record: Mapping[str, Any]) -> Self:
+        """A stored reply's figures; those it was stored without keep their defaults."""
+        return cls(**{f.name: record[f.name] for f in fields(cls) if f.name in record})
 
 
 def restore_note(metrics: Mapping[str, Any]) -> str:

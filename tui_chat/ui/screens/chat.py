@@ -78,7 +78,7 @@ class ChatScreen(Screen):
         with Horizontal(id="main"):
             yield ConversationView(self.session, self._draft_costs, lambda: self.backend, id="chat")
             with VerticalScroll(id="side"):
-                yield MetricsPanel(self.config.prices, self.config.price, id="metrics")
+                yield MetricsPanel(self.config.prices, self.config.price, lambda: self.session.spent(), id="metrics")
                 yield SamplingPanel(self.live, id="sampling")
         yield Footer()
 
@@ -247,7 +247,7 @@ class ChatScreen(Screen):
         """The reply counts as being written until its widget has settled: actions wait for that."""
         self._settled()
         if ending.kind in ("finished", "failed") and ending.done is not None:
-            self.query_one(MetricsPanel).finish_reply(ending.done.metrics)
+            self.query_one(MetricsPanel).update_metrics(ending.done.metrics)
         self._show_title()
         if ending.kind == "failed":
             self.notify(ending.message, title="Reply cut short", severity="error", timeout=8, markup=False)
@@ -396,8 +396,8 @@ class ChatScreen(Screen):
             self._settled()
         self._keep_settings()  # the chat's own, before the panel shows the next one's
         self.query_one(SamplingPanel).set_values(settings.as_dict())
-        self.query_one(MetricsPanel).forget_turns()
         self.session = self.view.session = session
+        self.query_one(MetricsPanel).show_chat()
         self._show_title()  # at once: its messages may take a while to come down and go up
         self.query_one(SamplingPanel).show_format(session.output_format)
         await self.view.show(session)
@@ -529,3 +529,8 @@ class ChatScreen(Screen):
         if self.session.saved is not None:
             self.session.saved.price = self._price()
         self._recount_draft()
+
+    @on(UserMessage.Edit)
+    def _turns_left(self) -> None:
+        """Turns edited or deleted leave the chat, and the session's cost in the panel their replies'."""
+        self.query_one(MetricsPanel).refresh_view()

@@ -75,7 +75,7 @@ class ChatLog(VerticalScroll):
 
     async def trim(self) -> None:
         """Unmount the oldest finished messages beyond MAX_MOUNTED; their turns keep what they said."""
-        shown = [m for m in self.messages() if not isinstance(m, ReplyMessage) or m.footer is not None]
+        shown = [m for m in self.messages() if not isinstance(m, ReplyMessage) or m.finished]
         excess = len(self.messages()) - MAX_MOUNTED
         if excess > 0:
             oldest = shown[:excess]

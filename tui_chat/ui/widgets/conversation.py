@@ -132,8 +132,8 @@ class ConversationView(Vertical):
         ending = update.ending
         if update.text and self.session.streaming:
             await widget.append(update.text)
-        elif update.text and ending is None:
-            widget.show_status(widget.writing.held_line())
+        elif update.text and writing is not None:  # held back: the reply is not over
+            widget.show_status(writing.held_line())
         if ending is None:
             return
         self._live = None
@@ -188,17 +188,18 @@ class ConversationView(Vertical):
     @on(ReplyMessage.Inspect)
     def _inspect(self, event: ReplyMessage.Inspect) -> None:
         widget = event.reply
-        if not widget.tokens:
+        reply = widget.reply
+        if not reply.tokens:
             self.notify(f"Nothing to inspect. {REOPENED_NOTE}", timeout=6, markup=False)
             return
-        if not any(token.prob is not None for token in widget.tokens):
+        if not any(token.prob is not None for token in reply.tokens):
             self.notify("This reply has no token probabilities: they are recorded as replies are written "
                         "(inspector_top in the config).", timeout=5)
             return
         from ..screens.inspector import InspectorScreen  # with numpy, which it counts with: not at every start
 
         probe = TokenProbe(self._backend(), self.session.live, widget.turn.reply, self.session.model)
-        screen = InspectorScreen(widget.tokens, widget.text, min(event.index, len(widget.tokens) - 1),
+        screen = InspectorScreen(reply.tokens, reply.text, min(event.index, len(reply.tokens) - 1),
                                  self.session.live.snapshot()[1], self.session.why_not_branch(widget.turn), probe)
         self.app.push_screen(screen, lambda choice: choice and self.post_message(
             self.BranchChosen(widget.turn, choice.index, choice.candidate)))

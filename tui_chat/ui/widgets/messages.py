@@ -35,9 +35,8 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from ...config import data_dir
-from ...engine.base import Token, thinking_line
 from ...safetext import screen_safe
-from ...session import Branch, Turn, Writing
+from ...session import Branch, Reply, Turn, Writing
 from ..clipboard import copy
 from .live_tail import LiveTail, freeze_point
 from .heatmap import band_styles, grammar_line, has_probabilities, heatmap_text
@@ -169,53 +168,26 @@ class ReplyMessage(ChatMessage, Vertical):
 
     def __init__(self, turn: Turn, writing: Writing | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
+        shown = writing if writing is not None else turn.reply
+        if shown is None:
+            raise ValueError("a reply's widget shows the reply being written or the turn's own")
         self.turn = turn
-        self.writing = writing  # the branch in progress, while it is written
+        self.reply: Reply = shown  # the branch being written, else the one shown; read the same way
         self.heatmap = False
         self.unfolded = False  # the thinking shown in full
         self.selected = 0
-        self._tail = self.text
+        self._tail = ""
         self._frozen_chars = 0
         self._live: LiveTail | None = None  # the tail being written into, while the reply is written
 
-    # --- what it shows, from the turn ---------------------------------------------------------
-
     @property
     def text(self) -> str:
-        if self.writing is not None:
-            return self.writing.text
-        return self.turn.reply.text if self.turn.reply else ""
+        return self.reply.text
 
     @property
-    def reasoning(self) -> str:
-        if self.writing is not None:
-            return self.writing.reasoning
-        return self.turn.reply.reasoning if self.turn.reply else ""
-
-    @property
-    def answer_from(self) -> int:
-        """How many of `tokens` are the thinking's."""
-        if self.writing is not None:
-            return self.writing.thinking
-        return self.turn.reply.answer_from if self.turn.reply else 0
-
-    @property
-    def thought(self) -> str:
-        """The thinking's header: its time and tokens so far while it is written."""
-        if self.writing is not None:
-            return thinking_line(self.writing.thinking_figures(), ongoing=True) or "thinking…"
-        return (self.turn.reply.thought if self.turn.reply else "") or "thought"
-
-    @property
-    def footer(self) -> str | None:
-        """None while the reply is written."""
-        return None if self.writing is not None or self.turn.reply is None else self.turn.reply.footer
-
-    @property
-    def tokens(self) -> list[Token]:
-        if self.writing is not None:
-            return self.writing.tokens
-        return self.turn.reply.tokens if self.turn.reply else []
+    def finished(self) -> bool:
+        """Its footer is known: no longer written."""
+        return self.reply.footer is not None
 
     @property
     def branches(self) -> list[Branch]:
@@ -228,9 +200,9 @@ class ReplyMessage(ChatMessage, Vertical):
     # --- drawing ------------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        if self.reasoning:
+        if self.reply.reasoning:
             yield ThinkingBlock(self._thinking_view())
-        if self.footer is not None:
+        if self.finished:
             yield self._finished_body()
         else:
             yield live_tail()
@@ -238,16 +210,16 @@ class ReplyMessage(ChatMessage, Vertical):
 
     def on_mount(self) -> None:
         tail = self.query(LiveTail)
-        if self.footer is None and tail:  # none: the app closed before the reply's parts were mounted
+        if not self.finished and tail:  # none: the app closed before the reply's parts were mounted
             self._live = tail.first()
 
     def _finished_body(self, text: str | None = None) -> Static:
         """The last chunk of a finished reply with its footer, or the whole reply as a heatmap."""
-        footer = Text(self.footer + self._branch_label(), style="dim")
+        footer = Text((self.reply.footer or "") + self._branch_label(), style="dim")
         if self._heat_shown():
-            start = self.answer_from
-            body = heatmap_text(self.tokens[start:], self.text, self._heat_styles(), self._picked(), start)
-            mask = grammar_line(self.tokens, self.selected) if self.has_focus else None
+            start = self.reply.answer_from
+            body = heatmap_text(self.reply.tokens[start:], self.text, self._heat_styles(), self._picked(), start)
+            mask = grammar_line(self.reply.tokens, self.selected) if self.has_focus else None
             return Static(Group(body, *filter(None, [mask]), footer), classes="chunk last heatmap")
         if text is None:
             text = self.text
@@ -256,7 +228,7 @@ class ReplyMessage(ChatMessage, Vertical):
         return Static(Group(rendered_markdown(text.strip()), footer), classes="chunk last")
 
     def _heat_shown(self) -> bool:
-        return self.heatmap and self.footer is not None and has_probabilities(self.tokens)
+        return self.heatmap and self.finished and has_probabilities(self.reply.tokens)
 
     def _heat_styles(self) -> list:
         return band_styles(self.app.get_css_variables())
@@ -267,15 +239,15 @@ class ReplyMessage(ChatMessage, Vertical):
     def _thinking_view(self):
         heat = None
         if self.unfolded and self._heat_shown():
-            thinking = self.tokens[: self.answer_from]
+            thinking = self.reply.tokens[: self.reply.answer_from]
             heat = heatmap_text(thinking, "".join(t.piece for t in thinking), self._heat_styles(), self._picked())
-        reasoning = self.reasoning if self.writing is None else thinking_tail(self.reasoning)
-        return thinking_view(self.thought, reasoning, self.unfolded, heat)
+        reasoning = self.reply.reasoning if self.finished else thinking_tail(self.reply.reasoning)
+        return thinking_view(self.reply.thought or "thought", reasoning, self.unfolded, heat)
 
     async def think(self, toggled: bool = False) -> None:
         """The thinking grew (or its figures did), or was folded or unfolded (`toggled`): its block, mounted
         above the answer when it first shows."""
-        if not self.reasoning:
+        if not self.reply.reasoning:
             return
         blocks = self.query(ThinkingBlock)
         if blocks:
@@ -288,7 +260,7 @@ class ReplyMessage(ChatMessage, Vertical):
         event.stop()
         self.unfolded = not self.unfolded
         if not self.unfolded:
-            self.selected = max(self.selected, self.answer_from)
+            self.selected = max(self.selected, self.reply.answer_from)
         await self.think(toggled=True)
 
     def _branch_label(self) -> str:
@@ -326,7 +298,7 @@ class ReplyMessage(ChatMessage, Vertical):
         """Write a new branch in place; the ones before it stay in the turn."""
         self.stop()
         await self.remove_children()
-        self.writing, self._tail, self._frozen_chars = writing, "", 0
+        self.reply, self._tail, self._frozen_chars = writing, "", 0
         self._live = live_tail()
         await self.mount_all([self._live, Static(classes="status")])
 
@@ -334,8 +306,8 @@ class ReplyMessage(ChatMessage, Vertical):
         """The turn's newest branch is final (the engine's last word on the text, which may differ from
         what streamed when a held-back stop prefix was released at the end): freeze what is left."""
         self.stop()
-        self.writing = None
-        self.selected = min(max(self.selected, self.answer_from), max(len(self.tokens) - 1, 0))
+        self._show_active()
+        self.selected = min(max(self.selected, self.reply.answer_from), max(len(self.reply.tokens) - 1, 0))
         if self._heat_shown():
             await self.redraw()
             return
@@ -347,22 +319,26 @@ class ReplyMessage(ChatMessage, Vertical):
     async def give_way(self) -> None:
         """The branch being written came to nothing: the one shown before it is back."""
         self.stop()
-        self.writing = None
         await self.show_branch()
 
     async def show_branch(self) -> None:
         """Draw the turn's active branch (the session switched it)."""
         branch = self.turn.reply
-        self.selected = branch.cut if branch and branch.cut is not None else self.answer_from
+        self._show_active()
+        self.selected = branch.cut if branch and branch.cut is not None else self.reply.answer_from
         await self.redraw()
+
+    def _show_active(self) -> None:
+        """The turn's active branch is the one shown: its newest once written, another once switched to."""
+        self.reply = self.turn.reply or self.reply
 
     async def redraw(self) -> None:
         """Draw the finished reply again (the heatmap toggled, a branch or a token picked)."""
-        if self.footer is None:
+        if not self.finished:
             return
         self._frozen_chars = 0
         with self.app.batch_update():  # the thinking's block stays: it may have the focus
-            keep = ThinkingBlock if self.reasoning else ()
+            keep = ThinkingBlock if self.reply.reasoning else ()
             await self.remove_children([child for child in self.children if not isinstance(child, keep)])
             await self.think()
             await self.mount(self._finished_body())
@@ -373,18 +349,18 @@ class ReplyMessage(ChatMessage, Vertical):
             await self.redraw()
 
     async def action_select(self, step: int) -> None:
-        if self.heatmap and self.tokens:
-            first = 0 if self.unfolded else min(self.answer_from, len(self.tokens) - 1)
-            self.selected = max(first, min(self.selected + step, len(self.tokens) - 1))
+        if self.heatmap and self.reply.tokens:
+            first = 0 if self.unfolded else min(self.reply.answer_from, len(self.reply.tokens) - 1)
+            self.selected = max(first, min(self.selected + step, len(self.reply.tokens) - 1))
             await self.redraw()
 
     def action_inspect(self) -> None:
-        if self.footer is not None:
+        if self.finished:
             self.post_message(self.Inspect(self, self.selected))
 
     def action_switch_branch(self, step: int) -> None:
         target = self.active + step
-        if self.footer is not None and 0 <= target < len(self.branches):
+        if self.finished and 0 <= target < len(self.branches):
             self.post_message(self.SwitchBranch(self, target))
 
     async def on_click(self, event: events.Click) -> None:

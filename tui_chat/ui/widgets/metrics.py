@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from decimal import Decimal
 
 from textual import on
@@ -54,7 +55,8 @@ def kv_bar(used: int, total: int, width: int = BAR_WIDTH) -> str:
 
 
 class MetricsPanel(Vertical):
-    """Fed by the chat screen a few times a second while a reply streams, never per token."""
+    """Fed by the chat screen a few times a second while a reply streams, never per token. The session's
+    figures are the chat's own (`replies`: each reply's, kept on its branch), summed when drawn."""
 
     DEFAULT_CSS = """
     MetricsPanel #model-title { text-style: bold; color: $accent; }
@@ -64,14 +66,15 @@ class MetricsPanel(Vertical):
     MetricsPanel #cost { color: $text; }
     """
 
-    def __init__(self, prices: dict[str, Price], price: str, **kwargs) -> None:
+    def __init__(self, prices: dict[str, Price], price: str, replies: Callable[[], Iterable[TurnMetrics]],
+                 **kwargs) -> None:
         super().__init__(**kwargs)
+        self.replies = replies
         self.prices = prices
         self.price = prices[price]
         self._saved_price = price
         self.info: ModelInfo | None = None
         self.metrics = TurnMetrics()
-        self.turns: list[TurnMetrics] = []
         self.thinking = True  # the chat's thinking switch, shown for a model whose template names its markers
         self._last_sample: tuple[int, float] | None = None
 
@@ -105,7 +108,7 @@ class MetricsPanel(Vertical):
         self.metrics = TurnMetrics()
 
     def update_metrics(self, metrics: TurnMetrics) -> None:
-        """A live snapshot of the reply in progress: extends the decode-rate sparkline."""
+        """A snapshot of the reply in progress, or its final figures: extends the decode-rate sparkline."""
         self.metrics = metrics
         if self._last_sample is not None:
             tokens, seconds = self._last_sample
@@ -116,14 +119,8 @@ class MetricsPanel(Vertical):
         self._last_sample = (metrics.completion_tokens, metrics.decode_s)
         self.refresh_view()
 
-    def finish_reply(self, metrics: TurnMetrics) -> None:
-        self.update_metrics(metrics)
-        self.turns.append(metrics)
-        self.refresh_view()
-
-    def forget_turns(self) -> None:
-        """Another chat: none of the last one's figures stay, its decode rates neither."""
-        self.turns.clear()
+    def show_chat(self) -> None:
+        """Another chat: its replies' figures; the last reply's of the one before go, its decode rates too."""
         self.metrics = TurnMetrics()
         self._last_sample = None
         self.query_one(Sparkline).data = []
@@ -146,11 +143,11 @@ class MetricsPanel(Vertical):
 
     def session_cost(self) -> Decimal:
         return sum((turn_cost(self.price, t.prompt_tokens, t.cached_tokens, t.completion_tokens).total
-                    for t in self.turns), Decimal(0))
+                    for t in self.replies()), Decimal(0))
 
     def uncached_cost(self) -> Decimal:
         """What the session would have cost with every prompt token billed as fresh input."""
-        return sum((self.price.cost(t.prompt_tokens, 0, t.completion_tokens) for t in self.turns), Decimal(0))
+        return sum((self.price.cost(t.prompt_tokens, 0, t.completion_tokens) for t in self.replies()), Decimal(0))
 
     def refresh_view(self, status: str = "") -> None:
         info, m = self.info, self.metrics
