@@ -32,10 +32,10 @@ from pathlib import Path
 import llama_cpp
 
 from tui_chat.config import models_dir
-from tui_chat.engine import logs
 from tui_chat.engine.base import Done, Error, Message, Request, Token
-from tui_chat.engine.cpu import cpu_model, read_topology
-from tui_chat.engine.llama import LlamaBackend, LlamaSettings
+from tui_chat.engine.local import logs
+from tui_chat.engine.local.cpu import cpu_model, read_topology
+from tui_chat.engine.local.llama import LlamaBackend, LlamaSettings
 from tui_chat.engine.models import resolve_model
 from tui_chat.engine.params import LiveParams, SamplingParams
 

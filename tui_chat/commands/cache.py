@@ -16,7 +16,7 @@ from ..config import Config, kv_cache_dir
 from .common import writer
 
 if TYPE_CHECKING:
-    from ..engine.kvstore import Entry
+    from ..engine.local.kvstore import Entry
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -30,7 +30,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
-    from ..engine.kvstore import KvStore, human_size  # numpy: only for this command, not every start
+    from ..engine.local.kvstore import KvStore, human_size  # numpy: only for this command, not every start
 
     store = KvStore(kv_cache_dir(), config.kv_cache_budget_bytes)
     if args.action == "clear":
@@ -57,7 +57,7 @@ def _as_dict(entry: Entry) -> dict:
 
 
 def _print_table(entries: list[Entry]) -> None:
-    from ..engine.kvstore import human_size
+    from ..engine.local.kvstore import human_size
 
     rows = [("MODEL", "TOKENS", "SIZE", "LAST USED", "CHAT")]
     rows += [(entry.model_name, f"{entry.n_tokens:,}", human_size(entry.size_bytes),
