@@ -37,8 +37,8 @@ from shared import fmt, median, ratio
 
 from tui_chat.config import cache_dir, models_dir
 from tui_chat.engine.base import STOP_LABELS
-from tui_chat.engine.cpu import cpu_model, read_topology
-from tui_chat.engine.llama import PREFILL_CHUNK
+from tui_chat.engine.local.cpu import cpu_model, read_topology
+from tui_chat.engine.local.llama import PREFILL_CHUNK
 from tui_chat.engine.models import starter_path
 
 MAX_TOKENS = 128

@@ -32,8 +32,8 @@ import llama_cpp
 from shared import alternate, bench_model, fmt, greedy_settings, median, ms, ratio
 
 from tui_chat.engine.base import Done, Error, Message, Request, Token
-from tui_chat.engine.cpu import cpu_model, read_topology
-from tui_chat.engine.llama import LlamaBackend, LlamaSettings
+from tui_chat.engine.local.cpu import cpu_model, read_topology
+from tui_chat.engine.local.llama import LlamaBackend, LlamaSettings
 from tui_chat.engine.params import LiveParams, SamplingParams
 
 N_CTX = 4096

@@ -42,7 +42,7 @@ FOLLOW_UP = "And which of the places you mentioned should I see first?"
 
 def history(target_tokens: int, model: Path) -> list[dict[str, str]]:
     """A chat of user questions and long answers, about `target_tokens` long (the model counts one turn)."""
-    from tui_chat.engine.llamacpp import count_tokens
+    from tui_chat.engine.local.llamacpp import count_tokens
 
     def turn(number: int) -> list[dict[str, str]]:
         answer = " ".join(SENTENCES[(number + i) % len(SENTENCES)] for i in range(10))
@@ -58,10 +58,10 @@ def history(target_tokens: int, model: Path) -> list[dict[str, str]]:
 
 def child(mode: str, model: Path, kv: Path, chat: Path) -> None:
     """One fresh process: load, take one turn, close (which waits for the save); print its figures."""
-    from tui_chat.engine import logs
     from tui_chat.engine.base import Done, Message, Request
-    from tui_chat.engine.kvstore import KvStore
-    from tui_chat.engine.llama import LlamaBackend, LlamaSettings
+    from tui_chat.engine.local import logs
+    from tui_chat.engine.local.kvstore import KvStore
+    from tui_chat.engine.local.llama import LlamaBackend, LlamaSettings
     from tui_chat.engine.params import LiveParams, SamplingParams
 
     logs.install(kv.parent / "logs")
@@ -115,7 +115,7 @@ def main() -> None:
 
 
 def measure(model: Path, tmp: Path, rounds: int, history_tokens: int) -> None:
-    from tui_chat.engine import logs
+    from tui_chat.engine.local import logs
 
     logs.install(tmp / "logs")  # llama.cpp's lines while counting tokens
     chat = history(history_tokens, model)

@@ -38,9 +38,9 @@ from shared import alternate, bench_model, greedy_settings
 
 from tui_chat.engine.base import Message, PromptProgress, Request, Token
 from tui_chat.engine.formats import TEXT, choose, json_schema
-from tui_chat.engine.llama import LlamaBackend, LlamaSettings
+from tui_chat.engine.local.llama import LlamaBackend, LlamaSettings
+from tui_chat.engine.local.xray import position_context
 from tui_chat.engine.params import LiveParams, SamplingParams
-from tui_chat.engine.xray import position_context
 
 REPO = Path(__file__).resolve().parent.parent
 N_CTX = 4096
@@ -68,8 +68,9 @@ def load_baseline(ref: str):
         tar.extractall(root, filter="data")
     (root / "tui_chat").rename(root / "tui_chat_baseline")
     sys.path.insert(0, str(root))
-    importlib.import_module("tui_chat_baseline.engine.logs").install(root / "logs")
-    return importlib.import_module("tui_chat_baseline.engine.llama")
+    local = "engine.local" if (root / "tui_chat_baseline" / "engine" / "local").is_dir() else "engine"  # an older ref
+    importlib.import_module(f"tui_chat_baseline.{local}.logs").install(root / "logs")
+    return importlib.import_module(f"tui_chat_baseline.{local}.llama")
 
 
 def decode_rate(backend, package, prompt: str, params: dict, **request) -> tuple[float, int]:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from shared import median
 
-from tui_chat.engine.cpu import cpu_model
+from tui_chat.engine.local.cpu import cpu_model
 
 SIZE = (40, 120)  # rows, columns
 DRAWN = "Type a message"  # the message box's placeholder: the chat screen is on the terminal

@@ -32,7 +32,7 @@ from textual import events
 import shared
 
 from tui_chat.config import Config
-from tui_chat.engine.cpu import cpu_model
+from tui_chat.engine.local.cpu import cpu_model
 from tui_chat.lag import LagMonitor, Stall
 from tui_chat.engine.base import Candidate, Done, Loaded, Metrics, ModelInfo, Request, Stream, Token, TurnMetrics
 from tui_chat.session import Branch, Turn

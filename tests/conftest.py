@@ -19,9 +19,9 @@ for _name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORM
 
 from fake_hub import FakeHub  # noqa: E402
 from tiny_model import write_tiny_model  # noqa: E402
-from tui_chat.engine import logs
 from tui_chat.engine.base import Done, Error, Loaded, Message, Request, Token
-from tui_chat.engine.llama import LlamaBackend, LlamaSettings
+from tui_chat.engine.local import logs
+from tui_chat.engine.local.llama import LlamaBackend, LlamaSettings
 from tui_chat.engine.models import starter_path
 from tui_chat.engine.params import LiveParams, SamplingParams
 

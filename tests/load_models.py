@@ -11,9 +11,9 @@ import json
 import sys
 from pathlib import Path
 
-from tui_chat.engine import logs
 from tui_chat.engine.base import Loaded, Message, Request
-from tui_chat.engine.llama import LlamaBackend, LlamaSettings
+from tui_chat.engine.local import logs
+from tui_chat.engine.local.llama import LlamaBackend, LlamaSettings
 from tui_chat.engine.params import LiveParams, SamplingParams
 
 TURN = SamplingParams(temperature=0.0, max_tokens=4)

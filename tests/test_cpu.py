@@ -16,10 +16,10 @@ import pytest
 
 from conftest import GREEDY, open_backend, run_cli
 from tui_chat.engine.base import Message, Request
+from tui_chat.engine.local.cpu import LoadWatch, ThreadGovernor, Threads, Topology, choose_threads, read_topology
+from tui_chat.engine.local.cpu_path import CpuPath, ProbeResult, choose, known, result_of, run_probe
 from tui_chat.engine.params import LiveParams
-from tui_chat.engine.cpu import LoadWatch, ThreadGovernor, Threads, Topology, choose_threads, read_topology
-from tui_chat.engine.cpu_path import CpuPath, ProbeResult, choose, known, result_of, run_probe
-from tui_chat.engine.gguf_check import read_header
+from tui_chat.gguf import read_header
 
 AMX_BUILD = {"AVX2", "AVX512", "AMX_INT8", "REPACK"}
 PLAIN_BUILD = {"AVX2", "REPACK"}
@@ -89,8 +89,8 @@ def write_stat(path: Path, ticks: dict[int, int]) -> None:
 def test_load_watch_counts_other_processes_on_our_cpus(tmp_path, monkeypatch):
     stat = tmp_path / "stat"
     clock = [100.0]
-    monkeypatch.setattr("tui_chat.engine.cpu.time.monotonic", lambda: clock[0])
-    monkeypatch.setattr("tui_chat.engine.cpu._TICKS_PER_S", 100)
+    monkeypatch.setattr("tui_chat.engine.local.cpu.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("tui_chat.engine.local.cpu._TICKS_PER_S", 100)
     write_stat(stat, {0: 0, 1: 0, 2: 0})
     watch = LoadWatch({0, 1}, stat)
     clock[0] += 0.05
@@ -240,7 +240,7 @@ def test_the_real_self_test_reports_a_model_it_cannot_load(tmp_path):
 def test_denying_amx_makes_the_kernel_refuse_it_to_every_thread():
     code = """
 import ctypes, threading
-from tui_chat.engine.cpu_path import deny_amx
+from tui_chat.engine.local.cpu_path import deny_amx
 libc = ctypes.CDLL(None, use_errno=True)
 assert deny_amx()
 results = []
@@ -269,7 +269,7 @@ def test_a_reply_gives_threads_back_when_another_process_starts_mid_reply(tiny_m
             self.calls += 1
             return 0.0 if self.calls < 3 else 1.0  # quiet at first, then a build starts
 
-    monkeypatch.setattr("tui_chat.engine.cpu.CHECK_EVERY_S", 0.0)
+    monkeypatch.setattr("tui_chat.engine.local.cpu.CHECK_EVERY_S", 0.0)
     backend = open_backend(tiny_model, n_ctx=4096)
     try:
         backend.threads = ThreadGovernor(topology=Topology(2, 2, 2), watch=Watch())

@@ -7,7 +7,7 @@ import pytest
 from conftest import GREEDY, ask, collect, open_backend
 from tiny_model import build_vocab, write_tiny_model
 from tui_chat.engine.base import Done, Error, Message, PromptProgress, Request, Token
-from tui_chat.engine.llama import LlamaBackend, LlamaSettings
+from tui_chat.engine.local.llama import LlamaBackend, LlamaSettings
 from tui_chat.engine.params import LiveParams, SamplingParams
 
 PROMPT = "Hello, what is the capital of France?"
@@ -221,7 +221,7 @@ def test_count_tokens_uses_the_model_tokenizer(tiny):
 
 
 def test_a_bug_inside_a_turn_ends_the_stream_with_one_line_and_the_worker_lives_on(tiny, monkeypatch):
-    from tui_chat.engine import llama
+    from tui_chat.engine.local import llama
 
     def broken(self):
         raise ZeroDivisionError("division by zero")

@@ -1,5 +1,6 @@
-"""The layers, checked: no Textual in the engine, the hub or the session; no llama_cpp in the UI; the
-engine reaches the hub only through its factory; and no module imports itself round a cycle.
+"""The layers, checked: no Textual in the engine, the hub or the session; no llama_cpp in the UI, and none
+outside the engine's local wing; the engine reaches the hub only through its factory, the hub never the
+engine; widgets never import screens; the GGUF reader is a leaf; and no module imports itself round a cycle.
 
 Every import counts, the ones inside functions too (they are how a layer would sneak in late)."""
 
@@ -15,6 +16,7 @@ import pytest
 import tui_chat
 
 PACKAGE = Path(tui_chat.__file__).parent
+LOCAL_WING = "tui_chat.engine.local"
 TEXTUAL_FREE = ("tui_chat.engine", "tui_chat.hub", "tui_chat.session", "tui_chat.recording", "tui_chat.history",
                 "tui_chat.pricing", "tui_chat.config", "tui_chat.safetext", "tui_chat.export", "tui_chat.lag")
 
@@ -64,8 +66,28 @@ def test_no_llama_cpp_in_the_ui():
     assert offenders("tui_chat.ui", "llama_cpp") == []
 
 
+def test_llama_cpp_only_in_the_engines_local_wing():
+    assert offenders("tui_chat", "llama_cpp", allowed=tuple(m for m in MODULES if within(m, LOCAL_WING))) == []
+
+
 def test_the_engine_reaches_the_hub_only_through_its_factory():
     assert offenders("tui_chat.engine", "tui_chat.hub", allowed=("tui_chat.engine.factory",)) == []
+
+
+def test_the_hub_never_imports_the_engine():
+    assert offenders("tui_chat.hub", "tui_chat.engine") == []
+
+
+def test_widgets_never_import_screens():
+    """A widget posts a message; the screen that handles it opens the next screen."""
+    assert offenders("tui_chat.ui.widgets", "tui_chat.ui.screens") == []
+
+
+def test_the_gguf_reader_is_a_leaf():
+    """The hub and the engine both read GGUF headers here: it imports only the standard library."""
+    assert offenders("tui_chat.gguf", "tui_chat") == []
+    assert sorted(name for name in MODULES["tui_chat.gguf"]
+                  if name.split(".")[0] not in sys.stdlib_module_names | {"__future__"}) == []
 
 
 def test_no_import_cycles():

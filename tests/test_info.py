@@ -10,7 +10,7 @@ import llama_cpp
 
 from conftest import run_cli
 from tui_chat.config import config_path, history_path, log_dir
-from tui_chat.engine.cpu import read_topology
+from tui_chat.engine.local.cpu import read_topology
 
 
 def test_version_names_tui_chat_llama_cpp_python_textual_and_python():

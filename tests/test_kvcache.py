@@ -17,9 +17,9 @@ import pytest
 
 from conftest import GREEDY, ask, open_backend
 from tui_chat.engine.base import Done, Message, Request, restore_note
-from tui_chat.engine import kvstore
-from tui_chat.engine.kvcache import DiskCache
-from tui_chat.engine.kvstore import KvStore
+from tui_chat.engine.local import kvstore
+from tui_chat.engine.local.kvcache import DiskCache
+from tui_chat.engine.local.kvstore import KvStore
 from tui_chat.engine.params import LiveParams
 
 NOTES = "Hello the capital of France is Paris and the capital of Germany is Berlin. " * 6

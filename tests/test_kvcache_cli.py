@@ -10,7 +10,7 @@ import shutil
 from conftest import run_cli
 from test_kvcache import NOTES
 from tui_chat.config import history_path, kv_cache_dir
-from tui_chat.engine.kvstore import KvStore
+from tui_chat.engine.local.kvstore import KvStore
 from tui_chat.history import History
 from tui_chat.session import stored_footer
 

@@ -20,9 +20,9 @@ from conftest import ask, open_backend
 from test_kvcache import NOTES, chat, with_reply
 from test_kvcache_store import kv_lines, kv_log  # noqa: F401 - kv_log is a fixture
 from tiny_model import write_tiny_model
-from tui_chat.engine import llama
 from tui_chat.engine.base import Done, Message
-from tui_chat.engine.kvstore import KvStore
+from tui_chat.engine.local import llama
+from tui_chat.engine.local.kvstore import KvStore
 
 TESTS = Path(__file__).parent
 
@@ -158,9 +158,9 @@ CHAT_ON_A_FULL_DISK = textwrap.dedent("""
     import sys
     from pathlib import Path
 
-    from tui_chat.engine import logs
     from tui_chat.engine.base import Message, Request
-    from tui_chat.engine.llama import LlamaBackend, LlamaSettings
+    from tui_chat.engine.local import logs
+    from tui_chat.engine.local.llama import LlamaBackend, LlamaSettings
     from tui_chat.engine.params import LiveParams, SamplingParams
 
     model, kv, log_dir, notes = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
@@ -204,7 +204,7 @@ KILLED_MID_SAVE = textwrap.dedent("""
     from pathlib import Path
 
     from tui_chat.engine.base import Message, Request
-    from tui_chat.engine.llama import LlamaBackend, LlamaSettings
+    from tui_chat.engine.local.llama import LlamaBackend, LlamaSettings
     from tui_chat.engine.params import LiveParams, SamplingParams
 
     model, kv, notes = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
@@ -244,8 +244,8 @@ def test_kill_9_mid_save_leaves_nothing_that_loads(tiny_model, tmp_path, kv_log)
 def test_a_state_llama_cpp_refuses_leaves_an_empty_cache_that_still_reads(tiny_model, tmp_path):
     """A state with more cells than the context has (impossible through the store: n_ctx is in the key) is
     refused by llama.cpp itself; the file closes, the cache is empty and the next read works."""
-    from tui_chat.engine.cpu import Threads
-    from tui_chat.engine.llamacpp import LlamaSession, StateRefused
+    from tui_chat.engine.local.cpu import Threads
+    from tui_chat.engine.local.llamacpp import LlamaSession, StateRefused
 
     kv = tmp_path / "kv"
     take_turn(tiny_model, kv, chat(NOTES * 3, "What is the capital of France?"))

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from tui_chat.config import ConfigError, DEFAULT_KV_CACHE_BUDGET_GB, load_config
-from tui_chat.engine import logs
 from tui_chat.engine.base import TurnMetrics, restore_note
-from tui_chat.engine.kvcache import LOAD_BYTES_PER_S, MIN_GAIN_TOKENS, worth_restoring
-from tui_chat.engine.kvstore import KvKey, KvStore, Notes
+from tui_chat.engine.local import logs
+from tui_chat.engine.local.kvcache import LOAD_BYTES_PER_S, MIN_GAIN_TOKENS, worth_restoring
+from tui_chat.engine.local.kvstore import KvKey, KvStore, Notes
 
 BODY = 10_000
 
@@ -199,7 +199,7 @@ def test_a_bad_budget_is_one_line(tmp_path, value):
 
 
 def test_tokens_are_compared_as_numbers_not_text():
-    from tui_chat.engine.kvstore import shared_prefix
+    from tui_chat.engine.local.kvstore import shared_prefix
 
     saved = np.array([1, 2, 3, 4], dtype="<i4")
     assert shared_prefix(saved, np.array([1, 2, 9]), 10) == 2
@@ -210,8 +210,8 @@ def test_tokens_are_compared_as_numbers_not_text():
 def test_a_model_file_is_known_by_its_size_date_and_header(tmp_path):
     """Cheap to take (no weights read) and different for a changed file, even one given its old date back."""
     from tiny_model import write_tiny_model
-    from tui_chat.engine.gguf_check import read_header
-    from tui_chat.engine.kvstore import model_key
+    from tui_chat.engine.local.kvstore import model_key
+    from tui_chat.gguf import read_header
 
     path = write_tiny_model(tmp_path / "model.gguf")
     first = model_key(path, read_header(path).sha256, 1024, 1, 1, "b")
@@ -226,7 +226,7 @@ def test_a_model_file_is_known_by_its_size_date_and_header(tmp_path):
 
 def test_listing_and_deleting_states_does_not_load_llama_cpp(tmp_path):
     """The app deletes a chat's states and `tui-chat cache` lists them without loading llama.cpp."""
-    script = ("import sys; from pathlib import Path; from tui_chat.engine.kvstore import KvStore; "
+    script = ("import sys; from pathlib import Path; from tui_chat.engine.local.kvstore import KvStore; "
               "store = KvStore(Path(sys.argv[1])); store.list_entries(); store.forget('1'); store.clear(); "
               "print('llama_cpp' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, check=True)

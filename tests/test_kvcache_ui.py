@@ -11,7 +11,7 @@ from test_kvcache import NOTES
 from test_models_screen import local_names, open_models
 from test_ui import SIZE, loaded, make_app, reply_done, send, wait_for
 from tui_chat.config import kv_cache_dir
-from tui_chat.engine.kvstore import KvStore
+from tui_chat.engine.local.kvstore import KvStore
 from tui_chat.ui.screens.models import ConfirmScreen
 from tui_chat.ui.widgets.metrics import MetricsPanel
 

@@ -79,7 +79,7 @@ def test_live_params_survive_concurrent_writers():
 
 
 def test_new_samplers_are_off_by_default_as_in_llama_cpp():
-    from tui_chat.engine.chain import is_on
+    from tui_chat.engine.local.chain import is_on
 
     params = SamplingParams()
     for stage in ("dry", "top_n_sigma", "typical_p", "xtc", "mirostat_v2", "logit_bias"):

@@ -12,7 +12,7 @@ import pytest
 from conftest import GREEDY, collect, open_backend, run_cli
 from thinking_model import DEEPSEEK_SPECIALS, template, write_scripted_model
 from tui_chat.engine.base import Message, Request, Token
-from tui_chat.engine.llamacpp import builtin_template_names
+from tui_chat.engine.local.llamacpp import builtin_template_names
 from tui_chat.engine.params import LiveParams
 from tui_chat.engine.prompts import BUILTIN_EQUIVALENTS, PromptFormat
 

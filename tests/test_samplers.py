@@ -11,11 +11,11 @@ import pytest
 
 from conftest import GREEDY, collect
 from tui_chat.engine.base import Message, Request, Stage
-from tui_chat.engine.chain import DRY_SEQUENCE_BREAKERS, PENALTY_LAST_N, Candidates, plan
-from tui_chat.engine.cpu import Threads
-from tui_chat.engine.llamacpp import LlamaSession
+from tui_chat.engine.local.chain import DRY_SEQUENCE_BREAKERS, PENALTY_LAST_N, Candidates, plan
+from tui_chat.engine.local.cpu import Threads
+from tui_chat.engine.local.llamacpp import LlamaSession
+from tui_chat.engine.local.xray import explain, verdict
 from tui_chat.engine.params import DEFAULT_ORDER, LiveParams, SamplingParams
-from tui_chat.engine.xray import explain, verdict
 
 # Every sampler off: each test turns on one.
 BARE = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0)
@@ -279,7 +279,7 @@ def test_the_stage_reader_reads_what_each_stage_left_as_the_plain_way_does(sessi
 def test_a_chain_run_over_the_shortlist_draws_what_the_whole_vocabulary_draws(starter, params, monkeypatch):
     """On the starter's 262,144 tokens: the shortlist (the likeliest logits and what a stage may raise) gives
     token for token the reply llama.cpp's own sampling over every token gives, greedy and seeded."""
-    from tui_chat.engine import chain as chain_module
+    from tui_chat.engine.local import chain as chain_module
 
     question = [Message("user", "Tell me a story about a cat.")]
 
@@ -296,7 +296,7 @@ def test_a_chain_run_over_the_shortlist_draws_what_the_whole_vocabulary_draws(st
 
 
 def test_the_chains_that_need_every_token_are_run_over_every_token():
-    from tui_chat.engine.chain import shortlist
+    from tui_chat.engine.local.chain import shortlist
 
     base = SamplingParams(temperature=0.8, top_k=40)
     assert shortlist(plan(base), base) is not None

@@ -10,7 +10,7 @@ import pytest
 from conftest import GREEDY, run_cli
 from tiny_model import write_tiny_model
 from tui_chat.engine.base import Error, Loaded, Message, Request
-from tui_chat.engine.llama import LlamaBackend, LlamaSettings
+from tui_chat.engine.local.llama import LlamaBackend, LlamaSettings
 from tui_chat.engine.params import LiveParams
 from tui_chat.engine.prompts import PromptError, choose_format
 

@@ -10,9 +10,9 @@ import pytest
 
 from conftest import GREEDY, open_backend, run_cli
 from tui_chat.engine.base import Candidate, Done, Error, Message, PromptProgress, Request, Token, XRay
+from tui_chat.engine.local.xray import position_context
 from tui_chat.engine.params import LiveParams, SamplingParams
 from tui_chat.engine.stages import plan
-from tui_chat.engine.xray import position_context
 from tui_chat.probe import TokenProbe
 from tui_chat.session import ChatSession
 

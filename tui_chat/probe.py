@@ -37,7 +37,7 @@ class TokenProbe:
 
     def context(self, index: int) -> tuple[int, ...]:
         """All the model had read before token `index` of the reply."""
-        from .engine.xray import position_context  # with numpy and llama.cpp's bindings, loaded by a local model
+        from .engine.local.xray import position_context  # with numpy and llama.cpp's bindings, loaded by a local model
 
         return position_context(self.branch.prompt_ids, self.branch.tokens, index)
 

@@ -16,7 +16,7 @@ from ..units import format_size, local_time
 from .common import print_table
 
 if TYPE_CHECKING:
-    from ..engine.kvstore import Entry
+    from ..engine.local.kvstore import Entry
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -30,7 +30,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
-    from ..engine.kvstore import KvStore  # numpy: only for this command, not every start
+    from ..engine.local.kvstore import KvStore  # numpy: only for this command, not every start
 
     store = KvStore(kv_cache_dir(), config.kv_cache_budget_bytes)
     if args.action == "clear":

@@ -41,10 +41,10 @@ def version_line() -> str:
 
 
 def report(config: Config) -> dict[str, object]:
-    from ..engine.cpu import choose_threads, read_topology
-    from ..engine.cpu_path import known
-    from ..engine.ggml import build_features, build_version, devices, system_info
-    from ..engine.llamacpp import supports_gpu_offload
+    from ..engine.local.cpu import choose_threads, read_topology
+    from ..engine.local.cpu_path import known
+    from ..engine.local.ggml import build_features, build_version, devices, system_info
+    from ..engine.local.llamacpp import supports_gpu_offload
     from ..engine.models import starter_installed
 
     topology = read_topology()
@@ -118,6 +118,6 @@ def show(config: Config, as_json: bool) -> int:
 
 
 def _cpu_model() -> str:
-    from ..engine.cpu import cpu_model
+    from ..engine.local.cpu import cpu_model
 
     return cpu_model() or platform.processor() or platform.machine()

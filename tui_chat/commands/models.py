@@ -129,7 +129,7 @@ def _list(args: argparse.Namespace, config: Config) -> int:
 
 
 def _remove(args: argparse.Namespace, config: Config) -> int:
-    from ..engine.kvstore import KvStore
+    from ..engine.local.kvstore import KvStore
     from ..hub.local import remove_model
 
     model = remove_model(models_dir(), args.name)

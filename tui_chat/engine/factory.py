@@ -73,8 +73,8 @@ class BackendOpener:
 
     def _open_local(self, name: str | None) -> Backend:
         from ..hub.local import mark_used
-        from . import logs
-        from .llama import LlamaBackend, LlamaSettings
+        from .local import logs
+        from .local.llama import LlamaBackend, LlamaSettings
 
         local = self.local
         path = model_file(name, local.default_model, local.models_dir)
@@ -110,8 +110,8 @@ def model_file(name: str | None, default_model: str | None, models_dir: Path) ->
 
 def count_text_tokens(model: str | None, text: str, *, default_model: str | None, models_dir: Path, log_dir: Path) -> int:
     """Tokens `text` takes in `model`'s own tokenizer, reading only its vocabulary (no weights)."""
-    from . import logs
-    from .llamacpp import count_tokens
+    from .local import logs
+    from .local.llamacpp import count_tokens
 
     path = model_file(model, default_model, models_dir)
     logs.install(log_dir)

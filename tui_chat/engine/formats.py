@@ -1,7 +1,7 @@
 """Output formats: free text, any JSON value, JSON that matches a schema, or a GBNF grammar; each
 reply has its own (`Request.format`).
 
-A format becomes a GBNF grammar (`OutputFormat.gbnf`) for llama.cpp's grammar sampler (grammar.py);
+A format becomes a GBNF grammar (local/gbnf.py) for llama.cpp's grammar sampler (local/grammar.py);
 JSON schemas are converted by llama-cpp-python's own converter. That converter skips the schema
 keywords it does not implement, which would let through replies the schema forbids, so a schema that
 uses one is refused here, by name, when the format is chosen. The conversion itself happens when a
@@ -56,15 +56,6 @@ class OutputFormat:
     def constrained(self) -> bool:
         return self.kind != "text"
 
-    @property
-    def gbnf(self) -> str:
-        """The grammar llama.cpp's sampler gets; raises FormatError where the converter gives up."""
-        if self.kind == "json":
-            return _json_value_gbnf()
-        if self.kind == "json_schema":
-            return _converted(self.source)
-        return self.source
-
     def as_dict(self) -> dict[str, str]:
         """For a conversation's saved settings; `from_dict` reads it back."""
         return {"kind": self.kind, "source": self.source}
@@ -107,7 +98,7 @@ def json_schema(schema_or_path: str) -> OutputFormat:
 
 def grammar(gbnf_or_path: str) -> OutputFormat:
     """A GBNF grammar given as text (it holds `::=`) or as a file path. Whether it parses is for
-    llama.cpp to say, when a reply starts (grammar.py)."""
+    llama.cpp to say, when a reply starts (local/grammar.py)."""
     text = gbnf_or_path if "::=" in gbnf_or_path else _read(gbnf_or_path, "grammar")
     if "::=" not in text:
         raise FormatError("a GBNF grammar needs rules such as: root ::= \"yes\" | \"no\"")
@@ -149,19 +140,3 @@ def _check_schema(schema: Any, where: str) -> None:
         elif keyword in _SCHEMA_TABLES and isinstance(value, dict):
             for name, item in value.items():
                 _check_schema(item, f"{where} → {name}")
-
-
-def _converted(schema_text: str) -> str:
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-    try:
-        return json_schema_to_gbnf(schema_text)
-    except (AssertionError, ValueError, KeyError, TypeError, IndexError, RecursionError) as error:
-        raise FormatError(f"the JSON schema cannot be converted to a grammar: {error}") from None
-
-
-def _json_value_gbnf() -> str:
-    """llama-cpp-python's JSON grammar, rooted at any value rather than only an object."""
-    from llama_cpp.llama_grammar import JSON_GBNF
-
-    return re.sub(r"^root\s*::=.*$", "root ::= value", JSON_GBNF, count=1, flags=re.MULTILINE)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
 
+from ..gguf import GgufHeader, UnusableModel, check_model_file
 from .base import EngineError
-from .gguf_check import GgufHeader, GgufProblem, read_header
 
 STARTER_NAME = "gemma-3-270m"
 _STARTER_ALIASES = {
@@ -54,25 +53,11 @@ def resolve_model(name: str | None, default_model: str | None, models_dir: Path,
 
 
 def check_gguf(path: Path) -> GgufHeader:
-    """Reject what is not a GGUF model, or is damaged in a way that would make llama.cpp abort, before
-    llama.cpp sees it; what a load needs from the header comes with the answer. A file is read once per
-    size and modification time (a vocabulary takes ~0.1 s): a load asks each time, and reads it once."""
+    """`check_model_file`, refusing as the engine does: an EngineError, one line."""
     try:
-        stat = path.stat()
-        return _read_gguf_header(path, stat.st_size, stat.st_mtime_ns)
-    except FileNotFoundError:
-        raise EngineError(f"model file not found: {path}") from None
-    except IsADirectoryError:
-        raise EngineError(f"{path} is a directory, not a .gguf model file") from None
-    except OSError as error:
-        raise EngineError(f"cannot read model file {path}: {error.strerror}") from None
-    except GgufProblem as problem:
-        raise EngineError(f"{path} {problem}") from None
-
-
-@functools.lru_cache(maxsize=16)
-def _read_gguf_header(path: Path, _size: int, _mtime_ns: int) -> GgufHeader:
-    return read_header(path)
+        return check_model_file(path)
+    except UnusableModel as error:
+        raise EngineError(str(error)) from None
 
 
 def starter_file(models_dir: Path) -> Path | None:

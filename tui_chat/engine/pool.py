@@ -20,7 +20,7 @@ def pool_cut(ranked: np.ndarray, n_vocab: int, params: SamplingParams) -> PoolCu
     `ranked` holds the likeliest probabilities in descending order (at least top-k of them when
     top-k is on). Top-p renormalises over what came before it; min-p compares with the likeliest token.
     Temperature runs last by default, changing no count; at 0 the pick is greedy: one. The other
-    samplers are not counted here: the X-ray (xray.py) shows the whole chain.
+    samplers are not counted here: the X-ray (local/xray.py) shows the whole chain.
     """
     if params.temperature <= 0:
         return PoolCut(1, 1, 1)

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .stages import is_on
 from .formats import KINDS, TEXT, OutputFormat
+from .local.gbnf import to_gbnf
 from .params import DEFAULT_ORDER, SamplingParams
+from .stages import is_on
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +162,7 @@ _FORMAT_FIELDS: dict[str, dict[str, Callable[[OutputFormat], dict[str, Any]]]] =
         "grammar": lambda o: {"grammar": o.source},
     },
     "llama-cpp-python server": {
-        "json": lambda o: {"grammar": o.gbnf},
+        "json": lambda o: {"grammar": to_gbnf(o)},
         "json_schema": lambda o: {"response_format": {"type": "json_object", "schema": json.loads(o.source)}},
         "grammar": lambda o: {"grammar": o.source},
     },

@@ -1,6 +1,6 @@
 """Which of llama.cpp's samplers the settings turn on, in which order, and how each is named: the plan of
 the sampler chain, without llama.cpp, so the UI can show the order and the X-ray's labels before (or
-without) loading a model. chain.py builds the plan with llama.cpp.
+without) loading a model. local/chain.py builds the plan with llama.cpp.
 
 It follows llama.cpp's `common/sampling.cpp`: the logit bias first; then the stages in `sampler_order`,
 each only when its setting turns it on; then the draw. Mirostat v2, when on, replaces the ordered stages

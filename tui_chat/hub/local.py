@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from ..gguf import UnusableModel, check_model_file, quantization
 from . import HubError, HubInputError
 from .names import GGUF_SUFFIX, ModelRef, local_relative_path, parse_ref, quant_of, split_names, split_part
 
@@ -42,8 +43,6 @@ class LocalModel:
 @functools.lru_cache(maxsize=64)
 def _metadata_quant(path: Path, _size: int) -> str:
     """Cached by size too: the same name downloaded again is read again."""
-    from ..engine.gguf_check import quantization
-
     return quantization(path)
 
 
@@ -95,13 +94,10 @@ def is_downloaded(models_dir: Path, ref: ModelRef) -> bool:
 
 def import_model(models_dir: Path, source: Path) -> LocalModel:
     """Copy (or hard-link, on the same disk) a .gguf into the models dir, checked before it is named."""
-    from ..engine.base import EngineError
-    from ..engine.models import check_gguf
-
     source = source.expanduser()
     try:
-        check_gguf(source)
-    except EngineError as error:
+        check_model_file(source)
+    except UnusableModel as error:
         raise HubInputError(str(error)) from None
     if split_part(source.name) is not None:
         raise HubInputError(f"{source.name} is one part of a split model: import is for single .gguf files")

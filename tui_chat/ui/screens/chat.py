@@ -20,7 +20,7 @@ from textual.widget import Widget
 from textual.widgets import Checkbox, Input, Select
 
 from ...config import Config, data_dir, history_path, save_setting
-from ...engine.base import Backend, Event, ModelInfo
+from ...engine.base import Backend, Candidate, Event, ModelInfo
 from ...engine.factory import BackendOpener
 from ...engine.models import STARTER_NAME, starter_installed
 from ...engine.params import LiveParams, SamplingParams
@@ -374,13 +374,20 @@ class ChatScreen(Screen):
 
     # --- branches ------------------------------------------------------------------------------
 
-    @on(ConversationView.BranchChosen)
-    async def _branch(self, event: ConversationView.BranchChosen) -> None:
-        reason = self.session.why_not_branch(event.turn)
+    @on(ConversationView.InspectorWanted)
+    def _inspect(self, event: ConversationView.InspectorWanted) -> None:
+        from .inspector import InspectorScreen  # with numpy, which it counts with: not at every start
+
+        screen = InspectorScreen(event.tokens, event.text, event.index, event.params, event.cannot_branch, event.probe)
+        self.app.push_screen(screen, lambda choice: choice and self._branch(event.turn, choice.index, choice.candidate))
+
+    async def _branch(self, turn: Turn, index: int, candidate: Candidate) -> None:
+        """In the inspector the user chose another token for a reply: a new branch from it."""
+        reason = self.session.why_not_branch(turn)
         if reason or self.backend is None:
             self.notify(reason or "No model is loaded.", severity="warning", timeout=4, markup=False)
             return
-        await self._started(self.session.branch(event.index, event.candidate, self.backend.generate))
+        await self._started(self.session.branch(index, candidate, self.backend.generate))
 
     # --- chats, the system prompt and navigation -----------------------------------------------
 

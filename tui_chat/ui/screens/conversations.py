@@ -17,7 +17,7 @@ from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
 
 from ...config import kv_cache_dir
-from ...engine.kvstore import KvStore
+from ...engine.local.kvstore import KvStore
 from ...export import to_json, to_markdown
 from ...history import ConversationSummary, History, HistoryError, model_label
 from ...safetext import screen_safe

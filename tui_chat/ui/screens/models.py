@@ -22,7 +22,7 @@ from textual.widgets import Button, DataTable, Input, ProgressBar, Select, Stati
 
 from ...config import Config, kv_cache_dir, models_dir, save_setting
 from ...engine.factory import remote_spec
-from ...engine.kvstore import KvStore
+from ...engine.local.kvstore import KvStore
 from ...hub import HubError
 from ...hub.download import Cancelled, Progress
 from ...hub.http import OFFLINE_MESSAGE, offline

@@ -5,7 +5,7 @@ changed; it holds no conversation of its own."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from textual import on
 from textual.app import ComposeResult
@@ -14,7 +14,8 @@ from textual.content import Content
 from textual.message import Message
 from textual.widgets import Static
 
-from ...engine.base import Backend, Candidate, TurnMetrics
+from ...engine.base import Backend, Token, TurnMetrics
+from ...engine.params import SamplingParams
 from ...probe import TokenProbe
 from ...safetext import screen_safe
 from ...session import ChatSession, Turn, Update
@@ -176,14 +177,20 @@ class ConversationView(Vertical):
 
     # --- the token inspector and branches ------------------------------------------------------
 
-    class BranchChosen(Message):
-        """In the inspector the user chose another token for a reply: the screen starts the new branch."""
+    class InspectorWanted(Message):
+        """The user asked to inspect a token of a reply: the screen opens the inspector on what this carries
+        (a widget opens no screen), and starts a branch from the token chosen there."""
 
-        def __init__(self, turn: Turn, index: int, candidate: Candidate) -> None:
+        def __init__(self, turn: Turn, tokens: Sequence[Token], text: str, index: int, params: SamplingParams,
+                     cannot_branch: str | None, probe: TokenProbe) -> None:
             super().__init__()
             self.turn = turn
+            self.tokens = tokens
+            self.text = text
             self.index = index
-            self.candidate = candidate
+            self.params = params
+            self.cannot_branch = cannot_branch
+            self.probe = probe
 
     @on(ReplyMessage.Inspect)
     def _inspect(self, event: ReplyMessage.Inspect) -> None:
@@ -196,13 +203,11 @@ class ConversationView(Vertical):
             self.notify("This reply has no token probabilities: they are recorded as replies are written "
                         "(inspector_top in the config).", timeout=5)
             return
-        from ..screens.inspector import InspectorScreen  # with numpy, which it counts with: not at every start
-
         probe = TokenProbe(self._backend(), self.session.live, widget.turn.reply, self.session.model)
-        screen = InspectorScreen(reply.tokens, reply.text, min(event.index, len(reply.tokens) - 1),
-                                 self.session.live.snapshot()[1], self.session.why_not_branch(widget.turn), probe)
-        self.app.push_screen(screen, lambda choice: choice and self.post_message(
-            self.BranchChosen(widget.turn, choice.index, choice.candidate)))
+        index = min(event.index, len(reply.tokens) - 1)
+        self.post_message(self.InspectorWanted(widget.turn, reply.tokens, reply.text, index,
+                                               self.session.live.snapshot()[1], self.session.why_not_branch(widget.turn),
+                                               probe))
 
     @on(ReplyMessage.SwitchBranch)
     async def _switch_branch(self, event: ReplyMessage.SwitchBranch) -> None:

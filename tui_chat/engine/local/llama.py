@@ -11,8 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import logs
-from .base import (
+from ..base import (
     Done,
     EngineError,
     Error,
@@ -31,21 +30,22 @@ from .base import (
     WordProbability,
     XRay,
 )
+from ..context import fit_context
+from ..formats import FormatError, OutputFormat
+from ..models import check_gguf
+from ..params import SamplingParams
+from ..prompts import PromptError, PromptFormat, ThinkingSyntax, choose_format, opens_thinking
+from ..reasoning import ReplyText, ThinkingSplitter
+from ..stops import StopScanner
+from . import logs
 from .chain import Chain
-from .context import fit_context
 from .cpu import ThreadGovernor
 from .cpu_path import AUTO, ProbeResult, choose as choose_cpu_path, run_probe
-from .formats import FormatError, OutputFormat
 from .ggml import build_features, build_version
 from .grammar import Constraint, check_format
 from .kvcache import DiskCache, Restored, open_disk_cache
 from .kvstore import DEFAULT_BUDGET_BYTES
 from .llamacpp import Inspection, LlamaSession, PrefillAborted, quantization_of, supports_gpu_offload
-from .models import check_gguf
-from .params import SamplingParams
-from .prompts import PromptError, PromptFormat, ThinkingSyntax, choose_format, opens_thinking
-from .reasoning import ReplyText, ThinkingSplitter
-from .stops import StopScanner
 from .xray import word_probability, xray_at
 
 METRICS_INTERVAL_S = 0.1

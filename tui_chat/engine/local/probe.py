@@ -1,4 +1,4 @@
-"""The CPU path self-test, run in a child process: `python -m tui_chat.engine.probe PATH MODEL`.
+"""The CPU path self-test, run in a child process: `python -m tui_chat.engine.local.probe PATH MODEL`.
 
 Loads MODEL on CPU path PATH (see cpu_path.py) and decodes a few tokens; exit status 0 means it
 works. A crash kills only this process, which is the point.
@@ -9,10 +9,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ..params import SamplingParams
 from .cpu import choose_threads, read_topology
 from .cpu_path import PATHS, CpuPath
 from .llamacpp import LlamaSession
-from .params import SamplingParams
 
 PROBE_TOKENS = 4
 
@@ -35,7 +35,7 @@ def self_test(model: Path, path_name: str) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] not in PATHS:
-        print(f"usage: python -m tui_chat.engine.probe {{{','.join(PATHS)}}} MODEL.gguf", file=sys.stderr)
+        print(f"usage: python -m tui_chat.engine.local.probe {{{','.join(PATHS)}}} MODEL.gguf", file=sys.stderr)
         return 2
     self_test(Path(argv[1]), argv[0])
     return 0

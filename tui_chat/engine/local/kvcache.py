@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...gguf import GgufHeader
 from . import logs
-from .gguf_check import GgufHeader
 from .kvstore import KvKey, KvProblem, KvStore, Listing, Notes, model_key
 from .llamacpp import LlamaSession, StateRefused
 

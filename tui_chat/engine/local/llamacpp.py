@@ -22,15 +22,15 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
+from ..base import Candidate, EngineError, GrammarMask, PoolCut
+from ..models import check_gguf
+from ..params import SamplingParams
+from ..pool import likeliest, pool_cut
+from ..prompts import BUILTIN_EQUIVALENTS
 from . import logs
-from .base import Candidate, EngineError, GrammarMask, PoolCut
 from .chain import Chain, ChainBuilder, StageReader
 from .cpu import Threads
 from .cpu_path import CpuPath, deny_amx
-from .models import check_gguf
-from .params import SamplingParams
-from .pool import likeliest, pool_cut
-from .prompts import BUILTIN_EQUIVALENTS
 
 SCRATCH_SEQ = 1
 # A user-defined token that stands for media, e.g. <start_of_image>, <image_soft_token>, [multimodal], <|vision_start|>

@@ -1,5 +1,5 @@
 """The sampler chain made with llama.cpp's own samplers: the plan (which stages, in which order) comes from
-stages.py, which follows llama.cpp's `common/sampling.cpp`, so a setting means here what it means in
+../stages.py, which follows llama.cpp's `common/sampling.cpp`, so a setting means here what it means in
 llama-server. `StageReader` applies a chain one element at a time and reads what each left (the X-ray)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterable, Sequence
 import llama_cpp
 import numpy as np
 
-from .base import Stage
-from .params import SamplingParams
-from .stages import is_on, label, plan
+from ..base import Stage
+from ..params import SamplingParams
+from ..stages import is_on, label, plan
 
 PENALTY_LAST_N = 64
 SHORTLIST = 1024  # the likeliest raw logits a chain that allows it is run over (see `shortlist`)

@@ -115,7 +115,7 @@ def run_probe(model: Path, path_name: str, timeout_s: float = PROBE_TIMEOUT_S) -
     """Load `model` on `path_name` in a child process and decode a few tokens."""
     import subprocess  # here: the config imports this module for its names, at every start
 
-    command = [sys.executable, "-m", "tui_chat.engine.probe", path_name, os.fspath(model)]
+    command = [sys.executable, "-m", "tui_chat.engine.local.probe", path_name, os.fspath(model)]
     try:
         child = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, timeout=timeout_s, check=False)

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .base import Candidate, EngineError, Stage, Token, WordProbability, XRay
+from ..base import Candidate, EngineError, Stage, Token, WordProbability, XRay
+from ..params import DEFAULT_ORDER, SamplingParams
+from ..stages import plan
 from .llamacpp import LlamaSession
-from .params import DEFAULT_ORDER, SamplingParams
-from .stages import plan
 
 _REORDERING = {"logit_bias": "raised or lowered", "penalties": "lowered", "dry": "lowered"}  # the rest cut
 

@@ -3,10 +3,14 @@
 llama.cpp refuses most damaged models with an error, but a few values make it abort the whole process
 (a GGML_ASSERT) at load or at the first reply. `check_metadata` refuses those before llama.cpp sees them;
 they were found by fuzzing (tests/test_gguf_fuzz.py).
+
+A leaf: the standard library only, so the hub (importing a model) and the engine (loading one) both check
+files here without either importing the other.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import mmap
@@ -41,6 +45,10 @@ class GgufProblem(ValueError):
     """Why a file cannot be loaded; the message reads after the file's name."""
 
 
+class UnusableModel(ValueError):
+    """A file that is not a model llama.cpp can load, in one line that names it (`check_model_file`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class GgufHeader:
     """What loading a model needs from its file besides the weights, read in one pass (`read_header`)."""
@@ -73,6 +81,28 @@ def read_header(path: Path) -> GgufHeader:
             sha256 = hashlib.sha256(header).hexdigest()
     check_metadata(metadata)
     return GgufHeader(types, sha256)
+
+
+def check_model_file(path: Path) -> GgufHeader:
+    """Reject what is not a GGUF model, or is damaged in a way that would make llama.cpp abort, before
+    llama.cpp sees it; what a load needs from the header comes with the answer. A file is read once per
+    size and modification time (a vocabulary takes ~0.1 s): a load asks each time, and reads it once."""
+    try:
+        stat = path.stat()
+        return _cached_header(path, stat.st_size, stat.st_mtime_ns)
+    except FileNotFoundError:
+        raise UnusableModel(f"model file not found: {path}") from None
+    except IsADirectoryError:
+        raise UnusableModel(f"{path} is a directory, not a .gguf model file") from None
+    except OSError as error:
+        raise UnusableModel(f"cannot read model file {path}: {error.strerror}") from None
+    except GgufProblem as problem:
+        raise UnusableModel(f"{path} {problem}") from None
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_header(path: Path, _size: int, _mtime_ns: int) -> GgufHeader:
+    return read_header(path)
 
 
 def _mapped(path: Path) -> mmap.mmap:

@@ -1,4 +1,4 @@
-"""A reply's output format (formats.py) in llama.cpp's grammar sampler, applied the fast way.
+"""A reply's output format (../formats.py) in llama.cpp's grammar sampler, applied the fast way.
 
 As llama.cpp's own common sampler does: the chain draws as if there were no grammar; the grammar
 checks that one token (a one-candidate array: microseconds); only when it is not allowed does the
@@ -25,11 +25,12 @@ from contextlib import contextmanager
 import llama_cpp
 import numpy as np
 
+from ..formats import FormatError, OutputFormat
+from ..pool import likeliest
 from . import logs
 from .chain import Candidates, Chain
-from .formats import FormatError, OutputFormat
+from .gbnf import to_gbnf
 from .llamacpp import POOL_SCAN, LlamaSession
-from .pool import likeliest
 
 _PARSE_ERROR = re.compile(r"error parsing grammar: (.*)")
 
@@ -39,7 +40,7 @@ class Constraint:
 
     def __init__(self, session: LlamaSession, output: OutputFormat) -> None:
         self.session = session
-        self.grammar = compile_grammar(session.vocab, output.gbnf)
+        self.grammar = compile_grammar(session.vocab, to_gbnf(output))
         self._vocabulary = np.arange(session.n_vocab, dtype=np.int32)
         self._candidates = Candidates(self._vocabulary, np.zeros(session.n_vocab, dtype=np.float32))
         self._one = Candidates(np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.float32))
@@ -124,7 +125,7 @@ def check_format(vocab: llama_cpp.llama_vocab_p, output: OutputFormat) -> None:
     """Raises the FormatError a reply in `output` would end with (a grammar that does not parse, a schema
     the converter gives up on), before any reply starts."""
     if output.constrained:
-        llama_cpp.llama_sampler_free(compile_grammar(vocab, output.gbnf))
+        llama_cpp.llama_sampler_free(compile_grammar(vocab, to_gbnf(output)))
 
 
 def compile_grammar(vocab: llama_cpp.llama_vocab_p, gbnf: str) -> llama_cpp.llama_sampler_p:

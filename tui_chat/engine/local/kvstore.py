@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..units import format_size
+from ...units import format_size
 
 FORMAT = 1
 SUFFIX = ".kv"
