@@ -94,3 +94,21 @@ async def test_a_failed_load_leaves_the_chat_on_the_model_that_answers(tiny_mode
         assert screen.session.turns[-1].reply.model == str(tiny_model)
         assert screen.workspace.backend.info.path == str(tiny_model)
     assert saved_model(chat) == str(tiny_model)
+
+
+def test_removing_the_default_model_resets_it_wherever_it_is_removed(models, tiny_model):
+    """`models rm` once only said so, while F5 reset the config: both go through the workspace now."""
+    from tui_chat.cli import main
+    from tui_chat.config import load_config, save_setting
+    from tui_chat.hub.local import import_model, list_local
+    from tui_chat.workspace import Workspace
+
+    model = import_model(models, tiny_model)
+    save_setting("default_model", model.name)
+    assert load_config().default_model == model.name
+    removed = Workspace(load_config()).remove_model(model.name)
+    assert removed.was_default and not removed.model.path.exists() and load_config().default_model is None
+    model = import_model(models, tiny_model)
+    save_setting("default_model", model.name)
+    assert main(["models", "rm", model.name]) == 0
+    assert list_local(models) == [] and load_config().default_model is None

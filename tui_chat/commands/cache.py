@@ -30,9 +30,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
-    from ..engine.kvstore import KvStore, human_size  # numpy: only for this command, not every start
+    from ..engine.kvstore import human_size  # numpy: only for this command, not every start
+    from ..workspace import kv_store
 
-    store = KvStore(kv_cache_dir(), config.kv_cache_budget_bytes)
+    store = kv_store(config)
     if args.action == "clear":
         freed = store.total_bytes()
         deleted = store.clear()
