@@ -145,14 +145,14 @@ class ChatScreen(Screen):
         self.view.recount_draft()
         if job.note:
             self.notify(job.note, title="Default model", severity="warning", timeout=10, markup=False)
-        if (held := self.workspace.release()) is not None:
+        if self.workspace.loading is None and (held := self.workspace.release()) is not None:  # none still to come
             await self._started(self.session.ask(held, self.workspace.backend.generate))
 
     def _model_failed(self, job: LoadJob, message: str) -> None:
         """A failed load leaves the model in use answering, and a message that waited for it back in the box:
         only with no model at all is the failure the status."""
         self.notify(message, title="Model not loaded", severity="error", timeout=8, markup=False)
-        if (held := self.workspace.release()) is not None:
+        if self.workspace.loading is None and (held := self.workspace.release()) is not None:
             self.view.prompt.set_draft(held)
         if self.workspace.backend is not None:
             self.view.set_status("")
