@@ -1,11 +1,13 @@
-"""What outlives one chat: the model in use, the loader, the operations across stores; on the real tiny model,
-real SQLite and real KV files."""
+"""What outlives one chat: the model in use, the loader, the operations across stores; on the real tiny model
+and real SQLite."""
 
 from __future__ import annotations
 
 import shutil
 import threading
 from pathlib import Path
+
+import pytest
 
 from conftest import GREEDY
 from test_ui import SIZE, loaded, reply_done, send, wait_for
@@ -112,3 +114,25 @@ def test_removing_the_default_model_resets_it_wherever_it_is_removed(models, tin
     save_setting("default_model", model.name)
     assert main(["models", "rm", model.name]) == 0
     assert list_local(models) == [] and load_config().default_model is None
+
+
+def test_the_model_in_use_changes_only_when_a_load_succeeds(tiny_model, tmp_path):
+    """Without the UI: a load that fails leaves the model, and the chat's model name, as they were."""
+    from tui_chat.engine.base import EngineError
+    from tui_chat.engine.params import LiveParams
+    from tui_chat.workspace import Workspace
+
+    config = Config(sampling=GREEDY, n_ctx=1024)
+    workspace = Workspace(config, opener_for(config)[0])
+    session = workspace.new_chat(LiveParams(GREEDY))
+    backend = workspace.load_now(str(tiny_model))
+    try:
+        assert workspace.model_name == session.model == str(tiny_model) and workspace.backend is backend
+        job = workspace.start_load(str(tmp_path / "gone.gguf"))
+        with pytest.raises(EngineError, match="not found"):
+            workspace.open(job)
+        workspace.failed(job)
+        assert workspace.loading is None and workspace.backend is backend and session.model == str(tiny_model)
+    finally:
+        backend.close()
+        workspace.close()
