@@ -125,7 +125,7 @@ async def soak(model: Path, turns: int, new_chat_every: int, long_chat: range) -
     async with app.run_test(size=SIZE) as pilot:
         screen = app.screen
         assert isinstance(screen, ChatScreen)
-        while screen.backend is None:
+        while screen.workspace.backend is None:
             await pilot.pause(0.05)
         prompt = screen.query_one(PromptInput)
         log = screen.query_one(ChatLog)

@@ -340,7 +340,7 @@ async def run_case(history: int, rate: int, tokens: int, seed: int, mode: str = 
     app = ChatApp(Config(), lambda name: backend, "synthetic")
     async with app.run_test(size=SIZE) as pilot:
         screen: ChatScreen = app.screen
-        await until(lambda: screen.backend is not None, 30)
+        await until(lambda: screen.workspace.backend is not None, 30)
         await prefill(screen, history, rng)
         if mode == "heatmap":
             await screen.view.set_heatmap(True)

@@ -18,7 +18,10 @@ import tui_chat
 PACKAGE = Path(tui_chat.__file__).parent
 LOCAL_WING = "tui_chat.engine.local"
 TEXTUAL_FREE = ("tui_chat.engine", "tui_chat.hub", "tui_chat.session", "tui_chat.recording", "tui_chat.history",
-                "tui_chat.pricing", "tui_chat.config", "tui_chat.safetext", "tui_chat.export", "tui_chat.lag")
+                "tui_chat.pricing", "tui_chat.config", "tui_chat.safetext", "tui_chat.export", "tui_chat.lag",
+                "tui_chat.workspace")
+MAX_SCREEN_METHODS = 30  # a screen over this holds logic that belongs to the workspace, the session or a widget
+MAX_UI_LINES = 400
 
 
 def module_name(path: Path) -> str:
@@ -88,6 +91,33 @@ def test_the_gguf_reader_is_a_leaf():
     assert offenders("tui_chat.gguf", "tui_chat") == []
     assert sorted(name for name in MODULES["tui_chat.gguf"]
                   if name.split(".")[0] not in sys.stdlib_module_names | {"__future__"}) == []
+
+
+def screen_classes() -> list[tuple[str, ast.ClassDef]]:
+    """Every class in ui/screens/ built on a Textual screen (directly or through another screen class there)."""
+    found: list[tuple[str, ast.ClassDef]] = []
+    for path in sorted((PACKAGE / "ui" / "screens").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            bases = [ast.unparse(base).split("[")[0] for base in getattr(node, "bases", ())]
+            if isinstance(node, ast.ClassDef) and any(base.endswith("Screen") for base in bases):
+                found.append((path.name, node))
+    return found
+
+
+def test_no_screen_class_has_more_than_30_methods():
+    """Properties and handlers count too: each is something the screen does."""
+    assert screen_classes(), "no screens found"
+    heavy = [f"{name}: {node.name} has {count} methods"
+             for name, node in screen_classes()
+             if (count := sum(isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) for item in node.body))
+             > MAX_SCREEN_METHODS]
+    assert heavy == []
+
+
+def test_no_ui_file_is_longer_than_400_lines():
+    long = [f"{path.relative_to(PACKAGE)}: {lines} lines" for path in sorted((PACKAGE / "ui").rglob("*.py"))
+            if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_UI_LINES]
+    assert long == []
 
 
 def test_no_import_cycles():

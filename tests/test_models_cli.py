@@ -153,7 +153,7 @@ OFFLINE_START = textwrap.dedent("""
         app = ChatApp(config, opener_for(replace(config, n_ctx=512))[0], sys.argv[1])
         async with app.run_test() as pilot:
             for _ in range(1000):
-                if app.screen.backend is not None:
+                if app.screen.workspace.backend is not None:
                     break
                 await pilot.pause(0.02)
             await pilot.press("f5")

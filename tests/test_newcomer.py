@@ -114,11 +114,11 @@ async def test_enter_while_the_model_loads_is_sent_when_it_is_ready(tiny_model):
     app = ChatApp(config, slow_opener, str(tiny_model))
     async with app.run_test(size=SIZE) as pilot:
         screen = app.screen
-        await wait_for(pilot, lambda: screen.loader.loading is not None)
+        await wait_for(pilot, lambda: screen.workspace.loading is not None)
         await send(pilot, "Hello there")
         await pilot.pause()
         status = str(screen.query_one("#status").render())
-        assert "your message is sent as soon as it is ready" in status and screen.backend is None
+        assert "your message is sent as soon as it is ready" in status and screen.workspace.backend is None
         assert screen.query_one(PromptInput).text == ""
         gate.set()
         reply = await reply_done(pilot)
@@ -129,12 +129,12 @@ async def test_a_failed_open_leaves_no_false_banner_while_the_model_keeps_answer
     app = make_app(str(tiny_model))
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         screen = await loaded(pilot)
-        backend = screen.backend
-        screen.load_model(str(tmp_path / "missing.gguf"))
-        await wait_for(pilot, lambda: screen.loader.loading is None)
+        backend = screen.workspace.backend
+        screen.loader.load(str(tmp_path / "missing.gguf"))
+        await wait_for(pilot, lambda: screen.workspace.loading is None)
         await pilot.pause()
         status = screen.query_one("#status")
-        assert not status.display and screen.backend is backend
+        assert not status.display and screen.workspace.backend is backend
         assert any("model file not found" in n.message for n in app._notifications)
         await send(pilot, "Hello there")
         assert (await reply_done(pilot)).text
@@ -146,7 +146,7 @@ async def test_a_lost_default_model_gives_way_to_the_starter_with_a_warning(tmp_
     app = ChatApp(config, opener_for(config)[0], None)
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         screen = await loaded(pilot)
-        assert Path(screen.backend.info.path).resolve() == starter_model.resolve()
+        assert Path(screen.workspace.backend.info.path).resolve() == starter_model.resolve()
 
         def warned() -> bool:  # a notification is a message: it is listed once the app has handled it
             warnings = [n.message for n in app._notifications if n.severity == "warning"]
@@ -205,8 +205,8 @@ async def test_ctrl_o_lists_local_models_and_sets_context_and_gpu_layers(tiny_mo
         starter = next(i for i, name in enumerate(names) if starter_model.name in name)
         opened.query_one(OptionList).highlighted = starter
         await pilot.press("enter")
-        await wait_for(pilot, lambda: screen.backend is not None and screen.backend.info.n_ctx == 2048)
-        assert screen.backend.info.gpu_layers == 0
+        await wait_for(pilot, lambda: screen.workspace.backend is not None and screen.workspace.backend.info.n_ctx == 2048)
+        assert screen.workspace.backend.info.gpu_layers == 0
     saved = load_config()
     assert saved.n_ctx == 2048 and saved.gpu_layers == 0
 

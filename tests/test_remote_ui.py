@@ -41,7 +41,7 @@ async def test_settings_a_plain_server_ignores_are_greyed_out_and_apply_per_repl
         app = make_app("@plain", remotes={"plain": RemoteProfile("plain", server.base_url, model="words")})
         async with app.run_test(size=SIZE) as pilot:
             screen = await loaded(pilot)
-            info = screen.backend.info
+            info = screen.workspace.backend.info
             assert {"top_k", "min_p", "repeat_penalty", "typical_p", "dry_multiplier"} <= set(info.ignored_params)
             assert "frequency_penalty" not in info.ignored_params
             for name in set(info.ignored_params) & set(SPECS):
@@ -68,8 +68,8 @@ async def test_an_unknown_server_name_is_a_clear_error_and_the_app_stays_up(tiny
     async with app.run_test(size=SIZE) as pilot:
         screen = pilot.app.screen
         await wait_for(pilot, lambda: "unknown server" in str(screen.query_one("#status").render()))
-        assert screen.backend is None
-        screen.load_model(str(tiny_model))
+        assert screen.workspace.backend is None
+        screen.loader.load(str(tiny_model))
         await loaded(pilot)
         await send(pilot, "hello")
         await reply_done(pilot)
@@ -81,9 +81,9 @@ async def test_a_server_as_the_default_model_and_switching_back_to_a_local_one(t
                        default_model="@lab")
         async with app.run_test(size=SIZE) as pilot:
             screen = await loaded(pilot)
-            assert screen.backend.info.backend == "openai" and screen.session.model == "@lab"
-            screen.load_model(str(tiny_model))
-            await wait_for(pilot, lambda: screen.backend.info.backend != "openai")
+            assert screen.workspace.backend.info.backend == "openai" and screen.session.model == "@lab"
+            screen.loader.load(str(tiny_model))
+            await wait_for(pilot, lambda: screen.workspace.backend.info.backend != "openai")
             await send(pilot, "hello")
             await reply_done(pilot)
             assert screen.session.model == str(tiny_model)
@@ -98,7 +98,7 @@ async def test_the_models_screen_switches_to_a_server_and_back(tiny_model):
             await pilot.press("r")
             await pilot.pause()
             await pilot.press("enter")
-            await wait_for(pilot, lambda: screen.is_current and screen.backend.info.backend == "openai")
+            await wait_for(pilot, lambda: screen.is_current and screen.workspace.backend.info.backend == "openai")
             assert screen.session.model == "@lab"
             assert f"server {server.base_url.split('/')[2]}" in str(screen.query_one("#model-facts").render())
             await send(pilot, "hello")
@@ -120,8 +120,8 @@ async def test_the_panel_shows_the_servers_own_figures_and_what_a_stopped_reply_
             await reply_done(pilot)
             assert "Decode" in str(panel.query_one("#speed").render())
             assert str(panel.query_one("#speed").render()).endswith("\n  server 250.0 tok/s")
-            screen.load_model("@lab:/srv/models/slow.gguf")
-            await wait_for(pilot, lambda: screen.backend.info.name == "slow")
+            screen.loader.load("@lab:/srv/models/slow.gguf")
+            await wait_for(pilot, lambda: screen.workspace.backend.info.name == "slow")
             spent = panel.session_cost()
             await send(pilot, "and again")
             await wait_for(pilot, lambda: screen.reply is not None and len(screen.reply.tokens) >= 2)

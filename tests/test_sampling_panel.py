@@ -14,8 +14,10 @@ from conftest import GREEDY
 from scripted import ScriptedBackend
 from test_ui import SIZE, loaded, make_app, reply_done, scripted_app, send, wait_for
 from tui_chat.config import Config
+from tui_chat.engine.base import Stream
 from tui_chat.engine.formats import TEXT, choose, grammar
 from tui_chat.engine.params import DEFAULT_ORDER, PARAMS
+from tui_chat.session import Turn, Writing
 from tui_chat.ui.app import ChatApp
 from tui_chat.ui.widgets.messages import ReplyMessage
 from tui_chat.ui.widgets.metrics import MetricsPanel
@@ -141,10 +143,10 @@ async def test_no_stale_waiting_note_when_idle():
         await pilot.press("right")
         assert str(note.render()) == "Right: Top-k → 41\n✓ Set: the next reply uses it"
         assert panel.pending_version is None
-        panel.reply_started()
+        screen.reply = Writing(Turn("question"), Stream(), [], None)  # a reply is being written
         await pilot.press("right")
         assert "Waiting for the next token" in str(note.render()) and panel.pending_version == screen.live.version
-        panel.reply_ended()  # the reply ended before a token was drawn with it
+        screen.reply = None  # the reply ended before a token was drawn with it
         assert str(note.render()) == "Right: Top-k → 42\n✓ Set: the next reply uses it"
         assert panel.pending_version is None
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 from textual import events
+from textual.widgets import Select
 
 from conftest import GREEDY, ask
 from scripted import ScriptedBackend
@@ -77,7 +78,7 @@ async def screen_open(pilot, kind: type):
 async def loaded(pilot) -> ChatScreen:
     screen = pilot.app.screen
     assert isinstance(screen, ChatScreen)
-    await wait_for(pilot, lambda: screen.backend is not None)
+    await wait_for(pilot, lambda: screen.workspace.backend is not None)
     screen.query_one(PromptInput).cursor_blink = False  # a blinking cursor makes screenshots differ
     return screen
 
@@ -270,7 +271,7 @@ async def test_model_load_failure_keeps_the_app_usable(tmp_path, tiny_model):
         await pilot.press("ctrl+o")
         await pilot.pause()
         await pilot.press(*str(tiny_model), "enter")
-        await wait_for(pilot, lambda: screen.backend is not None)
+        await wait_for(pilot, lambda: screen.workspace.backend is not None)
         await send(pilot, "Hello")
         assert (await reply_done(pilot)).text
 
@@ -477,7 +478,7 @@ async def test_panel_costs_match_the_pricing_module(tiny, tiny_model):
             assert f" output  {format_usd(last.output, fine=True)}" in shown()
             assert f"Session  {format_usd(session, fine=True)}" in shown()
             assert f"Saved    {format_usd(uncached - session, fine=True)}" in shown()
-            screen.choose_price("Claude Sonnet 4")
+            screen.query_one("#price", Select).value = "Claude Sonnet 4"
             await pilot.pause()
         assert load_config().price == "Claude Sonnet 4"
 
@@ -536,12 +537,12 @@ async def test_regenerate_and_edit_wait_for_the_reply_and_the_footer_says_so(sta
     app = make_app(str(starter_model), sampling=GREEDY.with_changes(max_tokens=3000), n_ctx=4096)
     async with app.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
-        assert app.active_bindings["escape"].binding.action == "to_box", "nothing to stop: not offered"
+        assert app.active_bindings["escape"].binding.id == "to_box", "nothing to stop: not offered"
         await send(pilot, LONG_REPLY)
         await wait_for(pilot, lambda: screen.reply is not None and len(screen.reply.tokens) > 10)
         bindings = app.active_bindings
         assert not bindings["ctrl+r"].enabled and not bindings["ctrl+g"].enabled
-        assert bindings["escape"].enabled and bindings["escape"].binding.action == "stop"
+        assert bindings["escape"].enabled and bindings["escape"].binding.id == "stop"
         await pilot.press("ctrl+r", "ctrl+g")
         assert screen.reply is not None and [t.question for t in screen.session.turns] == [LONG_REPLY]
         assert len(screen.session.turns[0].branches) == 0, "no regeneration started"
@@ -560,14 +561,14 @@ async def test_the_draft_meter_keeps_the_conversation_after_a_reply_stopped_befo
         await reply_done(pilot)
         context = screen.session.spent()[-1].context_tokens
         assert context > 0
-        generate = screen.backend.generate
+        generate = screen.workspace.backend.generate
 
         def stopped_at_once(request):  # as Esc pressed before the first token
             stream = generate(request)
             stream.cancel()
             return stream
 
-        screen.backend.generate = stopped_at_once
+        screen.workspace.backend.generate = stopped_at_once
         await send(pilot, "And then?")
         await wait_for(pilot, lambda: screen.reply is None and screen.query_one(PromptInput).text == "And then?")
         price = screen.query_one(MetricsPanel).price

@@ -12,7 +12,8 @@ import pytest
 from rich.cells import cell_len
 from rich.console import Console
 from rich.text import Text
-from textual.widgets import Input, Sparkline
+from textual.actions import parse as parse_action
+from textual.widgets import Input, Select, Sparkline
 
 from conftest import GREEDY, run_cli
 from test_session import finish, new_session
@@ -26,7 +27,8 @@ from tui_chat.pricing import format_usd
 from tui_chat.safetext import screen_safe, terminal_safe
 from tui_chat.session import Branch, Turn
 from tui_chat.ui.keys import CHAT_KEYS
-from tui_chat.ui.screens.chat import SETTINGS_SAVED_AFTER_S
+from tui_chat.ui.screens.chat import ChatScreen
+from tui_chat.ui.widgets.sampling import SETTINGS_SAVED_AFTER_S
 from tui_chat.ui.screens.help import HelpScreen
 from tui_chat.ui.widgets.chat_log import ChatLog
 from tui_chat.ui.widgets.heatmap import REOPENED_NOTE
@@ -49,16 +51,17 @@ async def test_every_chat_key_works_from_the_message_box(tiny_model):
         screen = await loaded(pilot)
         ran: list[str] = []
         for binding in CHAT_KEYS:
-            name = binding.action.split("(")[0]
-            setattr(screen, f"action_{name}", lambda *_args, name=name: ran.append(name))
+            name = parse_action(binding.action)[1]
+            setattr(screen, f"action_{name}", lambda *args, name=name: ran.append((name, args)))
         box = screen.query_one(PromptInput)
         for binding in CHAT_KEYS:
-            screen.writing = binding.action == "stop"  # Esc stops a reply being written, else goes to the box
+            # Esc stops a reply being written, else goes to the box
+            screen.set_reactive(ChatScreen.reply, object() if binding.action == "reply('stop')" else None)
             box.focus()
             await pilot.pause()
             await pilot.press(binding.key)
             await pilot.pause()
-            assert ran[-1:] == [binding.action.split("(")[0]], f"{binding.key} from the message box"
+            assert ran[-1:] == [parse_action(binding.action)[1:]], f"{binding.key} from the message box"
             assert box.text == "", f"{binding.key} typed nothing"
 
 
@@ -370,7 +373,7 @@ async def test_the_panels_money_has_one_format_as_the_session_passes_a_cent(tiny
         screen = await loaded(pilot)
         panel = screen.query_one(MetricsPanel)
         reply = TurnMetrics(prompt_tokens=1_000, completion_tokens=300)  # $0.0055 at GPT-4o's prices
-        screen.choose_price("GPT-4o")
+        screen.query_one("#price", Select).value = "GPT-4o"
         screen.session.turns = [Turn(f"question {n}", [Branch("answer", "end of text", metrics=reply)]) for n in range(3)]
         panel.update_metrics(reply)
         await pilot.pause()

@@ -30,9 +30,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
-    from ..engine.local.kvstore import KvStore  # numpy: only for this command, not every start
+    from ..workspace import kv_store
 
-    store = KvStore(kv_cache_dir(), config.kv_cache_budget_bytes)
+    store = kv_store(config)
     if args.action == "clear":
         freed = store.total_bytes()
         deleted = store.clear()

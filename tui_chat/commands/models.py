@@ -10,14 +10,17 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..config import Config, kv_cache_dir, models_dir
+from ..config import Config, models_dir
 from ..hub import HubError, HubInputError
 from ..hub.download import Progress
 from ..safetext import terminal_safe
 from ..units import format_size, local_time
 from .common import INTERRUPTED, RUNTIME_ERROR, USAGE_ERROR, fail, print_table
+
+if TYPE_CHECKING:
+    from ..workspace import Workspace
 
 BAR_WIDTH = 24
 LINE_EVERY_S = 1.0
@@ -112,7 +115,7 @@ def _list(args: argparse.Namespace, config: Config) -> int:
     from ..hub.local import list_local
 
     models = list_local(models_dir())
-    default = _default_path(config)
+    default = _workspace(config).default_path()
     if args.json:
         _print_json([{"name": model.name, "path": str(model.path), "size": model.size, "quant": model.quant,
                       "last_used": model.last_used, "default": model.path == default} for model in models])
@@ -129,32 +132,24 @@ def _list(args: argparse.Namespace, config: Config) -> int:
 
 
 def _remove(args: argparse.Namespace, config: Config) -> int:
-    from ..engine.local.kvstore import KvStore
-    from ..hub.local import remove_model
-
-    model = remove_model(models_dir(), args.name)
-    caches = KvStore(kv_cache_dir()).forget_model(model.path)
-    print(f"removed {terminal_safe(model.name)} ({format_size(model.size)})"
+    try:
+        removed = _workspace(config).remove_model(args.name)
+    except OSError as error:  # the model is gone; the config, which named it the default, could not be written
+        return fail(f"cannot reset the default model: {error.strerror}", RUNTIME_ERROR)
+    caches = removed.caches
+    print(f"removed {terminal_safe(removed.model.name)} ({format_size(removed.model.size)})"
           + (f" and its {caches} saved KV cache{'' if caches == 1 else 's'}" if caches else ""))
-    if model.path == _default_path(config) and config.default_model:
+    if removed.was_default:
         print("it was the default model: the starter model opens instead from the next start "
               "(default_model in the config chooses another)", file=sys.stderr)
     return 0
 
 
-def _default_path(config: Config) -> Path | None:
-    """The default model's file, when it can be found without any work (no unpacking, no network): the
-    configured one, or the starter when none is configured or it is named."""
-    from ..engine.base import EngineError
-    from ..engine.factory import model_file
-    from ..engine.models import is_starter, starter_file
+def _workspace(config: Config) -> Workspace:
+    """The models on this machine, as the app's models screen reaches them (nothing is opened)."""
+    from ..workspace import Workspace
 
-    if not config.default_model or is_starter(config.default_model):
-        return starter_file(models_dir())
-    try:
-        return model_file(config.default_model, None, models_dir())
-    except EngineError:
-        return None
+    return Workspace(config)
 
 
 def _when(timestamp: float | None) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from ..config import Config, history_path, log_dir
-from ..engine.base import Backend, Done, EngineError, Error, Token
+from ..engine.base import Backend, Done, EngineError, Token
 from ..engine.context import left_out
 from ..engine.formats import TEXT, OutputFormat, choose
 from ..engine.params import (
@@ -31,9 +31,8 @@ from ..engine.params import (
 from ..engine.server_params import unsent_settings
 from ..guard import watch
 from ..history import Conversation, History
-from ..pricing import find_preset
-from ..recording import Saving
-from ..session import ChatSession, Ending, Writing, no_thinking_note, opened, wait_note
+from ..session import ChatSession, Ending, Writing, no_thinking_note, wait_note
+from ..workspace import Workspace
 from .common import INTERRUPTED, RUNTIME_ERROR, add_model_options, fail, one_line, opener_for, writer
 
 MODEL_FLAGS = ("model", "backend", "base_url", "remote")  # any of these opens another model than a continued chat's
@@ -91,45 +90,42 @@ def run_command(args: argparse.Namespace, config: Config) -> int:
     opener, model = opener_for(config, args)
     if args.watched:
         watch(log_dir())
-    saving = _saving(config) if args.save or args.continue_id is not None else None
+    workspace = Workspace(config, opener, History(history_path()) if args.save or args.continue_id is not None
+                          else None)
     try:
-        continued = saving.history.load(args.continue_id) if args.continue_id is not None else None
+        continued = workspace.history.load(args.continue_id) if args.continue_id is not None else None
         if continued is not None and not any(getattr(args, flag, None) for flag in MODEL_FLAGS):
             model = continued.model or model
         params = (continued.sampling if continued else config.sampling).with_changes(**given)
-        return _run_opened(opener(model), args, config, model, continued, LiveParams(params), saving, output)
+        return _run_opened(workspace, args, model, continued, LiveParams(params), output)
     finally:
-        if saving is not None:
-            saving.history.close()
+        workspace.close()
 
 
-def _run_opened(backend: Backend, args: argparse.Namespace, config: Config, model: str | None,
-                continued: Conversation | None, live: LiveParams, saving: Saving | None, output: OutputFormat) -> int:
+def _run_opened(workspace: Workspace, args: argparse.Namespace, model: str | None, continued: Conversation | None,
+                live: LiveParams, output: OutputFormat) -> int:
     """Load the model and answer the prompts: in a new conversation, or going on with `continued`."""
+    backend = workspace.load_now(model)
     try:
-        loaded = backend.load().result()
-        if isinstance(loaded, Error):
-            raise EngineError(loaded.message)
         if args.xray and not hasattr(backend, "xray"):
             raise InvalidParameter("--xray needs a local model: a server does not show its sampler chain's stages")
-        options = {"top_logprobs": args.top_logprobs, "warn": _warn, "streaming": not args.no_stream, "xray": args.xray}
+        workspace.streaming = not args.no_stream
+        options = {"top_logprobs": args.top_logprobs, "warn": _warn, "xray": args.xray}
         if continued is not None:
-            session = opened(continued, live, saving, **options)
+            session = workspace.reopen(continued.id, live, **options)[0]
             if args.system is not None:
                 session.set_system_prompt(args.system)
             if _format_given(args):
                 session.output_format = output
         else:
-            system = config.system_prompt if args.system is None else args.system
-            session = ChatSession(live, saving=saving, system_prompt=system, output_format=output,
-                                  thinking=config.thinking, **options)
+            session = workspace.new_chat(live, output_format=output, **options, **(
+                {} if args.system is None else {"system_prompt": args.system}))
         if hasattr(backend, "check_format"):  # a local model: a format it cannot use is the user's to fix
             backend.check_format(session.output_format)
         if args.thinking is not None:
             session.set_thinking(args.thinking == "on")
             if note := no_thinking_note(backend.info):
                 print(f"tui-chat: {note}", file=sys.stderr)
-        session.model = model or config.default_model or backend.info.path  # what opens this model again
         if unsent := unsent_settings(backend.info.ignored_params, live.snapshot()[1]):
             print(f"tui-chat: note: not sent to this server, which takes no such setting: "
                   f"{', '.join(label(name) for name in unsent)}", file=sys.stderr)
@@ -289,10 +285,6 @@ def _show(write: Callable[[str], None], shown: str, text: str) -> str:
     seen = shown + text
     write(seen.strip()[len(shown.strip()) :])
     return seen
-
-
-def _saving(config: Config) -> Saving:
-    return Saving(History(history_path()), find_preset(config.prices, config.price))
 
 
 def _warn(message: str) -> None:

@@ -8,6 +8,7 @@ from functools import partial
 from textual.app import App, SystemCommand
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
+from textual.widgets import Select
 
 from ..config import Config, config_dir, config_path, log_dir, save_setting
 from ..engine.params import PRESETS, LiveParams
@@ -15,8 +16,9 @@ from ..guard import LOG_NAME, exception_line
 from ..lag import monitor_from_env
 from ..safetext import screen_safe
 from .screens.chat import ChatScreen
-from .screens.model_loader import OpenBackend
+from ..workspace import OpenBackend, Workspace
 from .themes import load_themes
+from .widgets.sampling import SamplingPanel
 
 
 DEFAULT_THEME = "tui-chat-dusk"
@@ -51,7 +53,8 @@ class ChatApp(App[None]):
         self.theme = wanted
         self._saved_theme = self.theme
         self.set_keymap(self.keymap_overrides)
-        self.push_screen(ChatScreen(self.open_backend, self.model, LiveParams(self.config.sampling), self.config))
+        workspace = Workspace(self.config, self.open_backend)
+        self.push_screen(ChatScreen(workspace, self.model, LiveParams(self.config.sampling)))
 
     def on_unmount(self) -> None:
         if self.lag is not None:
@@ -97,6 +100,8 @@ class ChatApp(App[None]):
             yield SystemCommand(binding.tooltip, f"{binding.description} · {key}",
                                 partial(screen.run_action, binding.action))
         for name in PRESETS:
-            yield SystemCommand(f"Preset: {name}", f"Sampling preset {name}", lambda name=name: screen.apply_preset(name))
+            yield SystemCommand(f"Preset: {name}", f"Sampling preset {name}",
+                                lambda name=name: screen.query_one(SamplingPanel).apply_preset(name))
         for name in self.config.prices:
-            yield SystemCommand(f"Price: {name}", f"Show costs at {name} prices", lambda name=name: screen.choose_price(name))
+            yield SystemCommand(f"Price: {name}", f"Show costs at {name} prices",
+                                lambda name=name: setattr(screen.query_one("#price", Select), "value", name))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 
 from textual.message_pump import MessagePump
+from textual.timer import Timer
 
 from .textual_fixes import release_styles_caches
 
@@ -27,38 +28,36 @@ YOUNG_EVERY_S = 0.1
 class ReplyMemory:
     def __init__(self, owner: MessagePump) -> None:
         self.owner = owner
-        self.streaming = False
         self._owed = False
-        self._young = None
+        self._young: Timer | None = None  # collecting the youngest generation: while a reply is written
 
     def reply_started(self) -> None:
         """A collection still owed waits for the next quiet moment: run now, it would stall the reply's start."""
-        if self.streaming:
+        if self._young is not None:
             return
         gc.freeze()
         gc.disable()
-        self.streaming = True
         self._young = self.owner.set_interval(YOUNG_EVERY_S, lambda: gc.collect(0))
 
     def reply_ended(self) -> None:
-        if not self.streaming:
+        if self._young is None:
             return
-        self.streaming = False
         self._young.stop()
+        self._young = None
         self._owed = True
         self.owner.set_timer(IDLE_COLLECT_S, self._collect_when_idle)
 
     def close(self) -> None:
         """The screen is going: the collector back to its own schedule (a test process runs many apps)."""
-        if self.streaming:
+        if self._young is not None:
             self._young.stop()
-        if self.streaming or self._owed:
-            self.streaming = self._owed = False
+        if self._young is not None or self._owed:
+            self._young, self._owed = None, False
             gc.unfreeze()
             gc.enable()
 
     def _collect_when_idle(self) -> None:
-        if not self.streaming:
+        if self._young is None:
             self._collect()
 
     def _collect(self) -> None:

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from rich.text import Text
-from textual import on, work
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -16,12 +16,11 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
 
-from ...config import kv_cache_dir
-from ...engine.local.kvstore import KvStore
 from ...export import to_json, to_markdown
-from ...history import ConversationSummary, History, HistoryError, model_label
+from ...history import ConversationSummary, HistoryError, model_label
 from ...safetext import screen_safe
 from ...units import local_time
+from ...workspace import Workspace
 from .ask import AskText
 
 CONFIRM_WITHIN_S = 3.0
@@ -57,9 +56,10 @@ class ConversationsScreen(ModalScreen[int | None]):
     ConversationsScreen .hint { color: $text-muted; }
     """
 
-    def __init__(self, history: History, exports: Path) -> None:
+    def __init__(self, workspace: Workspace, exports: Path) -> None:
         super().__init__()
-        self.history = history
+        self.workspace = workspace
+        self.history = workspace.history
         self.exports = exports
         self.shown: list[ConversationSummary] = []
         self._delete_asked: tuple[int, float] | None = None
@@ -137,17 +137,10 @@ class ConversationsScreen(ModalScreen[int | None]):
             return
         self._delete_asked = None
         try:
-            self.history.delete(chosen.id)
+            self.workspace.delete_chat(chosen.id)
         except HistoryError as error:
             self.notify(str(error), severity="error", markup=False)
-        else:
-            self._forget_saved_caches(chosen.id)
         self._refresh()
-
-    @work(thread=True, group="kv-cache")
-    def _forget_saved_caches(self, conversation_id: int) -> None:
-        """A deleted chat's saved KV caches go with it (off the UI thread: it reads each file's record)."""
-        KvStore(kv_cache_dir()).forget(str(conversation_id))
 
     def action_export(self, kind: str) -> None:
         chosen = self._chosen()

@@ -20,15 +20,15 @@ from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Input, ProgressBar, Select, Static, TabbedContent, TabPane
 
-from ...config import Config, kv_cache_dir, models_dir, save_setting
+from ...config import models_dir
 from ...engine.factory import remote_spec
-from ...engine.local.kvstore import KvStore
 from ...hub import HubError
 from ...hub.download import Cancelled, Progress
 from ...hub.http import OFFLINE_MESSAGE, offline
-from ...hub.local import LocalModel, import_model, list_local, remove_model
+from ...hub.local import LocalModel, import_model, list_local
 from ...safetext import terminal_safe
 from ...units import format_size
+from ...workspace import Removed, Workspace
 from ..textual_fixes import Footer
 
 NAME = "models"
@@ -89,10 +89,9 @@ class ModelsScreen(Screen[str | None]):
         Binding("c", "cancel_download", "Cancel download", tooltip="Stop the download (it resumes next time)"),
     ]
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, workspace: Workspace) -> None:
         super().__init__()
-        self.config = config
-        self.default_model = config.default_model
+        self.workspace = workspace
         self.models_dir = models_dir()
         self.local: dict[str, LocalModel] = {}
         self.repo: str | None = None
@@ -130,10 +129,10 @@ class ModelsScreen(Screen[str | None]):
         self.query_one("#files", DataTable).add_columns("File", "Quant", "Size", "Fits")
         servers = self.query_one("#servers-table", DataTable)
         servers.add_columns("Name", "URL", "Model")
-        for name, profile in sorted(self.config.remotes.items()):
+        for name, profile in sorted(self.workspace.config.remotes.items()):
             servers.add_row(_cell(remote_spec(name)), _cell(profile.base_url), _cell(profile.model or "the first listed"),
                             key=remote_spec(name))
-        if not self.config.remotes:
+        if not self.workspace.config.remotes:
             servers.add_row(_cell("No servers yet: add a [remotes.NAME] table with base_url to config.toml."), "", "",
                             key="")
         self.query_one("#import-path").display = False
@@ -163,7 +162,7 @@ class ModelsScreen(Screen[str | None]):
         self.local = {model.name: model for model in list_local(self.models_dir)}
         for model in self.local.values():
             used = "never" if model.last_used is None else _ago(model.last_used)
-            mark = "default" if model.name == self.default_model else ""
+            mark = "default" if model.name == self.workspace.config.default_model else ""
             table.add_row(_cell(model.name), model.quant or "?", format_size(model.size), used, mark, key=model.name)
         if selected in self.local:
             table.move_cursor(row=table.get_row_index(selected))
@@ -189,11 +188,10 @@ class ModelsScreen(Screen[str | None]):
         if name is None:
             return
         try:
-            save_setting("default_model", name)
+            self.workspace.set_default_model(name)
         except OSError as error:
             self.notify(f"cannot save the default model: {error.strerror}", severity="error", markup=False)
             return
-        self.default_model = name
         self.notify(f"{name} is now the default model", markup=False)
         self.refresh_local()
 
@@ -203,36 +201,25 @@ class ModelsScreen(Screen[str | None]):
             return
         model = self.local[name]
         question = f"Delete {terminal_safe(name)} ({format_size(model.size)}) from this machine?"
-        if name == self.default_model:
+        if name == self.workspace.config.default_model:
             question += "\nIt is the default model: the starter model takes its place at the next launch."
         self.app.push_screen(ConfirmScreen(question), lambda yes: self._remove(name) if yes else None)
 
+    @work(thread=True, group="remove")
     def _remove(self, name: str) -> None:
+        """Off the UI thread: the model's saved KV caches go with it, and each file's record is read."""
         try:
-            model = remove_model(self.models_dir, name)
-        except HubError as error:
-            self.notify(str(error), severity="error", markup=False)
+            removed = self.workspace.remove_model(name)
+        except (HubError, OSError) as error:
+            self.app.call_from_thread(self.notify, str(error), severity="error", markup=False)
             return
-        self._forget_saved_caches(model.path)
-        self.notify(f"Deleted {name}", markup=False)
-        if name == self.default_model:
-            self._default_gone()
+        self.app.call_from_thread(self._removed, removed)
+
+    def _removed(self, removed: Removed) -> None:
+        self.notify(f"Deleted {removed.model.name}", markup=False)
+        if removed.was_default:
+            self.notify("The starter model is the default again", markup=False)
         self.refresh_local()
-
-    def _default_gone(self) -> None:
-        """A deleted default would fail the next launch: the config goes back to the starter model."""
-        try:
-            save_setting("default_model", "")
-        except OSError as error:
-            self.notify(f"cannot reset the default model: {error.strerror}", severity="error", markup=False)
-            return
-        self.default_model = None
-        self.notify("The starter model is the default again", markup=False)
-
-    @work(thread=True, group="kv-cache")
-    def _forget_saved_caches(self, path: Path) -> None:
-        """The KV caches saved for a removed model can never load again: they go too (off the UI thread)."""
-        KvStore(kv_cache_dir()).forget_model(path)
 
     def action_import_file(self) -> None:
         if self._on_tab("local"):

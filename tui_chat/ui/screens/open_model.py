@@ -3,7 +3,7 @@ configured server, or any path or name typed; with the context size and GPU laye
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pathlib import Path
 
 from rich.text import Text
 from textual import events, on
@@ -22,16 +22,13 @@ from ...engine.params import InvalidParameter
 from ...hub import HubError
 from ...safetext import terminal_safe
 from ...units import format_size
+from ...workspace import Workspace
 
 
-@dataclass(frozen=True, slots=True)
-class ModelChoice:
-    name: str
-    n_ctx: int
-    gpu_layers: int | None  # None: as the build can (all layers where it offloads)
+class OpenModelScreen(ModalScreen[str | None]):
+    """Returns the name to load; the context size and GPU layers chosen are the workspace's from now on (and
+    the config's): None for the GPU layers is as the build can (all layers where it offloads)."""
 
-
-class OpenModelScreen(ModalScreen[ModelChoice | None]):
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
     DEFAULT_CSS = """
     OpenModelScreen { align: center middle; }
@@ -46,12 +43,12 @@ class OpenModelScreen(ModalScreen[ModelChoice | None]):
     OpenModelScreen Horizontal Input { width: 12; margin: 0 2 0 0; }
     """
 
-    def __init__(self, servers: list[str], in_use: str, n_ctx: int, gpu_layers: int | None) -> None:
+    def __init__(self, workspace: Workspace, servers: list[str], in_use: str) -> None:
         super().__init__()
+        self.workspace = workspace
         self.servers = servers
-        self.in_use = in_use
-        self.n_ctx = n_ctx
-        self.gpu_layers = gpu_layers
+        self.in_use = Path(in_use).stem
+        self.n_ctx, self.gpu_layers = workspace.local_options()
 
     def compose(self) -> ComposeResult:
         with Vertical() as box:
@@ -117,8 +114,13 @@ class OpenModelScreen(ModalScreen[ModelChoice | None]):
             self.notify(str(error) if isinstance(error, InvalidParameter) else "context and GPU layers are numbers",
                         severity="error", markup=False)
             return
-        if name:
-            self.dismiss(ModelChoice(name, n_ctx, gpu_layers))
+        if not name:
+            return
+        try:
+            self.workspace.reconfigure(n_ctx, gpu_layers)
+        except OSError as error:
+            self.notify(f"cannot save the settings: {error.strerror}", severity="warning", markup=False)
+        self.dismiss(name)
 
 
 def server_names(profiles: dict) -> list[str]:

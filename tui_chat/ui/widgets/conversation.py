@@ -18,7 +18,7 @@ from ...engine.base import Backend, Token, TurnMetrics
 from ...engine.params import SamplingParams
 from ...probe import TokenProbe
 from ...safetext import screen_safe
-from ...session import ChatSession, Turn, Update
+from ...session import ChatSession, Ending, Turn, Update, no_thinking_note
 from .chat_log import ChatLog
 from .draft_meter import DraftCosts, DraftMeter
 from .figures import show
@@ -39,11 +39,15 @@ class ConversationView(Vertical):
     ConversationView #legend { height: auto; padding: 0 1; display: none; }
     """
 
+    class TitleChanged(Message):
+        """What the title line and the panel show of the chat changed (its thinking switch)."""
+
     def __init__(self, session: ChatSession, costs: Callable[[], DraftCosts],
-                 backend: Callable[[], Backend | None] = lambda: None, **kwargs) -> None:
+                 backend: Callable[[], Backend | None] = lambda: None, inspector_top: int = 0, **kwargs) -> None:
         super().__init__(**kwargs)
         self.session = session
         self.heatmap = False
+        self.inspector_top = inspector_top  # 0: replies carry no probabilities to colour
         self._costs = costs
         self._title: tuple[str, TurnMetrics | None] = ("", None)
         self._delete_asked: tuple[Turn, float] | None = None
@@ -138,6 +142,7 @@ class ConversationView(Vertical):
         if ending is None:
             return
         self._live = None
+        self._say_ending(ending)
         if ending.kind in ("finished", "failed"):
             await widget.finish()
             await self.log_view.trim()
@@ -147,6 +152,64 @@ class ConversationView(Vertical):
             widget.stop()
             await self.log_view.remove_turn(turn)
             self.prompt.set_draft(turn.question)
+
+    def _say_ending(self, ending: Ending) -> None:
+        if ending.kind == "failed":
+            self.notify(ending.message, title="Reply cut short", severity="error", timeout=8, markup=False)
+        elif ending.kind != "finished" and ending.message:
+            self.notify(ending.message, title="No reply", severity="error", timeout=8, markup=False)
+        elif ending.message:
+            self.notify(ending.message, severity="warning", timeout=6, markup=False)
+
+    # --- the keys the screen passes on (they work wherever the focus is) ------------------------
+
+    def action_copy_last(self) -> None:
+        replies = self.query(ReplyMessage)
+        if replies:
+            replies[-1].action_copy()
+
+    async def action_show_earlier(self) -> None:
+        await self.log_view.show_earlier()
+
+    def action_to_box(self) -> None:
+        self.prompt.focus()
+
+    def action_focus_message(self, step: int) -> None:
+        """Alt+↑/↓ walk the messages (and a reply's thinking), which Tab skips; from elsewhere Alt+↑ goes to the
+        latest, and past the latest both keys come back to the message box."""
+        stops = list(self.log_view.query("ChatMessage, ThinkingBlock"))
+        focused = self.screen.focused
+        if focused in stops:
+            index = stops.index(focused) + step
+        else:
+            index = len(stops) - 1 if step < 0 else len(stops)
+        if index >= len(stops):
+            self.prompt.focus()
+        elif index >= 0:
+            stops[index].focus()
+
+    def action_edit_last(self) -> None:
+        if not self.session.turns:
+            self.notify("There is no message to edit yet.", timeout=3)
+        else:
+            self.post_message(UserMessage.Edit(self.session.turns[-1]))
+
+    async def action_toggle_heatmap(self) -> None:
+        await self.set_heatmap(not self.heatmap)
+        if self.heatmap and not self.inspector_top:
+            self.notify("The inspector is off (inspector_top = 0 in the config): replies carry no probabilities.",
+                        severity="warning", timeout=6)
+
+    def action_toggle_thinking(self) -> None:
+        self.session.set_thinking(not self.session.thinking)
+        self.post_message(self.TitleChanged())
+        switch = "on" if self.session.thinking else "off"
+        backend = self._backend()
+        note = no_thinking_note(backend.info) if backend is not None else None
+        if note:
+            self.notify(f"{note}. Kept with the chat: thinking {switch}.", severity="warning", timeout=6, markup=False)
+        else:
+            self.notify(f"Thinking {switch} in this chat, from the next reply", timeout=3, markup=False)
 
     @on(UserMessage.Edit)
     async def _edit(self, event: UserMessage.Edit) -> None:
@@ -225,9 +288,9 @@ class ConversationView(Vertical):
     def _draft_changed(self) -> None:
         self.query_one(DraftMeter).draft_changed(self.prompt.text)
 
-    def recount_draft(self, backend: Backend | None) -> None:
+    def recount_draft(self) -> None:
         meter = self.query_one(DraftMeter)
-        meter.backend = backend
+        meter.backend = self._backend()
         meter.text = self.prompt.text
         meter.recount()
 

@@ -12,7 +12,6 @@ from textual.message import Message
 from textual.content import Content
 from textual.widgets import Select, Sparkline, Static
 
-from ...config import save_setting
 from ...engine.base import PREFILL_RATE_MIN_TOKENS, ModelInfo, TurnMetrics, restore_note
 from ...pricing import Price, format_usd, turn_cost
 from ...safetext import terminal_safe
@@ -71,8 +70,7 @@ class MetricsPanel(Vertical):
         super().__init__(**kwargs)
         self.replies = replies
         self.prices = prices
-        self.price = prices[price]
-        self._saved_price = price
+        self.price = prices[price]  # as shown: the workspace keeps the one in use (and in the config)
         self.info: ModelInfo | None = None
         self.metrics = TurnMetrics()
         self.thinking = True  # the chat's thinking switch, shown for a model whose template names its markers
@@ -127,19 +125,17 @@ class MetricsPanel(Vertical):
         self.refresh_view()
 
     class PriceChosen(Message):
-        """The user picked another price preset (it is saved in the config as the default)."""
+        """The user picked another price preset (the screen has the workspace keep it, in the config too)."""
+
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
 
     @on(Select.Changed, "#price")
     def _price_changed(self, event: Select.Changed) -> None:
         self.price = self.prices[str(event.value)]
         self.refresh_view()
-        if event.value != self._saved_price:
-            try:
-                save_setting("price", str(event.value))
-                self._saved_price = str(event.value)
-            except OSError as error:
-                self.notify(f"cannot save the price preset: {error.strerror}", severity="warning", markup=False)
-        self.post_message(self.PriceChosen())
+        self.post_message(self.PriceChosen(str(event.value)))
 
     def session_cost(self) -> Decimal:
         return sum((turn_cost(self.price, t.prompt_tokens, t.cached_tokens, t.completion_tokens).total

@@ -9,15 +9,18 @@ changed saying from which token the change applied).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
-from textual.message import Message
 from textual.widget import Widget
-from textual.widgets import Button, Collapsible, Input, Static
+from textual.timer import Timer
+from textual.widgets import Button, Checkbox, Collapsible, Input, Static
 
 from ...engine.base import ModelInfo
+from ...workspace import Workspace
 from ...engine.formats import TEXT, OutputFormat
 from ...engine.params import LIST_SPECS, PARAMS, PRESETS, SPECS, InvalidParameter, LiveParams, ParamSpec, SamplingParams
 from ..keys import shown_key
@@ -30,6 +33,7 @@ from .slider import Slider
 MAIN_PARAMS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens", "thinking_budget", "seed")
 MORE_PARAMS = tuple(spec.name for spec in PARAMS if spec.name not in MAIN_PARAMS)
 DEFAULTS = SamplingParams()
+SETTINGS_SAVED_AFTER_S = 0.5  # the chat's settings reach the history this long after the last change
 STREAM_HINT = ("On: the reply appears token by token. Off: it is held until complete, then shown whole, "
                "with the wait compared to the first word's.")
 FORMAT_HINT = "Free text, any JSON value, JSON matching a schema, or a GBNF grammar; kept with this chat."
@@ -99,17 +103,17 @@ class SamplingPanel(Vertical):
     SamplingPanel Collapsible .param:first-child { margin: 0; }
     """
 
-    class Changed(Message):
-        """A setting changed (by the user, a preset, or a chat that opened with its own)."""
-
-    def __init__(self, live: LiveParams, **kwargs) -> None:
+    def __init__(self, live: LiveParams, workspace: Workspace, writing: Callable[[], bool], **kwargs) -> None:
+        """`writing`: whether a reply is being written now (the chat screen's one record of it)."""
         super().__init__(**kwargs)
         self.live = live
+        self.workspace = workspace  # the chat these settings are kept with, and the streaming switch
+        self.writing = writing
+        self._rest: Timer | None = None  # a change waiting to be saved with the chat
         self.pending_version: int | None = None  # a change made mid-reply, until a token is drawn with it
         self._noted = ""  # the row whose note tells of the last change
         self._did = ""  # what the key that made it did, e.g. "End: Repeat penalty → 2.00"
         self.per_token = True  # False for a server: a change waits for the next reply
-        self.writing = False
 
     def compose(self) -> ComposeResult:
         _, params = self.live.snapshot()
@@ -144,14 +148,6 @@ class SamplingPanel(Vertical):
 
     def on_mount(self) -> None:
         self.border_title = "Sampling"
-        # The chat screen's `writing` is set however a reply starts or ends (finished, stopped, abandoned).
-        self.watch(self.screen, "writing", self._writing_changed, init=False)
-
-    def _writing_changed(self, writing: bool) -> None:
-        if writing:
-            self.reply_started()
-        else:
-            self.reply_ended()
 
     def show_backend(self, info: ModelInfo) -> None:
         """A server may pass on only some settings, and only when a reply starts: say so on each control."""
@@ -180,7 +176,7 @@ class SamplingPanel(Vertical):
             self.notify(str(error), severity="error", markup=False)
             return
         self._show(params, changes)
-        self.post_message(self.Changed())
+        self._keep_when_resting()
         if row_name is not None:
             self._note_change(row_name, did)
 
@@ -199,10 +195,10 @@ class SamplingPanel(Vertical):
         reply uses it. A server takes settings only when a reply starts."""
         self.pending_version = None
         self._did = did
-        if self.writing and self.per_token:
+        if self.writing() and self.per_token:
             self.pending_version = self.live.version
             self._note(row_name, "Waiting for the next token…")
-        elif self.writing:
+        elif self.writing():
             self._note(row_name, "Set: a server takes settings per reply, so from the next one")
         else:
             self._note(row_name, "✓ Set: the next reply uses it")
@@ -223,17 +219,31 @@ class SamplingPanel(Vertical):
 
     def reply_started(self) -> None:
         """Notes told of changes before this reply: they are done with."""
-        self.writing = True
         if self._noted:
             self.query_one(f"#note-{self._noted}", Static).remove_class("-shown")
             self._noted = self._did = ""
 
     def reply_ended(self) -> None:
         """A change still waiting when the reply ended is for the next one."""
-        self.writing = False
         if self.pending_version is not None:
             self.pending_version = None
             self._note(self._noted, "✓ Set: the next reply uses it")
+
+    def _keep_when_resting(self) -> None:
+        """The chat's settings are what was last set in it: saved with it as they change, once they rest
+        (a slider dragged is many changes), as a reply's text is saved while it streams."""
+        if self._rest is not None:
+            self._rest.stop()
+        self._rest = self.set_timer(SETTINGS_SAVED_AFTER_S, lambda: self.workspace.session.keep_settings())
+
+    @on(FormatPicker.Chosen)
+    def _format_chosen(self, event: FormatPicker.Chosen) -> None:
+        self.workspace.session.output_format = event.output
+        self.workspace.session.keep_settings()
+
+    @on(Checkbox.Changed, "#stream")
+    def _streaming_chosen(self, event: Checkbox.Changed) -> None:
+        self.workspace.streaming = self.workspace.session.streaming = event.value
 
     # --- the controls --------------------------------------------------------------------------
 

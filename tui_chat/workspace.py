@@ -1,0 +1,266 @@
+"""What outlives one conversation, owned in one place: the model in use, its loader and the message waiting
+for it, the history, the price, the settings a new chat starts from, and the operations that touch several
+stores at once. No Textual here: the chat UI and the commands (`tui-chat run`, `models rm`) go through the
+same object, as they drive the same `ChatSession`.
+
+The model in use is one (name, backend) pair, and it changes only when a load succeeds: until then the chat
+stays on the model that answers, so a reply is always saved under the name of the model that wrote it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .config import Config, kv_cache_dir, models_dir, save_setting
+from .engine.base import Backend, EngineError, Error, ModelInfo
+from .engine.params import LiveParams
+from .history import Conversation, History
+from .pricing import find_preset
+from .recording import Saving
+from .session import ChatSession, opened
+
+if TYPE_CHECKING:
+    from .engine.local.kvstore import KvStore
+    from .hub.local import LocalModel
+
+OpenBackend = Callable[[str | None], Backend]  # a BackendOpener, or a test's own
+
+
+def kv_store(config: Config) -> KvStore:
+    """The KV states saved on disk, as every front-end reaches them (numpy comes in with it: only when asked)."""
+    from .engine.local.kvstore import KvStore
+
+    return KvStore(kv_cache_dir(), config.kv_cache_budget_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInUse:
+    """The model that answers: `name` is what opens it again (saved with each chat and reply)."""
+
+    name: str
+    backend: Backend
+
+
+@dataclass(eq=False)
+class LoadJob:
+    """One load; the events it sends say which job they belong to."""
+
+    name: str | None
+    fallback: str | None = None  # opened instead when `name` cannot be opened (the starter, for a lost default)
+    backend: Backend | None = None
+    note: str = ""  # what the user should know about this load (a fallback taken)
+
+    @property
+    def shown(self) -> str:
+        return self.name or "the default model"
+
+
+@dataclass(frozen=True, slots=True)
+class Removed:
+    """What removing a model did: its KV states went with it, and a default it was is reset."""
+
+    model: LocalModel
+    caches: int
+    was_default: bool
+
+
+class Workspace:
+    def __init__(self, config: Config, open_backend: OpenBackend | None = None, history: History | None = None) -> None:
+        """`open_backend`: None where nothing is opened (`models rm`)."""
+        self.config = config  # as it is now: a setting changed in the app is written here and to the file
+        self.open_backend = open_backend
+        self.history = history
+        self.model: ModelInUse | None = None
+        self.loading: LoadJob | None = None
+        self.queued: str | None = None  # a message sent before the model was ready: sent when it is
+        self.price = find_preset(config.prices, config.price)
+        self.streaming = True  # for every chat of this run
+        self.session: ChatSession | None = None
+
+    @property
+    def backend(self) -> Backend | None:
+        return self.model.backend if self.model is not None else None
+
+    @property
+    def model_name(self) -> str:
+        return self.model.name if self.model is not None else ""
+
+    def open_history(self, path: Path) -> None:
+        """Raises HistoryError: the caller says the session is not saved."""
+        self.history = History(path)
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.abandon()  # quitting mid-reply: the reply is kept as stopped, not left "streaming"
+            self.session.keep_settings()
+        if self.history is not None:
+            self.history.close()
+            self.history = None
+
+    # --- chats ----------------------------------------------------------------------------------
+
+    def saving(self) -> Saving | None:
+        return Saving(self.history, self.price) if self.history is not None else None
+
+    def new_chat(self, live: LiveParams, **options: Any) -> ChatSession:
+        """A new chat from the config's settings, on the model in use."""
+        options = {"system_prompt": self.config.system_prompt, "top_logprobs": self.config.inspector_top,
+                   "thinking": self.config.thinking, "streaming": self.streaming} | options
+        return self._adopt(ChatSession(live, saving=self.saving(), **options))
+
+    def reopen(self, conversation_id: int, live: LiveParams,
+               **options: Any) -> tuple[ChatSession, Conversation, str | None]:
+        """A saved chat to go on with, on the model in use until its own has loaded; returns it, the saved
+        conversation and the model to load for it (None: the one in use). Raises HistoryError."""
+        conversation = self.history.load(conversation_id)
+        options = {"top_logprobs": self.config.inspector_top, "streaming": self.streaming} | options
+        session = opened(conversation, live, self.saving(), **options)
+        wanted = conversation.model if conversation.model and conversation.model != self.model_name else None
+        return self._adopt(session), conversation, wanted
+
+    def _adopt(self, session: ChatSession) -> ChatSession:
+        """The chat written now: its replies are the model in use's."""
+        if self.session is not None and self.session is not session:
+            self.session.abandon()
+            self.session.keep_settings()
+        if self.model is not None:
+            session.model = self.model.name
+        self.session = session
+        return session
+
+    def delete_chat(self, conversation_id: int) -> threading.Thread:
+        """A chat, and the KV states saved from it on a thread of their own (each file's record is read): the
+        chat is gone when this returns. Raises HistoryError (nothing deleted)."""
+        self.history.delete(conversation_id)
+        forget = threading.Thread(target=kv_store(self.config).forget, args=(str(conversation_id),),
+                                  name="forget-kv", daemon=True)
+        forget.start()
+        return forget
+
+    # --- the model ------------------------------------------------------------------------------
+
+    def start_load(self, name: str | None, fallback: str | None = None) -> LoadJob:
+        """A load on its way; the model in use stays until it has loaded. A message held for an earlier load
+        waits for this one."""
+        self.loading = LoadJob(name, fallback)
+        return self.loading
+
+    def hold(self, text: str) -> bool:
+        """Keep a message for the model being loaded; False when none is on its way or one is already held."""
+        if self.loading is None or self.queued is not None:
+            return False
+        self.queued = text
+        return True
+
+    def release(self) -> str | None:
+        text, self.queued = self.queued, None
+        return text
+
+    def open(self, job: LoadJob) -> Backend:
+        """Open the job's backend (off the UI thread: imports and file checks); its `load()` follows.
+        Raises EngineError."""
+        try:
+            job.backend = self.open_backend(job.name)
+        except EngineError as error:
+            if job.fallback is None:
+                raise
+            job.note = f"The default model did not open ({error}): the starter model opens instead."
+            job.name = job.fallback
+            job.backend = self.open_backend(job.fallback)
+        return job.backend
+
+    def loaded(self, job: LoadJob, info: ModelInfo) -> Backend | None:
+        """The job's model answers from now on, in the chat too; returns the backend it replaces, to close
+        (its reply in flight ends as stopped)."""
+        self._ended(job)
+        previous = self.backend
+        self.model = ModelInUse(job.name or self.config.default_model or info.path, job.backend)
+        if self.session is not None:
+            self.session.model = self.model.name
+        return previous if previous is not job.backend else None
+
+    def failed(self, job: LoadJob) -> None:
+        """A failed load changes nothing: the model in use, if any, goes on answering."""
+        self._ended(job)
+
+    def _ended(self, job: LoadJob) -> None:
+        if self.loading is job:
+            self.loading = None
+
+    def load_now(self, name: str | None) -> Backend:
+        """Open and load `name` here and now (`tui-chat run`). Raises EngineError."""
+        job = self.start_load(name)
+        backend = self.open(job)
+        final = backend.load().result()
+        if isinstance(final, Error):
+            self.failed(job)
+            backend.close()
+            raise EngineError(final.message)
+        self.loaded(job, final.info)
+        return backend
+
+    # --- settings kept in the config ------------------------------------------------------------
+
+    def local_options(self) -> tuple[int, int | None]:
+        """The context size and GPU layers a local model opens with."""
+        local = getattr(self.open_backend, "local", None)  # a BackendOpener; a test's may have none
+        return (local.n_ctx, local.gpu_layers) if local else (self.config.n_ctx, self.config.gpu_layers)
+
+    def reconfigure(self, n_ctx: int, gpu_layers: int | None) -> None:
+        """Another context size or GPU layer count: models open with them from now on, and at the next start.
+        Raises OSError when the config cannot be written (they still apply now)."""
+        local = getattr(self.open_backend, "local", None)
+        if local is None or (n_ctx, gpu_layers) == (local.n_ctx, local.gpu_layers):
+            return
+        self.open_backend = self.open_backend.reconfigured(n_ctx=n_ctx, gpu_layers=gpu_layers)
+        self.config = replace(self.config, n_ctx=n_ctx, gpu_layers=gpu_layers)
+        save_setting("n_ctx", n_ctx)
+        if gpu_layers is not None:
+            save_setting("gpu_layers", gpu_layers)
+
+    def set_price(self, name: str) -> None:
+        """The price replies are costed at, the chat's saved ones from now on too. Raises OSError when the
+        config cannot be written (the price still applies now)."""
+        self.price = self.config.prices[name]
+        if self.session is not None and self.session.saved is not None:
+            self.session.saved.price = self.price
+        if name != self.config.price:
+            self.config = replace(self.config, price=name)
+            save_setting("price", name)
+
+    def set_default_model(self, name: str) -> None:
+        """Raises OSError."""
+        save_setting("default_model", name)
+        self.config = replace(self.config, default_model=name)
+
+    def default_path(self) -> Path | None:
+        """The default model's file, when it can be found without any work (no unpacking, no network): the
+        configured one, or the starter when none is configured or it is named."""
+        from .engine.factory import model_file
+        from .engine.models import is_starter, starter_file
+
+        default = self.config.default_model
+        if not default or is_starter(default):
+            return starter_file(models_dir())
+        try:
+            return model_file(default, None, models_dir())
+        except EngineError:
+            return None
+
+    def remove_model(self, name: str) -> Removed:
+        """A local model's files, its saved KV states, and the default it was (the starter opens instead at the
+        next start, not a missing file). Raises HubError; OSError when the config cannot be written."""
+        from .hub.local import remove_model
+
+        default = self.default_path()
+        model = remove_model(models_dir(), name)
+        caches = kv_store(self.config).forget_model(model.path)
+        was_default = bool(self.config.default_model) and model.path == default
+        if was_default:
+            self.config = replace(self.config, default_model=None)
+            save_setting("default_model", "")
+        return Removed(model, caches, was_default)
