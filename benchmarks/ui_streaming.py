@@ -406,7 +406,8 @@ def print_case(case: Case) -> None:
           f"{case.achieved_tok_s:>8.0f}  {case.ratio:>5.2f}  {ms(case.shown_lag_s):>6}  {ms(case.end_lag_s):>6}  "
           f"{len(case.keys_s):>4}  {keys}  {ms(case.worst_stall_s):>6}", flush=True)
     for stall in sorted(case.stalls, key=lambda stall: -stall["late_s"])[:3]:
-        print(f"{'':>9}stall {ms(stall['late_s']):>4} ms at {stall['at']:.2f} s: {stall['cause']}"
+        print(f"{'':>9}stall {ms(stall['late_s']):>4} ms ({ms(stall.get('cpu_s', 0.0))} ms CPU) at {stall['at']:.2f} s: "
+              f"{stall['cause']}"
               f"{' in ' + stall['where'] if stall['where'] else ''}", flush=True)
 
 
@@ -494,7 +495,8 @@ def print_header(args: argparse.Namespace) -> None:
           "          in the reply's Markdown); shown / end: ms from the last token produced to all text in the\n"
           "          Markdown / to the reply finished (frozen body laid out); k: ms from a key posted to\n"
           "          PromptInput.text holding it (median, p95, p99, max); stall: the event loop's worst, in ms,\n"
-          "          from the first token to the reply finished, and the three worst with their causes\n")
+          "          from the first token to the reply finished, and the three worst with their causes and the\n"
+          "          loop's CPU time in them (far less than the stall: it waited for a core, the machine was busy)\n")
     print(f"{'history':>7}  {'mode':>9}  {'offered':>7}  {'tokens':>6}  {'produced':>8}  {'achieved':>8}  {'ratio':>5}  "
           f"{'shown':>6}  {'end':>6}  {'keys':>4}  {'k med':>5}  {'k p95':>5}  {'k p99':>5}  {'k max':>5}  {'stall':>6}")
 
