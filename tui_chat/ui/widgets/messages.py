@@ -40,11 +40,10 @@ from ...safetext import screen_safe
 from ...session import Branch, Turn, Writing
 from ..clipboard import copy
 from .live_tail import LiveTail, freeze_point
-from .heatmap import band_styles, grammar_line, has_probabilities, heatmap_text
-from .thinking import ThinkingBlock, thinking_view
+from .heatmap import HeatBlocks, HeatmapView, band_styles, grammar_line, has_probabilities, heatmap_text
+from .thinking import ThinkingBlock, thinking_tail, thinking_view
 
 FREEZE_AFTER_CHARS = 3000
-THINKING_TAIL_CHARS = 3000  # of a thinking unfolded while it streams: drawn again at every batch
 
 
 def rendered_markdown(text: str) -> RichMarkdown:
@@ -66,16 +65,6 @@ def live_tail() -> LiveTail:
     """Where a reply streams in."""
     return LiveTail(rendered_markdown, lambda text: _WritingMarkdown(screen_safe(text), code_theme="monokai",
                                                                      hyperlinks=False), classes="tail")
-
-
-def thinking_tail(reasoning: str) -> str:
-    """The end of a thinking still being written, from a line's start: what is drawn at each batch stays
-    short however long the thought (the whole of it is drawn once the reply ends)."""
-    if len(reasoning) <= THINKING_TAIL_CHARS:
-        return reasoning
-    cut = reasoning.find("\n", len(reasoning) - THINKING_TAIL_CHARS)
-    start = cut + 1 if 0 <= cut < len(reasoning) - 1 else len(reasoning) - THINKING_TAIL_CHARS
-    return f"… {start:,} characters above, shown when the reply ends\n{reasoning[start:]}"
 
 
 class ChatMessage(Widget):
@@ -177,6 +166,7 @@ class ReplyMessage(ChatMessage, Vertical):
         self._tail = self.text
         self._frozen_chars = 0
         self._live: LiveTail | None = None  # the tail being written into, while the reply is written
+        self._heat: HeatBlocks | None = None  # the answer's heatmap: drawn ahead while it streams, kept after
 
     # --- what it shows, from the turn ---------------------------------------------------------
 
@@ -245,10 +235,9 @@ class ReplyMessage(ChatMessage, Vertical):
         """The last chunk of a finished reply with its footer, or the whole reply as a heatmap."""
         footer = Text(self.footer + self._branch_label(), style="dim")
         if self._heat_shown():
-            start = self.answer_from
-            body = heatmap_text(self.tokens[start:], self.text, self._heat_styles(), self._picked(), start)
             mask = grammar_line(self.tokens, self.selected) if self.has_focus else None
-            return Static(Group(body, *filter(None, [mask]), footer), classes="chunk last heatmap")
+            return HeatmapView(self._heat_blocks(), self._heat_styles(), self._picked(),
+                               Group(*filter(None, [mask]), footer), classes="chunk last heatmap")
         if text is None:
             text = self.text
         if not self.text.strip():  # said, so an empty reply is not mistaken for a missing one
@@ -257,6 +246,12 @@ class ReplyMessage(ChatMessage, Vertical):
 
     def _heat_shown(self) -> bool:
         return self.heatmap and self.footer is not None and has_probabilities(self.tokens)
+
+    def _heat_blocks(self) -> HeatBlocks:
+        if self._heat is None or self._heat.tokens is not self.tokens or self._heat.start != self.answer_from:
+            self._heat = HeatBlocks(self.tokens, self.answer_from)
+        self._heat.extend(self.text)
+        return self._heat
 
     def _heat_styles(self) -> list:
         return band_styles(self.app.get_css_variables())
@@ -312,6 +307,8 @@ class ReplyMessage(ChatMessage, Vertical):
             if cut is not None:
                 await self._freeze(self._live, cut)
         self._live.set_text(self._tail.lstrip("\n"))
+        if self.heatmap and self.tokens[-1:] and self.tokens[-1].prob is not None:
+            self._heat_blocks().warm(self.app.console, self._live.size.width, self._heat_styles())
 
     async def _freeze(self, tail: LiveTail, cut: int) -> None:
         frozen, self._tail = self._tail[:cut], self._tail[cut + 2 :]

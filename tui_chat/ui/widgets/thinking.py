@@ -16,6 +16,8 @@ from textual.widgets import Static
 
 from ...safetext import screen_safe
 
+THINKING_TAIL_CHARS = 3000  # of a thinking unfolded while it streams: drawn again at every batch
+
 
 def thinking_view(label: str, reasoning: str, unfolded: bool, heat: Text | None = None) -> RenderableType:
     """The header line (▸ folded, ▾ unfolded) and, unfolded, the thinking itself or its heatmap."""
@@ -24,6 +26,16 @@ def thinking_view(label: str, reasoning: str, unfolded: bool, heat: Text | None 
         return head
     body = heat if heat is not None else Text(screen_safe(reasoning.strip()), style="dim italic")
     return Group(head, body)
+
+
+def thinking_tail(reasoning: str) -> str:
+    """The end of a thinking still being written, from a line's start: what is drawn at each batch stays
+    short however long the thought (the whole of it is drawn once the reply ends)."""
+    if len(reasoning) <= THINKING_TAIL_CHARS:
+        return reasoning
+    cut = reasoning.find("\n", len(reasoning) - THINKING_TAIL_CHARS)
+    start = cut + 1 if 0 <= cut < len(reasoning) - 1 else len(reasoning) - THINKING_TAIL_CHARS
+    return f"… {start:,} characters above, shown when the reply ends\n{reasoning[start:]}"
 
 
 class ThinkingBlock(Static, can_focus=True):
