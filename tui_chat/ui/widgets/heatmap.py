@@ -8,7 +8,9 @@ choice) is drawn in italics, and the picked token's line says how much probabili
 
 from __future__ import annotations
 
+import asyncio
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -45,8 +47,8 @@ SELECTED = Style(reverse=True, underline=True)
 BLACK, WHITE = Color(0, 0, 0), Color(255, 255, 255)
 CHOSEN_BY_USER = Style(bold=True, underline=True)
 FORCED_BY_FORMAT = Style(italic=True)
-BLOCK_CHARS = 1500  # a heatmap block's size: drawn in a few ms on a busy core
-WARM_BLOCKS = 1  # blocks drawn ahead per batch while a reply streams: more than a reply writes
+BLOCK_CHARS = 1000  # a heatmap block's size: drawn in a few ms
+WARM_S = 0.004  # drawing ahead per batch while a reply streams: a block or two
 
 
 def band_of(prob: float) -> int:
@@ -169,33 +171,49 @@ class HeatBlocks:
             out.append(piece or ("·" if index == selected else ""), style)
         return out
 
-    def lines(self, console: Console, width: int, styles: Sequence[Style], selected: int | None,
-              blocks: int | None = None) -> list[Strip]:
-        """The lines of the first `blocks` blocks (all by default) at `width`, without a base style."""
-        if list(styles) != list(self._styles):
-            self._styles, self._lines = list(styles), [None] * len(self._blocks)
+    def lines(self, console: Console, width: int, styles: Sequence[Style], selected: int | None) -> list[Strip]:
+        """The lines of all the blocks at `width`, without a base style."""
+        self._restyle(styles)
         out: list[Strip] = []
-        for block in range(len(self._blocks) if blocks is None else blocks):
-            pieces = self._blocks[block]
+        for block, pieces in enumerate(self._blocks):
             picked = selected if selected is not None and pieces and pieces[0][0] <= selected <= pieces[-1][0] else None
-            key = (width, picked)
-            cached = self._lines[block]
-            if cached is None or cached[0] != key:
-                options = console.options.update(width=width, height=None, highlight=False)
-                rendered = console.render(self.text(block, styles, picked), options)
-                cached = self._lines[block] = key, [
-                    Strip(line) for line in Segment.split_and_crop_lines(rendered, width, include_new_lines=False,
-                                                                         pad=False)]
-            out += cached[1]
+            out += self._block_lines(console, width, styles, block, picked)
         return out
 
-    def warm(self, console: Console, width: int, styles: Sequence[Style], most: int = WARM_BLOCKS) -> None:
-        """Draw up to `most` finished blocks not drawn yet (none picked): a frame's bounded share of the work."""
+    def warm(self, console: Console, width: int, styles: Sequence[Style], every: bool = False) -> bool:
+        """Draw blocks not drawn yet (none picked) for about WARM_S, at least one: a batch's bounded share of
+        the work, which keeps ahead of the reply unless the UI is starved. The finished blocks, or `every`
+        one (the text is final). False once none is left."""
         if width <= 0:  # not laid out yet
-            return
-        todo = [block for block, cached in enumerate(self._lines[:-1]) if cached is None or cached[0] != (width, None)]
-        if todo:
-            self.lines(console, width, styles, None, blocks=todo[min(most, len(todo)) - 1] + 1)
+            return False
+        self._restyle(styles)
+        deadline = time.perf_counter() + WARM_S
+        for block, cached in enumerate(self._lines if every else self._lines[:-1]):
+            if cached is None or cached[0] != (width, None):
+                self._block_lines(console, width, styles, block, None)
+                if time.perf_counter() > deadline:
+                    return True
+        return False
+
+    async def catch_up(self, console: Console, width: int, styles: Sequence[Style]) -> None:
+        """Draw every block (the text is final) WARM_S at a time, the event loop running in between: what a
+        UI starved while the reply streamed did not draw ahead does not stall its finish."""
+        while self.warm(console, width, styles, every=True):
+            await asyncio.sleep(0)
+
+    def _restyle(self, styles: Sequence[Style]) -> None:
+        if list(styles) != list(self._styles):
+            self._styles, self._lines = list(styles), [None] * len(self._blocks)
+
+    def _block_lines(self, console: Console, width: int, styles: Sequence[Style], block: int,
+                     picked: int | None) -> list[Strip]:
+        cached = self._lines[block]
+        if cached is None or cached[0] != (width, picked):
+            options = console.options.update(width=width, height=None, highlight=False)
+            rendered = console.render(self.text(block, styles, picked), options)
+            cached = self._lines[block] = (width, picked), [
+                Strip(line) for line in Segment.split_and_crop_lines(rendered, width, include_new_lines=False, pad=False)]
+        return cached[1]
 
 
 class HeatmapView(Widget):

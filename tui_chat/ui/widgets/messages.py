@@ -333,7 +333,8 @@ class ReplyMessage(ChatMessage, Vertical):
         self.stop()
         self.writing = None
         self.selected = min(max(self.selected, self.answer_from), max(len(self.tokens) - 1, 0))
-        if self._heat_shown():
+        if self._heat_shown():  # the heatmap's blocks still to draw first, a few at a time: the loop runs between
+            await self._heat_blocks().catch_up(self.app.console, self.content_size.width, self._heat_styles())
             await self.redraw()
             return
         await self.think()
