@@ -121,6 +121,14 @@ class HeatBlocks:
         self._styles: Sequence[Style] = ()
         self._lines: list[tuple[tuple, list[Strip]] | None] = [None]  # per block: (key, its lines)
 
+    @classmethod
+    def kept(cls, blocks: HeatBlocks | None, tokens: Sequence[Token], start: int, text: str) -> HeatBlocks:
+        """`blocks` if they are those of `tokens[start:]` (else new ones), extended to `text`."""
+        if blocks is None or blocks.tokens is not tokens or blocks.start != start:
+            blocks = cls(tokens, start)
+        blocks.extend(text)
+        return blocks
+
     def extend(self, text: str) -> None:
         """Take the tokens that lie inside `text` (the part's text so far)."""
         stop = len(self.tokens) if self.stop is None else self.stop

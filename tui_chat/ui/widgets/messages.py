@@ -248,9 +248,7 @@ class ReplyMessage(ChatMessage, Vertical):
         return self.heatmap and self.footer is not None and has_probabilities(self.tokens)
 
     def _heat_blocks(self) -> HeatBlocks:
-        if self._heat is None or self._heat.tokens is not self.tokens or self._heat.start != self.answer_from:
-            self._heat = HeatBlocks(self.tokens, self.answer_from)
-        self._heat.extend(self.text)
+        self._heat = HeatBlocks.kept(self._heat, self.tokens, self.answer_from, self.text)
         return self._heat
 
     def _heat_styles(self) -> list:
@@ -275,7 +273,8 @@ class ReplyMessage(ChatMessage, Vertical):
         blocks = self.query(ThinkingBlock)
         if blocks:
             # folded, it stays one line: no layout of the screen for its figures
-            blocks.first().update(self._thinking_view(), layout=self.unfolded or toggled)
+            blocks.first().update(self._thinking_view(), layout=self.unfolded or toggled,
+                                  ahead=self.reasoning if self.unfolded and self.writing else "")
         elif self.is_attached:
             await self.mount(ThinkingBlock(self._thinking_view()), before=self.children[0] if self.children else None)
 

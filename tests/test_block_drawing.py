@@ -1,5 +1,5 @@
-"""The heatmap drawn in blocks (so a long reply's is drawn ahead while it streams, and a picked token
-redraws one block) looks exactly as the whole reply's heatmap drawn at once."""
+"""A heatmap and a thought drawn in blocks (so a long reply's is drawn ahead while it streams, and a picked
+token redraws one block) look exactly as the whole text drawn at once."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ import random
 from rich.console import Console
 from rich.segment import Segment
 from rich.style import Style
+from rich.text import Text
 
 from tui_chat.engine.base import Token
+from tui_chat.ui.widgets import thinking
 from tui_chat.ui.widgets.heatmap import HeatBlocks, heatmap_text
+from tui_chat.ui.widgets.thinking import Thought, draw_ahead, thought_blocks
 
 STYLES = [Style(), Style(color="black", bgcolor="green"), Style(color="black", bgcolor="yellow"),
           Style(color="white", bgcolor="red"), Style(color="white", bgcolor="dark_red")]
@@ -73,3 +76,20 @@ def test_picking_a_token_draws_only_its_block_again():
     blocks.lines(console, WIDTH, STYLES, 500)
     redrawn = [block for block, (old, new) in enumerate(zip(before, blocks._lines)) if old is not new]
     assert len(redrawn) == 1
+
+
+def test_a_thought_drawn_in_blocks_is_the_whole_text_drawn_at_once_and_its_blocks_are_drawn_ahead():
+    tokens = reply(6000, seed=4)
+    text = "".join(t.piece for t in tokens).strip() + "\x1b[2J"
+    console = Console(width=WIDTH)
+    options = console.options.update_width(WIDTH)
+    whole = list(Segment.split_and_crop_lines(console.render(Text(text.replace("\x1b", "\\x1b"), style="dim italic"),
+                                                             options), WIDTH, include_new_lines=False, pad=False))
+    assert len(thought_blocks(text)) > 10
+    for end in range(0, len(text), 500):  # as it streams
+        draw_ahead(text[:end], console, WIDTH)
+    drawn = len(thinking._drawn)
+    lines = list(Segment.split_and_crop_lines(console.render(Thought(text), options), WIDTH, include_new_lines=False,
+                                              pad=False))
+    assert lines == whole
+    assert len(thinking._drawn) - drawn <= 2  # the last ones, still growing when last drawn ahead
