@@ -11,8 +11,9 @@ from rich.style import Style
 from rich.text import Text
 
 from tui_chat.engine.base import Token
+from tui_chat.safetext import screen_safe
 from tui_chat.ui.widgets import thinking
-from tui_chat.ui.widgets.heatmap import HeatBlocks, heatmap_text
+from tui_chat.ui.widgets.heatmap import SELECTED, HeatBlocks, band_of
 from tui_chat.ui.widgets.thinking import Thought, draw_ahead, thought_blocks
 
 STYLES = [Style(), Style(color="black", bgcolor="green"), Style(color="black", bgcolor="yellow"),
@@ -29,9 +30,23 @@ def reply(n: int, seed: int = 1) -> list[Token]:
     return [Token(i, piece, 0.0, 0, piece, rng.random()) for i, piece in enumerate(pieces)]
 
 
+def heatmap_at_once(tokens: list[Token], text: str, selected: int | None, offset: int) -> Text:
+    """The whole heatmap as one Text, as it was drawn before it was drawn in blocks."""
+    out, drawn, started = Text(), 0, False
+    for index, token in enumerate(tokens, start=offset):
+        if drawn + len(token.piece) > len(text):
+            break
+        drawn += len(token.piece)
+        piece = token.piece if started else token.piece.lstrip()
+        started = started or bool(piece)
+        style = STYLES[band_of(token.prob)] + Style(meta={"token": index}) + (SELECTED if index == selected else Style())
+        out.append(screen_safe(piece) or ("·" if index == selected else ""), style)
+    return out
+
+
 def lines_at_once(tokens: list[Token], text: str, selected: int | None, offset: int = 0) -> list[list[Segment]]:
     console = Console(width=WIDTH)
-    drawn = heatmap_text(tokens[offset:], text, STYLES, selected, offset)
+    drawn = heatmap_at_once(tokens[offset:], text, selected, offset)
     return [list(line) for line in Segment.split_and_crop_lines(console.render(drawn, console.options), WIDTH,
                                                               include_new_lines=False, pad=False)]
 

@@ -50,7 +50,7 @@ async def test_a_stall_says_how_much_of_it_the_loop_spent_working_and_how_much_w
     while time.thread_time() - start < 0.06:  # 60 ms of the loop's own CPU, however long a busy machine takes
         sum(range(200))
     await asyncio.sleep(0.05)
-    time.sleep(0.08)  # as when the OS runs another process: the loop is late but did nothing
+    time.sleep(0.08)  # noqa: ASYNC251 - as when the OS runs another process: the loop is late, idle
     await asyncio.sleep(0.05)
     monitor.stop()
     worked, waited = sorted((s for s in monitor.stalls if s.late_s >= 0.06), key=lambda s: s.at)

@@ -9,12 +9,11 @@ choice) is drawn in italics, and the picked token's line says how much probabili
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from rich.console import Console, RenderableType
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -87,15 +86,6 @@ def has_probabilities(tokens: Sequence[Token]) -> bool:
     return bool(tokens) and all(token.prob is not None for token in tokens)
 
 
-def heatmap_text(tokens: Sequence[Token], text: str, styles: Sequence[Style], selected: int | None,
-                 offset: int = 0) -> Text:
-    """The reply (or its part: its thinking, its answer) as its tokens, each styled by its band and tagged
-    with its index in the reply (`offset` that of the first) for mouse clicks (as one block: HeatBlocks)."""
-    blocks = HeatBlocks(tokens, offset=offset, block_chars=0)
-    blocks.extend(text)
-    return blocks.text(0, styles, selected)
-
-
 class HeatBlocks:
     """A reply's heatmap (or its thinking's) cut into blocks of whole lines, each drawn once per width and
     token picked in it: a long reply's heatmap is drawn ahead while it streams (`warm`), and picking a
@@ -112,7 +102,7 @@ class HeatBlocks:
         """Of `tokens[start:stop]`, the first tagged with index `offset` (by default `start`)."""
         self.tokens, self.start, self.stop = tokens, start, stop
         self.offset = start if offset is None else offset
-        self.block_chars = block_chars or sys.maxsize
+        self.block_chars = block_chars
         self._blocks: list[list[tuple[int, str]]] = [[]]  # (index, text drawn) per token; the last block is open
         self._size = 0  # characters in the open block
         self._next = start  # the next token to take
@@ -122,19 +112,20 @@ class HeatBlocks:
         self._lines: list[tuple[tuple, list[Strip]] | None] = [None]  # per block: (key, its lines)
 
     @classmethod
-    def kept(cls, blocks: HeatBlocks | None, tokens: Sequence[Token], start: int, text: str) -> HeatBlocks:
-        """`blocks` if they are those of `tokens[start:]` (else new ones), extended to `text`."""
-        if blocks is None or blocks.tokens is not tokens or blocks.start != start:
-            blocks = cls(tokens, start)
+    def kept(cls, blocks: HeatBlocks | None, tokens: Sequence[Token], start: int, text: str | None,
+             stop: int | None = None) -> HeatBlocks:
+        """`blocks` if they are those of `tokens[start:stop]` (else new ones), extended to `text`."""
+        if blocks is None or blocks.tokens is not tokens or (blocks.start, blocks.stop) != (start, stop):
+            blocks = cls(tokens, start, stop)
         blocks.extend(text)
         return blocks
 
-    def extend(self, text: str) -> None:
-        """Take the tokens that lie inside `text` (the part's text so far)."""
+    def extend(self, text: str | None) -> None:
+        """Take the tokens that lie inside `text` (the part's text so far; None: every token)."""
         stop = len(self.tokens) if self.stop is None else self.stop
         while self._next < stop:
             piece = self.tokens[self._next].piece
-            if self._taken + len(piece) > len(text):
+            if text is not None and self._taken + len(piece) > len(text):
                 break
             self._taken += len(piece)
             if not self._started:
@@ -222,6 +213,18 @@ class HeatBlocks:
             cached = self._lines[block] = (width, picked), [
                 Strip(line) for line in Segment.split_and_crop_lines(rendered, width, include_new_lines=False, pad=False)]
         return cached[1]
+
+
+class HeatLines:
+    """Blocks' lines as a Rich renderable, inside another view (the thinking's)."""
+
+    def __init__(self, heat: HeatBlocks, styles: Sequence[Style], selected: int | None) -> None:
+        self.heat, self.styles, self.selected = heat, styles, selected
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for line in self.heat.lines(console, options.max_width, self.styles, self.selected):
+            yield from line
+            yield Segment.line()
 
 
 class HeatmapView(Widget):

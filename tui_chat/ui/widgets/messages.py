@@ -40,7 +40,7 @@ from ...safetext import screen_safe
 from ...session import Branch, Turn, Writing
 from ..clipboard import copy
 from .live_tail import LiveTail, freeze_point
-from .heatmap import HeatBlocks, HeatmapView, band_styles, grammar_line, has_probabilities, heatmap_text
+from .heatmap import HeatBlocks, HeatLines, HeatmapView, band_styles, grammar_line, has_probabilities
 from .thinking import ThinkingBlock, thinking_tail, thinking_view
 
 FREEZE_AFTER_CHARS = 3000
@@ -167,6 +167,7 @@ class ReplyMessage(ChatMessage, Vertical):
         self._frozen_chars = 0
         self._live: LiveTail | None = None  # the tail being written into, while the reply is written
         self._heat: HeatBlocks | None = None  # the answer's heatmap: drawn ahead while it streams, kept after
+        self._thought_heat: HeatBlocks | None = None
 
     # --- what it shows, from the turn ---------------------------------------------------------
 
@@ -231,7 +232,7 @@ class ReplyMessage(ChatMessage, Vertical):
         if self.footer is None and tail:  # none: the app closed before the reply's parts were mounted
             self._live = tail.first()
 
-    def _finished_body(self, text: str | None = None) -> Static:
+    def _finished_body(self, text: str | None = None) -> Widget:
         """The last chunk of a finished reply with its footer, or the whole reply as a heatmap."""
         footer = Text(self.footer + self._branch_label(), style="dim")
         if self._heat_shown():
@@ -260,8 +261,8 @@ class ReplyMessage(ChatMessage, Vertical):
     def _thinking_view(self):
         heat = None
         if self.unfolded and self._heat_shown():
-            thinking = self.tokens[: self.answer_from]
-            heat = heatmap_text(thinking, "".join(t.piece for t in thinking), self._heat_styles(), self._picked())
+            self._thought_heat = HeatBlocks.kept(self._thought_heat, self.tokens, 0, None, self.answer_from)
+            heat = HeatLines(self._thought_heat, self._heat_styles(), self._picked())
         reasoning = self.reasoning if self.writing is None else thinking_tail(self.reasoning)
         return thinking_view(self.thought, reasoning, self.unfolded, heat)
 
