@@ -77,7 +77,7 @@ def test_the_answers_blocks_tag_tokens_with_their_index_in_the_reply():
     blocks.extend(text)
     assert as_segments(blocks, 200) == lines_at_once(tokens, text, 200, answer_from)
     thinking = HeatBlocks(tokens, 0, answer_from, block_chars=30)
-    thinking.extend("".join(t.piece for t in tokens))
+    thinking.extend(None)  # every token of the thinking, its markers included
     assert as_segments(thinking, 3) == lines_at_once(tokens[:answer_from], "".join(t.piece for t in tokens[:answer_from]), 3)
 
 

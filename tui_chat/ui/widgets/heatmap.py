@@ -97,11 +97,10 @@ class HeatBlocks:
     other, are the lines of the whole text drawn at once.
     """
 
-    def __init__(self, tokens: Sequence[Token], start: int = 0, stop: int | None = None, offset: int | None = None,
+    def __init__(self, tokens: Sequence[Token], start: int = 0, stop: int | None = None,
                  block_chars: int = BLOCK_CHARS) -> None:
-        """Of `tokens[start:stop]`, the first tagged with index `offset` (by default `start`)."""
+        """Of `tokens[start:stop]`, each tagged with its index in `tokens`."""
         self.tokens, self.start, self.stop = tokens, start, stop
-        self.offset = start if offset is None else offset
         self.block_chars = block_chars
         self._blocks: list[list[tuple[int, str]]] = [[]]  # (index, text drawn) per token; the last block is open
         self._size = 0  # characters in the open block
@@ -131,7 +130,7 @@ class HeatBlocks:
             if not self._started:
                 piece = piece.lstrip()
                 self._started = bool(piece)
-            self._add(self._next - self.start + self.offset, screen_safe(piece))
+            self._add(self._next, screen_safe(piece))
             self._next += 1
 
     def _add(self, index: int, piece: str) -> None:
@@ -157,9 +156,8 @@ class HeatBlocks:
 
     def text(self, block: int, styles: Sequence[Style], selected: int | None) -> Text:
         out = Text(no_wrap=False)
-        tokens, shift = self.tokens, self.start - self.offset
         for index, piece in self._blocks[block]:
-            token = tokens[index + shift]
+            token = self.tokens[index]
             style = styles[band_of(token.prob)] + Style(meta={"token": index})
             if token.forced:
                 style += CHOSEN_BY_USER
