@@ -221,7 +221,8 @@ MODES = ("plain", "heatmap", "thinking", "inspector")
 class Case:
     """One stream through one fresh app, with what the UI made of it. `mode`: plain; heatmap (on, tokens
     with probabilities); thinking (its first third is thinking, the block unfolded); inspector (open on
-    the previous reply while this one streams behind it: keys go to the inspector, so none are timed)."""
+    the previous reply while this one streams behind it: keys go to the inspector, so none are timed; its
+    opening, a response to a key before the stream, is timed apart: `open_s`, `open_stall_s`)."""
 
     history: int
     rate: int
@@ -233,6 +234,8 @@ class Case:
     end_lag_s: float = 0.0
     keys_s: list[float] = field(default_factory=list)
     stalls: list[dict] = field(default_factory=list)  # every stall >= 20 ms, streaming or finishing, with its cause
+    open_s: float = 0.0  # inspector: from the key to the inspector drawn
+    open_stall_s: float = 0.0  # inspector: the worst stall while it opened
 
     @property
     def ratio(self) -> float:
@@ -259,7 +262,8 @@ class Case:
             "key_median_ms": key_ms(0.5), "key_p95_ms": key_ms(0.95), "key_p99_ms": key_ms(0.99),
             "key_max_ms": key_ms(1.0), "worst_stall_ms": round(self.worst_stall_s * 1000, 1),
             "end_lag_ms": round(self.end_lag_s * 1000, 1), "stalls": self.stalls,
-        }
+        } | ({"inspector_open_ms": round(self.open_s * 1000, 1), "inspector_open_stall_ms":
+              round(self.open_stall_s * 1000, 1)} if self.mode == "inspector" else {})
 
 
 class Monitor:
@@ -350,15 +354,15 @@ async def run_case(history: int, rate: int, tokens: int, seed: int, mode: str = 
         prompt = screen.query_one(PromptInput)
         prompt.text = "Write it all out, please."
         monitor = Monitor(screen)
-        press(app, "enter", "\r")
+        if mode == "inspector":
+            await open_inspector(app, screen, monitor, case)
+            prompt.post_message(PromptInput.Submitted(prompt.text))  # Enter would go to the inspector
+        else:
+            press(app, "enter", "\r")
         await until(lambda: screen.reply is not None and screen.view.log_view.reply_of(screen.reply.turn), 30)
         widget = screen.view.log_view.reply_of(screen.reply.turn)
         widget.unfolded = mode == "thinking"  # as if unfolded the moment it showed
         monitor.watch(widget, sum(map(len, pieces[backend.thinking:])))
-        if mode == "inspector":
-            earlier = screen.query(ReplyMessage)[-2]
-            earlier.post_message(ReplyMessage.Inspect(earlier, 3))
-            await until(lambda: isinstance(app.screen, InspectorScreen), 10)
 
         typed = ""
         next_key = time.perf_counter()
@@ -387,6 +391,18 @@ async def run_case(history: int, rate: int, tokens: int, seed: int, mode: str = 
     return case
 
 
+async def open_inspector(app: ChatApp, screen: ChatScreen, monitor: Monitor, case: Case) -> None:
+    """The inspector opened on the previous reply, as Enter on it does, and drawn: how long it took."""
+    earlier = screen.query(ReplyMessage)[-1]
+    asked = time.perf_counter()
+    earlier.post_message(ReplyMessage.Inspect(earlier, 3))
+    await until(lambda: isinstance(app.screen, InspectorScreen) and app.screen.is_mounted, 10)
+    await app.screen.wait_for_refresh()
+    case.open_s = time.perf_counter() - asked
+    await asyncio.sleep(0.1)  # a stall the opening caused ends before the stream starts
+    case.open_stall_s = max((stall.late_s for stall in monitor.lag.stalls if stall.at >= asked), default=0.0)
+
+
 async def answered_once(screen: ChatScreen, backend: SyntheticBackend, pieces: list[str]) -> None:
     """A short reply with probabilities first, for the inspector to open on."""
     backend.pieces = pieces[:40]
@@ -408,8 +424,12 @@ def print_case(case: Case) -> None:
     print(f"{case.history:>7}  {case.mode:>9}  {case.rate:>7}  {case.tokens:>6}  {case.produced_tok_s:>8.0f}  "
           f"{case.achieved_tok_s:>8.0f}  {case.ratio:>5.2f}  {ms(case.shown_lag_s):>6}  {ms(case.end_lag_s):>6}  "
           f"{len(case.keys_s):>4}  {keys}  {ms(case.worst_stall_s):>6}", flush=True)
+    if case.mode == "inspector":
+        print(f"{'':>9}the inspector opened in {ms(case.open_s)} ms, its worst stall {ms(case.open_stall_s)} ms "
+              "(before the stream)", flush=True)
     for stall in sorted(case.stalls, key=lambda stall: -stall["late_s"])[:3]:
-        print(f"{'':>9}stall {ms(stall['late_s']):>4} ms at {stall['at']:.2f} s: {stall['cause']}"
+        print(f"{'':>9}stall {ms(stall['late_s']):>4} ms ({ms(stall.get('cpu_s', 0.0))} ms CPU) at {stall['at']:.2f} s: "
+              f"{stall['cause']}"
               f"{' in ' + stall['where'] if stall['where'] else ''}", flush=True)
 
 
@@ -492,7 +512,8 @@ def print_header(args: argparse.Namespace) -> None:
           "          in the reply's Markdown); shown / end: ms from the last token produced to all text in the\n"
           "          Markdown / to the reply finished (frozen body laid out); k: ms from a key posted to\n"
           "          PromptInput.text holding it (median, p95, p99, max); stall: the event loop's worst, in ms,\n"
-          "          from the first token to the reply finished, and the three worst with their causes\n")
+          "          from the first token to the reply finished, and the three worst with their causes and the\n"
+          "          loop's CPU time in them (far less than the stall: it waited for a core, the machine was busy)\n")
     print(f"{'history':>7}  {'mode':>9}  {'offered':>7}  {'tokens':>6}  {'produced':>8}  {'achieved':>8}  {'ratio':>5}  "
           f"{'shown':>6}  {'end':>6}  {'keys':>4}  {'k med':>5}  {'k p95':>5}  {'k p99':>5}  {'k max':>5}  {'stall':>6}")
 

@@ -41,6 +41,22 @@ async def test_a_stall_is_timed_and_names_the_function_that_held_the_loop():
     assert not [s for s in monitor.stalls if s is not stall and s.late_s > 0.03]  # one stall, not many
 
 
+async def test_a_stall_says_how_much_of_it_the_loop_spent_working_and_how_much_waiting():
+    """On a busy machine a stall can be a wait for a core: its CPU time tells it from the UI's own work."""
+    monitor = LagMonitor()
+    monitor.start()
+    await asyncio.sleep(0.05)
+    start = time.thread_time()
+    while time.thread_time() - start < 0.06:  # 60 ms of the loop's own CPU, however long a busy machine takes
+        sum(range(200))
+    await asyncio.sleep(0.05)
+    time.sleep(0.08)  # noqa: ASYNC251 - as when the OS runs another process: the loop is late, idle
+    await asyncio.sleep(0.05)
+    monitor.stop()
+    worked, waited = sorted((s for s in monitor.stalls if s.late_s >= 0.06), key=lambda s: s.at)
+    assert worked.cpu_s >= 0.05 and waited.cpu_s < 0.02
+
+
 async def test_a_garbage_collection_is_named_as_such():
     gc.disable()
     try:

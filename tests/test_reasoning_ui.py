@@ -83,7 +83,7 @@ async def test_the_heatmap_and_the_inspector_work_inside_the_thinking(thinker_mo
         await pilot.pause()
         block = reply.query_one(ThinkingBlock)
         assert token_indexes(block) == set()  # folded: only the answer is drawn
-        assert token_indexes(reply.query_one(".heatmap", Static)) == {6, 7}
+        assert token_indexes(reply.query_one(".heatmap")) == {6, 7}
         reply.focus()
         await pilot.press("tab")  # from the reply to its thinking: the redraws on focus keep the block
         await pilot.pause()
@@ -97,7 +97,7 @@ async def test_the_heatmap_and_the_inspector_work_inside_the_thinking(thinker_mo
 
 
 def test_a_long_thinking_unfolded_while_it_streams_draws_only_its_end():
-    from tui_chat.ui.widgets.messages import THINKING_TAIL_CHARS, thinking_tail
+    from tui_chat.ui.widgets.thinking import THINKING_TAIL_CHARS, thinking_tail
 
     short = "a short thought\nstill short"
     assert thinking_tail(short) == short

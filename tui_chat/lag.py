@@ -43,6 +43,7 @@ class Stall:
     where: str  # the innermost frame of tui_chat seen in the samples ("" if none)
     samples: int
     hottest: str = ""  # the innermost frame seen most often, in any library ("rich/segment.py:divide")
+    cpu_s: float = 0.0  # the loop thread's CPU time since the tick before: far below late_s, it waited (a core, the GIL)
 
 
 class LagMonitor:
@@ -54,6 +55,7 @@ class LagMonitor:
         self.stalls: list[Stall] = []
         self.worst_s = 0.0
         self._due = 0.0
+        self._cpu = 0.0  # the loop thread's CPU time at the last tick
         self._samples: list[tuple[str, str, str]] = []
         self._gc_started: float | None = None
         self._gc_s = 0.0
@@ -64,6 +66,7 @@ class LagMonitor:
     def start(self) -> None:
         self._loop_thread = threading.get_ident()
         self._due = time.perf_counter() + self.tick_s
+        self._cpu = time.thread_time()
         self._task = asyncio.get_running_loop().create_task(self._tick())
         gc.callbacks.append(self._on_gc)
         threading.Thread(target=self._watch, name="lag-watchdog", daemon=True).start()
@@ -78,15 +81,15 @@ class LagMonitor:
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(max(0.0, self._due - time.perf_counter()))
-            now = time.perf_counter()
+            now, cpu = time.perf_counter(), time.thread_time()
             late = now - self._due
             self.worst_s = max(self.worst_s, late)
             if late >= self.stall_s:
-                self._record(now, late)
-            self._samples, self._gc_s = [], 0.0
+                self._record(now, late, cpu - self._cpu)
+            self._samples, self._gc_s, self._cpu = [], 0.0, cpu
             self._due = now + self.tick_s
 
-    def _record(self, now: float, late: float) -> None:
+    def _record(self, now: float, late: float, cpu: float) -> None:
         samples = self._samples
         causes = Counter(cause for cause, _, _ in samples)
         if self._gc_s >= late / 2:
@@ -95,7 +98,7 @@ class LagMonitor:
             cause = causes.most_common(1)[0][0] if causes else "other"
         where = next((frame for _, frame, _ in reversed(samples) if frame), "")
         hottest = Counter(inner for _, _, inner in samples).most_common(1)
-        stall = Stall(now, late, cause, where, len(samples), hottest[0][0] if hottest else "")
+        stall = Stall(now, late, cause, where, len(samples), hottest[0][0] if hottest else "", cpu)
         self.stalls.append(stall)
         if self.on_stall is not None:
             self.on_stall(stall)

@@ -8,12 +8,19 @@ choice) is drawn in italics, and the picked token's line says how much probabili
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
+from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.color import Color
+from textual.geometry import Size
+from textual.strip import Strip
+from textual.widget import Widget
 
 from ...engine.base import Token
 from ...safetext import screen_safe
@@ -39,6 +46,8 @@ SELECTED = Style(reverse=True, underline=True)
 BLACK, WHITE = Color(0, 0, 0), Color(255, 255, 255)
 CHOSEN_BY_USER = Style(bold=True, underline=True)
 FORCED_BY_FORMAT = Style(italic=True)
+BLOCK_CHARS = 1000  # a heatmap block's size: drawn in a few ms
+WARM_S = 0.004  # drawing ahead per batch while a reply streams: a block or two
 
 
 def band_of(prob: float) -> int:
@@ -77,34 +86,175 @@ def has_probabilities(tokens: Sequence[Token]) -> bool:
     return bool(tokens) and all(token.prob is not None for token in tokens)
 
 
-def heatmap_text(tokens: Sequence[Token], text: str, styles: Sequence[Style], selected: int | None,
-                 offset: int = 0) -> Text:
-    """The reply (or its part: its thinking, its answer) as its tokens, each styled by its band and tagged
-    with its index in the reply (`offset` that of the first) for mouse clicks.
+class HeatBlocks:
+    """A reply's heatmap (or its thinking's) cut into blocks of whole lines, each drawn once per width and
+    token picked in it: a long reply's heatmap is drawn ahead while it streams (`warm`), and picking a
+    token draws one or two blocks again, not the whole reply (25,000 tokens took ~170 ms in one frame).
 
     Only tokens inside the visible text are drawn: the tokens of a cut stop sequence are not.
-    Leading whitespace is dropped, as the plain rendering does.
+    Leading whitespace is dropped, as the plain rendering does. A block ends at a line break once it
+    holds `block_chars` characters; the break itself is left out, so the blocks' lines, one after the
+    other, are the lines of the whole text drawn at once.
     """
-    out = Text(no_wrap=False)
-    drawn = 0
-    started = False
-    for index, token in enumerate(tokens, start=offset):
-        if drawn + len(token.piece) > len(text):
-            break
-        drawn += len(token.piece)
-        piece = token.piece
-        if not started:
-            piece = piece.lstrip()
-            started = bool(piece)
-        style = styles[band_of(token.prob)] + Style(meta={"token": index})
-        if token.forced:
-            style += CHOSEN_BY_USER
-        if token.grammar is not None and token.grammar.forced:
-            style += FORCED_BY_FORMAT
-        if index == selected:
-            style += SELECTED
-        out.append(screen_safe(piece) or ("·" if index == selected else ""), style)
-    return out
+
+    def __init__(self, tokens: Sequence[Token], start: int = 0, stop: int | None = None,
+                 block_chars: int = BLOCK_CHARS) -> None:
+        """Of `tokens[start:stop]`, each tagged with its index in `tokens`."""
+        self.tokens, self.start, self.stop = tokens, start, stop
+        self.block_chars = block_chars
+        self._blocks: list[list[tuple[int, str]]] = [[]]  # (index, text drawn) per token; the last block is open
+        self._size = 0  # characters in the open block
+        self._next = start  # the next token to take
+        self._taken = 0  # characters of the text its tokens cover
+        self._started = False  # past the leading whitespace
+        self._styles: Sequence[Style] = ()
+        self._lines: list[tuple[tuple, list[Strip]] | None] = [None]  # per block: (key, its lines)
+
+    @classmethod
+    def kept(cls, blocks: HeatBlocks | None, tokens: Sequence[Token], start: int, text: str | None,
+             stop: int | None = None) -> HeatBlocks:
+        """`blocks` if they are those of `tokens[start:stop]` (else new ones), extended to `text`."""
+        if blocks is None or blocks.tokens is not tokens or (blocks.start, blocks.stop) != (start, stop):
+            blocks = cls(tokens, start, stop)
+        blocks.extend(text)
+        return blocks
+
+    def extend(self, text: str | None) -> None:
+        """Take the tokens that lie inside `text` (the part's text so far; None: every token)."""
+        stop = len(self.tokens) if self.stop is None else self.stop
+        while self._next < stop:
+            piece = self.tokens[self._next].piece
+            if text is not None and self._taken + len(piece) > len(text):
+                break
+            self._taken += len(piece)
+            if not self._started:
+                piece = piece.lstrip()
+                self._started = bool(piece)
+            self._add(self._next, screen_safe(piece))
+            self._next += 1
+
+    def _add(self, index: int, piece: str) -> None:
+        if self._size >= self.block_chars and piece.startswith("\n"):
+            self._close()
+            piece = piece[1:]
+            if not piece:
+                return
+        self._blocks[-1].append((index, piece))
+        self._lines[-1] = None
+        self._size += len(piece)
+        if self._size >= self.block_chars and piece.endswith("\n"):
+            if piece[:-1]:
+                self._blocks[-1][-1] = (index, piece[:-1])
+            else:
+                self._blocks[-1].pop()
+            self._close()
+
+    def _close(self) -> None:
+        self._blocks.append([])
+        self._lines.append(None)
+        self._size = 0
+
+    def text(self, block: int, styles: Sequence[Style], selected: int | None) -> Text:
+        out = Text(no_wrap=False)
+        for index, piece in self._blocks[block]:
+            token = self.tokens[index]
+            style = styles[band_of(token.prob)] + Style(meta={"token": index})
+            if token.forced:
+                style += CHOSEN_BY_USER
+            if token.grammar is not None and token.grammar.forced:
+                style += FORCED_BY_FORMAT
+            if index == selected:
+                style += SELECTED
+            out.append(piece or ("·" if index == selected else ""), style)
+        return out
+
+    def lines(self, console: Console, width: int, styles: Sequence[Style], selected: int | None) -> list[Strip]:
+        """The lines of all the blocks at `width`, without a base style."""
+        self._restyle(styles)
+        out: list[Strip] = []
+        for block, pieces in enumerate(self._blocks):
+            picked = selected if selected is not None and pieces and pieces[0][0] <= selected <= pieces[-1][0] else None
+            out += self._block_lines(console, width, styles, block, picked)
+        return out
+
+    def warm(self, console: Console, width: int, styles: Sequence[Style], every: bool = False) -> bool:
+        """Draw blocks not drawn yet (none picked) for about WARM_S, at least one: a batch's bounded share of
+        the work, which keeps ahead of the reply unless the UI is starved. The finished blocks, or `every`
+        one (the text is final). False once none is left."""
+        if width <= 0:  # not laid out yet
+            return False
+        self._restyle(styles)
+        deadline = time.perf_counter() + WARM_S
+        for block, cached in enumerate(self._lines if every else self._lines[:-1]):
+            if cached is None or cached[0] != (width, None):
+                self._block_lines(console, width, styles, block, None)
+                if time.perf_counter() > deadline:
+                    return True
+        return False
+
+    async def catch_up(self, console: Console, width: int, styles: Sequence[Style]) -> None:
+        """Draw every block (the text is final) WARM_S at a time, the event loop running in between: what a
+        UI starved while the reply streamed did not draw ahead does not stall its finish."""
+        while self.warm(console, width, styles, every=True):
+            await asyncio.sleep(0)
+
+    def _restyle(self, styles: Sequence[Style]) -> None:
+        if list(styles) != list(self._styles):
+            self._styles, self._lines = list(styles), [None] * len(self._blocks)
+
+    def _block_lines(self, console: Console, width: int, styles: Sequence[Style], block: int,
+                     picked: int | None) -> list[Strip]:
+        cached = self._lines[block]
+        if cached is None or cached[0] != (width, picked):
+            options = console.options.update(width=width, height=None, highlight=False)
+            rendered = console.render(self.text(block, styles, picked), options)
+            cached = self._lines[block] = (width, picked), [
+                Strip(line) for line in Segment.split_and_crop_lines(rendered, width, include_new_lines=False, pad=False)]
+        return cached[1]
+
+
+class HeatLines:
+    """Blocks' lines as a Rich renderable, inside another view (the thinking's)."""
+
+    def __init__(self, heat: HeatBlocks, styles: Sequence[Style], selected: int | None) -> None:
+        self.heat, self.styles, self.selected = heat, styles, selected
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for line in self.heat.lines(console, options.max_width, self.styles, self.selected):
+            yield from line
+            yield Segment.line()
+
+
+class HeatmapView(Widget):
+    """A finished reply's heatmap and the lines under it (the picked token's grammar, the footer): the blocks'
+    lines, drawn once (HeatBlocks), on the reply's background as it changes (focus)."""
+
+    DEFAULT_CSS = "HeatmapView { height: auto; }"
+
+    def __init__(self, heat: HeatBlocks, styles: Sequence[Style], selected: int | None, after: RenderableType,
+                 **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._heat, self._bands, self._selected, self._after = heat, styles, selected, after
+        self._lines: list[Strip] = []
+        self._width = 0
+
+    def _rendered(self, width: int) -> list[Strip]:
+        if width != self._width:
+            console = self.app.console
+            after = console.render(self._after, console.options.update(width=width, height=None, highlight=False))
+            self._lines = self._heat.lines(console, width, self._bands, self._selected) + [
+                Strip(line) for line in Segment.split_and_crop_lines(after, width, include_new_lines=False, pad=False)]
+            self._width = width
+        return self._lines
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return len(self._rendered(width))
+
+    def render_line(self, y: int) -> Strip:
+        lines = self._rendered(self.size.width)
+        if y >= len(lines):
+            return Strip.blank(self.size.width, self.rich_style)
+        return lines[y].apply_style(self.visual_style.rich_style)
 
 
 def grammar_line(tokens: Sequence[Token], index: int) -> Text | None:

@@ -39,11 +39,10 @@ from ...safetext import screen_safe
 from ...session import Branch, Reply, Turn, Writing
 from ..clipboard import copy
 from .live_tail import LiveTail, freeze_point
-from .heatmap import band_styles, grammar_line, has_probabilities, heatmap_text
-from .thinking import ThinkingBlock, thinking_view
+from .heatmap import HeatBlocks, HeatLines, HeatmapView, band_styles, grammar_line, has_probabilities
+from .thinking import ThinkingBlock, thinking_tail, thinking_view
 
 FREEZE_AFTER_CHARS = 3000
-THINKING_TAIL_CHARS = 3000  # of a thinking unfolded while it streams: drawn again at every batch
 
 
 def rendered_markdown(text: str) -> RichMarkdown:
@@ -65,16 +64,6 @@ def live_tail() -> LiveTail:
     """Where a reply streams in."""
     return LiveTail(rendered_markdown, lambda text: _WritingMarkdown(screen_safe(text), code_theme="monokai",
                                                                      hyperlinks=False), classes="tail")
-
-
-def thinking_tail(reasoning: str) -> str:
-    """The end of a thinking still being written, from a line's start: what is drawn at each batch stays
-    short however long the thought (the whole of it is drawn once the reply ends)."""
-    if len(reasoning) <= THINKING_TAIL_CHARS:
-        return reasoning
-    cut = reasoning.find("\n", len(reasoning) - THINKING_TAIL_CHARS)
-    start = cut + 1 if 0 <= cut < len(reasoning) - 1 else len(reasoning) - THINKING_TAIL_CHARS
-    return f"… {start:,} characters above, shown when the reply ends\n{reasoning[start:]}"
 
 
 class ChatMessage(Widget):
@@ -179,6 +168,8 @@ class ReplyMessage(ChatMessage, Vertical):
         self._tail = ""
         self._frozen_chars = 0
         self._live: LiveTail | None = None  # the tail being written into, while the reply is written
+        self._heat: HeatBlocks | None = None  # the answer's heatmap: drawn ahead while it streams, kept after
+        self._thought_heat: HeatBlocks | None = None
 
     @property
     def text(self) -> str:
@@ -213,14 +204,13 @@ class ReplyMessage(ChatMessage, Vertical):
         if not self.finished and tail:  # none: the app closed before the reply's parts were mounted
             self._live = tail.first()
 
-    def _finished_body(self, text: str | None = None) -> Static:
+    def _finished_body(self, text: str | None = None) -> Widget:
         """The last chunk of a finished reply with its footer, or the whole reply as a heatmap."""
         footer = Text((self.reply.footer or "") + self._branch_label(), style="dim")
         if self._heat_shown():
-            start = self.reply.answer_from
-            body = heatmap_text(self.reply.tokens[start:], self.text, self._heat_styles(), self._picked(), start)
             mask = grammar_line(self.reply.tokens, self.selected) if self.has_focus else None
-            return Static(Group(body, *filter(None, [mask]), footer), classes="chunk last heatmap")
+            return HeatmapView(self._heat_blocks(), self._heat_styles(), self._picked(),
+                               Group(*filter(None, [mask]), footer), classes="chunk last heatmap")
         if text is None:
             text = self.text
         if not self.text.strip():  # said, so an empty reply is not mistaken for a missing one
@@ -229,6 +219,10 @@ class ReplyMessage(ChatMessage, Vertical):
 
     def _heat_shown(self) -> bool:
         return self.heatmap and self.finished and has_probabilities(self.reply.tokens)
+
+    def _heat_blocks(self) -> HeatBlocks:
+        self._heat = HeatBlocks.kept(self._heat, self.reply.tokens, self.reply.answer_from, self.text)
+        return self._heat
 
     def _heat_styles(self) -> list:
         return band_styles(self.app.get_css_variables())
@@ -239,8 +233,9 @@ class ReplyMessage(ChatMessage, Vertical):
     def _thinking_view(self):
         heat = None
         if self.unfolded and self._heat_shown():
-            thinking = self.reply.tokens[: self.reply.answer_from]
-            heat = heatmap_text(thinking, "".join(t.piece for t in thinking), self._heat_styles(), self._picked())
+            self._thought_heat = HeatBlocks.kept(self._thought_heat, self.reply.tokens, 0, None,
+                                                 self.reply.answer_from)
+            heat = HeatLines(self._thought_heat, self._heat_styles(), self._picked())
         reasoning = self.reply.reasoning if self.finished else thinking_tail(self.reply.reasoning)
         return thinking_view(self.reply.thought or "thought", reasoning, self.unfolded, heat)
 
@@ -252,7 +247,8 @@ class ReplyMessage(ChatMessage, Vertical):
         blocks = self.query(ThinkingBlock)
         if blocks:
             # folded, it stays one line: no layout of the screen for its figures
-            blocks.first().update(self._thinking_view(), layout=self.unfolded or toggled)
+            blocks.first().update(self._thinking_view(), layout=self.unfolded or toggled,
+                                  ahead=self.reply.reasoning if self.unfolded and not self.finished else "")
         elif self.is_attached:
             await self.mount(ThinkingBlock(self._thinking_view()), before=self.children[0] if self.children else None)
 
@@ -284,6 +280,8 @@ class ReplyMessage(ChatMessage, Vertical):
             if cut is not None:
                 await self._freeze(self._live, cut)
         self._live.set_text(self._tail.lstrip("\n"))
+        if self.heatmap and self.reply.tokens[-1:] and self.reply.tokens[-1].prob is not None:
+            self._heat_blocks().warm(self.app.console, self._live.size.width, self._heat_styles())
 
     async def _freeze(self, tail: LiveTail, cut: int) -> None:
         frozen, self._tail = self._tail[:cut], self._tail[cut + 2 :]
@@ -308,7 +306,8 @@ class ReplyMessage(ChatMessage, Vertical):
         self.stop()
         self._show_active()
         self.selected = min(max(self.selected, self.reply.answer_from), max(len(self.reply.tokens) - 1, 0))
-        if self._heat_shown():
+        if self._heat_shown():  # the heatmap's blocks still to draw first, a few at a time: the loop runs between
+            await self._heat_blocks().catch_up(self.app.console, self.content_size.width, self._heat_styles())
             await self.redraw()
             return
         await self.think()
