@@ -254,7 +254,8 @@ def _remote(name: str, table: dict[str, Any]) -> RemoteProfile:
     timeout = table.get("timeout_s", DEFAULT_REMOTE_TIMEOUT_S)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
         raise InvalidParameter(f"{where}: timeout_s must be a number of seconds between 0 and 3600")
-    return RemoteProfile(name, base_url, table.get("model"), table.get("api_key_env"), table.get("api_key"), float(timeout))
+    return RemoteProfile(name, base_url, table.get("model"), table.get("api_key_env"), table.get("api_key"),
+                         float(timeout))
 
 
 def save_setting(key: str, value: str, path: Path | None = None) -> None:

@@ -29,7 +29,8 @@ CAUSES = (
     ("syntax highlight", ("pygments",)),
     ("styles", ("textual/css/", "textual/_styles_cache.py")),
     ("layout", ("textual/_arrange.py", "textual/layouts/", "textual/_layout.py", "textual/_resolve.py")),
-    ("render", ("rich/", "textual/_compositor.py", "textual/strip.py", "textual/content.py", "textual/_segment_tools.py")),
+    ("render", ("rich/", "textual/_compositor.py", "textual/strip.py", "textual/content.py",
+                "textual/_segment_tools.py")),
     ("mount", ("textual/_compose.py", "textual/dom.py")),
 )
 _PACKAGE = os.sep + "tui_chat" + os.sep

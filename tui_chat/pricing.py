@@ -197,6 +197,7 @@ class Estimate:
             f"{format_usd(p.output)} output (prices read {p.read_on})\n"
             f"tokens per call  {self.input_tokens:,} in · {self.output_tokens:,} out\n"
             f"per call         {format_usd(self.per_call)}\n"
-            f"per day          {format_usd(self.per_day)}  ({self.calls_per_day:,} call{'' if self.calls_per_day == 1 else 's'})\n"
+            f"per day          {format_usd(self.per_day)}  "
+            f"({self.calls_per_day:,} call{'' if self.calls_per_day == 1 else 's'})\n"
             f"per month        {format_usd(self.per_month)}  ({DAYS_PER_MONTH} days)\n"
         )

@@ -108,7 +108,8 @@ def model_file(name: str | None, default_model: str | None, models_dir: Path) ->
     return resolve_model(name, default_model, models_dir, _downloaded_or_imported)
 
 
-def count_text_tokens(model: str | None, text: str, *, default_model: str | None, models_dir: Path, log_dir: Path) -> int:
+def count_text_tokens(model: str | None, text: str, *, default_model: str | None, models_dir: Path,
+                      log_dir: Path) -> int:
     """Tokens `text` takes in `model`'s own tokenizer, reading only its vocabulary (no weights)."""
     from .local import logs
     from .local.llamacpp import count_tokens

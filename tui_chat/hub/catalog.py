@@ -80,7 +80,8 @@ class RepoListing:
         if len(preferred) == 1:
             return preferred[0]
         raise HubInputError(f"{self.repo} has {len(self.models)} GGUF models: name one, e.g. "
-                            f"tui-chat models pull {self.repo}:{self.models[0].name} (see tui-chat models files {self.repo})")
+                            f"tui-chat models pull {self.repo}:{self.models[0].name} "
+                            f"(see tui-chat models files {self.repo})")
 
 
 def search(query: str, sort: str = "downloads", limit: int = SEARCH_LIMIT) -> list[RepoSummary]:

@@ -15,8 +15,8 @@ from ..base import (
     Done,
     EngineError,
     Error,
-    LoadProgress,
     Loaded,
+    LoadProgress,
     Message,
     Metrics,
     ModelInfo,
@@ -222,9 +222,8 @@ class LlamaBackend:
                 session.close()
                 raise
         except (EngineError, PromptError) as error:
-            if stream.cancelled.is_set():
-                error = EngineError(f"loading {settings.path.name} was cancelled")
-            stream.put(Error(str(error)))
+            cancelled = stream.cancelled.is_set()
+            stream.put(Error(f"loading {settings.path.name} was cancelled" if cancelled else str(error)))
             return
         description = session.description()
         self.info = ModelInfo(

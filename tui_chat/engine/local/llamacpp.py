@@ -220,7 +220,8 @@ class LlamaSession:
         `special_text` (`Token.special`)."""
         cached = self._pieces.get(token)
         if cached is None:
-            size = llama_cpp.llama_token_to_piece(self.vocab, token, self._piece_buffer, len(self._piece_buffer), 0, False)
+            buffer = self._piece_buffer
+            size = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, len(buffer), 0, False)
             cached = self._piece_buffer.raw[: max(size, 0)]
             if cached and _MEDIA_PLACEHOLDER.fullmatch(cached) and self._user_defined(token):
                 cached = b""
@@ -467,7 +468,7 @@ class LlamaSession:
         marks = [None] * top_n if ok is None else np.isin(best[:top_n], judged[ok]).tolist()
         candidates = tuple(
             Candidate(int(t), self.piece(int(t)).decode("utf-8", errors="replace"), float(p), mark)
-            for t, p, mark in zip(best[:top_n], ranked[:top_n], marks)
+            for t, p, mark in zip(best[:top_n], ranked[:top_n], marks, strict=False)
         )
         mask = None if ok is None else self._mask(judged, probs[judged] * scale, ok)
         return Inspection(float(probs[token]) * scale, candidates, pool_cut(ranked, self.n_vocab, params), mask)

@@ -71,7 +71,7 @@ def word_probability(session: LlamaSession, context: Sequence[int], text: str) -
         raise EngineError("type a word or phrase to ask about")
     rows = session.scratch_logits(context, tokens[:-1])
     parts = []
-    for row, token in zip(rows, tokens):
+    for row, token in zip(rows, tokens, strict=True):
         prob, _ = raw_probability(row, token)
         parts.append(Candidate(token, session.piece(token).decode("utf-8", errors="replace"), prob))
     _, rank = raw_probability(rows[0], tokens[0])
@@ -93,7 +93,8 @@ def verdict(piece: str, prob: float, rank: int, stages: Sequence[Stage], default
         if rank == 1:
             return f"{head}: temperature 0 takes the likeliest token"
         mover = next(s for s in stages if s.rank == 1)
-        return f"{head} because {mover.label} pushed the likelier tokens below it, and temperature 0 takes the likeliest"
+        return (f"{head} because {mover.label} pushed the likelier tokens below it, "
+                "and temperature 0 takes the likeliest")
     if rank == 1:
         return f"{head}: the likeliest token" + (f", a {stages[-1].prob:.0%} chance among the {stages[-1].kept} left"
                                                   if stages else "")

@@ -24,8 +24,17 @@ from ..params import SamplingParams
 from ..server_params import format_fields, server_fields, server_notes, thinking_fields
 from ..templates import PLAIN
 from .connection import Connection, CuttableStream
-from .servers import GENERIC, LLAMA_CPP_PYTHON, LLAMA_SERVER, PLAIN_FORMAT, VLLM, Served, is_plain, quantization
-from .servers import shown_name
+from .servers import (
+    GENERIC,
+    LLAMA_CPP_PYTHON,
+    LLAMA_SERVER,
+    PLAIN_FORMAT,
+    VLLM,
+    Served,
+    is_plain,
+    quantization,
+    shown_name,
+)
 from .sse import SseDecoder
 from .streamed import StreamedReply, stop_reason
 from .wire import RemoteError, count, error_text, excerpt
@@ -59,7 +68,8 @@ def check_base_url(base_url: str) -> str:
     except (httpx.InvalidURL, TypeError):
         raise RemoteError(f"base URL {base_url!r} is not a URL") from None
     if url.scheme not in ("http", "https") or not url.host:
-        raise RemoteError(f"base URL must start with http:// or https:// and name a host (got {display_url(base_url)!r})")
+        raise RemoteError("base URL must start with http:// or https:// and name a host "
+                          f"(got {display_url(base_url)!r})")
     return base_url.rstrip("/")
 
 
@@ -100,7 +110,8 @@ class OpenAIBackend:
     def generate(self, request: Request) -> Stream:
         connection = Connection()
         stream = CuttableStream(connection)
-        threading.Thread(target=self._reply, args=(request, stream, connection), name="remote-reply", daemon=True).start()
+        args = (request, stream, connection)
+        threading.Thread(target=self._reply, args=args, name="remote-reply", daemon=True).start()
         return stream
 
     def count_tokens(self, text: str) -> int:
@@ -364,7 +375,8 @@ class OpenAIBackend:
 
     def _network_message(self, error: httpx.HTTPError) -> str:
         if isinstance(error, httpx.ConnectError):
-            return f"cannot connect to {self.host}: {excerpt(str(error)) or 'connection refused'}; is the server running?"
+            reason = excerpt(str(error)) or "connection refused"
+            return f"cannot connect to {self.host}: {reason}; is the server running?"
         if isinstance(error, httpx.TimeoutException):
             return f"the server at {self.host} did not answer in time ({type(error).__name__})"
         if isinstance(error, httpx.RemoteProtocolError):
