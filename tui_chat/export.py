@@ -113,7 +113,7 @@ def from_json(data: Any) -> Conversation:
     )
 
 
-def _field(data: dict, name: str, kind: type, where: str = "the export", optional: bool = False) -> Any:
+def _field(data: dict[str, Any], name: str, kind: type, where: str = "the export", optional: bool = False) -> Any:
     value = data.get(name)
     if value is None and optional:
         return None
@@ -122,7 +122,7 @@ def _field(data: dict, name: str, kind: type, where: str = "the export", optiona
     return value
 
 
-def _time(data: dict, where: str, name: str = "created_at") -> float:
+def _time(data: dict[str, Any], where: str, name: str = "created_at") -> float:
     try:
         moment = datetime.fromisoformat(_field(data, name, str, where))
     except ValueError:

@@ -100,11 +100,12 @@ def verdict(piece: str, prob: float, rank: int, stages: Sequence[Stage], default
                                                   if stages else "")
     if default_cut is not None:
         return f"{head} because {_order_reason(stages, default_cut)}"
-    mover, was = _biggest_rise(stages, rank)
-    if mover is not None:
+    rise = _biggest_rise(stages, rank)
+    if rise is not None:
+        mover, was, now = rise
         if mover.name not in _REORDERING:
-            return f"{head} because {mover.label} removed the {was - mover.rank} likelier tokens"
-        return f"{head} because {mover.label} {_REORDERING[mover.name]} the likelier tokens (rank {was} → {mover.rank})"
+            return f"{head} because {mover.label} removed the {was - now} likelier tokens"
+        return f"{head} because {mover.label} {_REORDERING[mover.name]} the likelier tokens (rank {was} → {now})"
     if not stages:
         return f"{head}: a {prob:.1%} chance, nothing cut the pool"
     cutter = _last_cut(stages)
@@ -135,14 +136,18 @@ def _order_reason(stages: Sequence[Stage], cut: Stage) -> str:
     return f"{pick.label} ran before {cut.label} (in llama.cpp's order {cut.label} removes it)"
 
 
-def _biggest_rise(stages: Sequence[Stage], rank: int) -> tuple[Stage | None, int]:
-    """The stage that moved the token up the most (penalties lowering others; XTC or typical-p removing them)."""
-    best, best_was, was = None, rank, rank
+def _biggest_rise(stages: Sequence[Stage], rank: int) -> tuple[Stage, int, int] | None:
+    """The stage that moved the token up the most (penalties lowering others; XTC or typical-p removing them),
+    with the token's rank before and after it; None when none did."""
+    best: tuple[Stage, int, int] | None = None
+    was = rank
     for stage in stages:
-        if stage.rank < was and (best is None or was - stage.rank > best_was - best.rank):
-            best, best_was = stage, was
+        if stage.rank is None:
+            continue  # it removed the token: `verdict` says so before asking what moved it up
+        if stage.rank < was and (best is None or was - stage.rank > best[1] - best[2]):
+            best = (stage, was, stage.rank)
         was = stage.rank
-    return best, best_was
+    return best
 
 
 def _last_cut(stages: Sequence[Stage]) -> Stage | None:

@@ -193,7 +193,8 @@ class OpenAIBackend:
         props = self._probe(f"{self.root_url}/props")
         if isinstance(props, dict) and "default_generation_settings" in props:
             n_ctx = count(props, "default_generation_settings", "n_ctx") or count(props, "n_ctx") or 0
-            meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
+            meta = entry.get("meta")
+            meta = meta if isinstance(meta, dict) else {}
             quantized = quantization(meta.get("ftype") or props.get("model_ftype"))
             return Served(LLAMA_SERVER, n_ctx, quantized, is_plain(props.get("chat_template")))
         schema = self._probe(f"{self.root_url}/openapi.json")
@@ -212,8 +213,10 @@ class OpenAIBackend:
         return self._send(self._client.build_request("GET", url))
 
     def _server_count(self, text: str) -> int:
-        url = f"{self.root_url}/{self.kind.tokenize_path}"
-        body = self.kind.tokenize_body(text, self.settings.model)
+        path, make_body = self.kind.tokenize_path, self.kind.tokenize_body
+        assert path is not None and make_body is not None, "asked only of a server that counts tokens"
+        url = f"{self.root_url}/{path}"
+        body = make_body(text, self.settings.model)
         answer = self._send(self._client.build_request("POST", url, json=body, timeout=TOKENIZE_TIMEOUT_S))
         tokens = count(answer, "count")
         if tokens is None and isinstance(answer, dict) and isinstance(answer.get("tokens"), list):
@@ -305,7 +308,7 @@ class OpenAIBackend:
         body |= thinking_fields(self.kind.name, request.thinking)
         if request.forced:
             messages.append({"role": "assistant", "content": self._given_start(request)})
-            body |= self.kind.continues
+            body |= self.kind.continues or {}  # `_given_start` refused a server that cannot continue
         if request.top_logprobs:
             body["logprobs"] = True
             body["top_logprobs"] = request.top_logprobs
