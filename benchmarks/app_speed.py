@@ -93,7 +93,8 @@ def isolated_env(root: Path) -> dict[str, str]:
     env = os.environ | {f"XDG_{name}_HOME": str(root / name.lower()) for name in ("CONFIG", "DATA", "STATE", "CACHE")}
     config = root / "config" / "tui-chat" / "config.toml"
     config.parent.mkdir(parents=True)
-    config.write_text(f"kv_cache_budget_gb = 0\ninspector_top = {INSPECTOR_TOP}\n\n[sampling]\ntemperature = 0.0\nmax_tokens = {MAX_TOKENS}\n")
+    config.write_text(f"kv_cache_budget_gb = 0\ninspector_top = {INSPECTOR_TOP}\n\n"
+                      f"[sampling]\ntemperature = 0.0\nmax_tokens = {MAX_TOKENS}\n")
     return env
 
 
@@ -104,8 +105,8 @@ def tui_chat(*args: str) -> list[str]:
 def run_turn(env: dict[str, str], model_args: list[str], prompt: str) -> dict:
     """`tui-chat run --json` on one prompt: its turn's metrics."""
     done = subprocess.run(tui_chat("run", *model_args, "-p", prompt, "--json", "--temperature", "0",
-                                   "--max-tokens", str(MAX_TOKENS), "--top-logprobs", str(INSPECTOR_TOP)), env=env, capture_output=True, text=True,
-                          start_new_session=True)
+                                   "--max-tokens", str(MAX_TOKENS), "--top-logprobs", str(INSPECTOR_TOP)),
+                          env=env, capture_output=True, text=True, start_new_session=True)
     if done.returncode:
         sys.exit(f"tui-chat run failed: {done.stderr.strip()}")
     return json.loads(done.stdout)["turns"][0]
@@ -280,7 +281,9 @@ def main() -> None:
         print(f"{index + 1:>5} " + "".join(f"{fmt(c):>14}" for c in cells) + f"{used:>14}"
               f"{fmt(app['short']['ui_core'], '.2f'):>14}{fmt(app['short']['ui_ms_per_token']):>14}", file=log)
 
-    pick = lambda side, turn, key: median([r[side][turn][key] for r in rounds])
+    def pick(side: str, turn: str, key: str) -> float:
+        return median([r[side][turn][key] for r in rounds])
+
     med = {
         "app_decode_tok_s": pick("app", "short", "decode_tok_s"),
         "run_decode_tok_s": pick("run", "short", "decode_tok_s"),

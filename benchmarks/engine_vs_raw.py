@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
-
 from shared import alternate, bench_model, fmt, greedy_settings, median, ms, ratio
 
 from tui_chat.engine.base import Done, Error, Message, Request, Token
@@ -193,7 +192,7 @@ def report_decode(
         print(f"{i + 1:>5}  {cells}  {fmt(r, '.3f'):>8}  {fmt(decode['ours'][i].engine_decode_tok_s):>21}")
     med = {name: median([r.decode_tok_s for r in runs]) for name, runs in decode.items()}
     # Rounds are paired in time, so the median of per-round ratios shrugs off a round that load hit.
-    paired = median([ratio(o.decode_tok_s, w.decode_tok_s) for o, w in zip(decode["ours"], decode["raw"])])
+    paired = median([ratio(o.decode_tok_s, w.decode_tok_s) for o, w in zip(decode["ours"], decode["raw"], strict=True)])
     cells = "  ".join(f"{fmt(med[n]):>16}{'':>8}" for n in names)
     engine_med = median([r.engine_decode_tok_s for r in decode["ours"]])
     print(f"{'median':>5}  {cells}  {fmt(paired, '.3f'):>8}  {fmt(engine_med):>21}")
@@ -210,13 +209,13 @@ def report_chat(chats: list[tuple[list[Run], list[Run]]]) -> tuple[list[float | 
     turns = len(QUESTIONS)
     ttft_ours = [median([chat[0][t].ttft_s for chat in chats]) for t in range(turns)]
     ttft_raw = [median([chat[1][t].ttft_s for chat in chats]) for t in range(turns)]
-    same = sum(o.text == w.text for ours, raw in chats for o, w in zip(ours, raw))
+    same = sum(o.text == w.text for ours, raw in chats for o, w in zip(ours, raw, strict=True))
     print(f"\n== TTFT over one growing chat: {turns} user turns, whole transcript re-sent each turn, "
           f"max_tokens {REPLY_TOKENS}, median of {len(chats)} chats")
     print(f"replies identical on both sides: {same}/{turns * len(chats)}; token counts below are from the first chat")
     print(f"{'turn':>4}  {'prompt ours/raw':>15}  {'cached ours/raw':>15}  {'reply ours/raw':>14}  "
           f"{'TTFT ours ms':>12}  {'TTFT raw ms':>11}  {'ours/raw':>8}")
-    for t, (o, w) in enumerate(zip(*chats[0])):
+    for t, (o, w) in enumerate(zip(*chats[0], strict=True)):
         prompt, cached = f"{len(o.prompt_ids)}/{len(w.prompt_ids)}", f"{o.cached_tokens}/{w.cached_tokens}"
         print(f"{t + 1:>4}  {prompt:>15}  {cached:>15}  "
               f"{f'{o.completion_tokens}/{w.completion_tokens}':>14}  {ms(ttft_ours[t]):>12}  {ms(ttft_raw[t]):>11}  "
@@ -305,7 +304,8 @@ def bench_cpu_paths(path: Path, prompt: str, args: argparse.Namespace) -> None:
     runs = alternate(sides, args.rounds)
     med = {name: median([r.decode_tok_s for r in side]) for name, side in runs.items()}
     print(f"\n== Extra buffer types (CPU_REPACK, AMX where built): decode tok/s, median of {args.rounds}")
-    print(f"on (all): {fmt(med['all'])}   off (none): {fmt(med['none'])}   off/on: {fmt(ratio(med['none'], med['all']), '.3f')}")
+    print(f"on (all): {fmt(med['all'])}   off (none): {fmt(med['none'])}   "
+          f"off/on: {fmt(ratio(med['none'], med['all']), '.3f')}")
     for backend in backends.values():
         backend.close()
 

@@ -33,7 +33,6 @@ import time
 from pathlib import Path
 
 import llama_cpp
-
 from shared import alternate, bench_model, greedy_settings
 
 from tui_chat.engine.base import Message, PromptProgress, Request, Token
@@ -91,7 +90,7 @@ def report(title: str, runs: dict[str, list[tuple[float, int]]], pairs: list[tup
         print(f"{name:>24}  median {statistics.median(rates):6.1f} tok/s  "
               f"({', '.join(f'{r:.1f}' for r in rates)}; tokens {', '.join(str(n) for _, n in values)})")
     for top, bottom in pairs:
-        ratios = [a[0] / b[0] for a, b in zip(runs[top], runs[bottom]) if b[0]]
+        ratios = [a[0] / b[0] for a, b in zip(runs[top], runs[bottom], strict=True) if b[0]]
         print(f"{top} / {bottom}: median of per-round ratios {statistics.median(ratios):.3f} "
               f"(min {min(ratios):.3f}, max {max(ratios):.3f})   target >= {target}")
 

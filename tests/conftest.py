@@ -19,11 +19,11 @@ for _name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORM
 
 from fake_hub import FakeHub  # noqa: E402
 from tiny_model import write_tiny_model  # noqa: E402
-from tui_chat.engine.base import Done, Error, Loaded, Message, Request, Token
-from tui_chat.engine.local import logs
-from tui_chat.engine.local.llama import LlamaBackend, LlamaSettings
-from tui_chat.engine.models import starter_path
-from tui_chat.engine.params import LiveParams, SamplingParams
+from tui_chat.engine.base import Done, Error, Loaded, Message, Request, Token  # noqa: E402
+from tui_chat.engine.local import logs  # noqa: E402
+from tui_chat.engine.local.llama import LlamaBackend, LlamaSettings  # noqa: E402
+from tui_chat.engine.models import starter_path  # noqa: E402
+from tui_chat.engine.params import LiveParams, SamplingParams  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, repeat_penalty=1.0, max_tokens=32)
 
@@ -56,6 +56,29 @@ def isolated_dirs(
 @pytest.fixture(scope="session", autouse=True)
 def llama_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return logs.install(tmp_path_factory.mktemp("logs"))
+
+
+def kv_lines(log: Path) -> list[str]:
+    return [line for line in log.read_text().splitlines() if line.startswith("tui-chat: kv cache:")]
+
+
+class KvLog:
+    """The KV cache's lines in a log of the test's own (an earlier test may have sent the log elsewhere)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seen = 0
+
+    def new_lines(self) -> list[str]:
+        lines = kv_lines(self.path)
+        self.seen, fresh = len(lines), lines[self.seen :]
+        return fresh
+
+
+@pytest.fixture
+def kv_log(tmp_path: Path, llama_logs: Path):
+    yield KvLog(logs.install(tmp_path / "test-logs"))
+    logs.install(llama_logs.parent)
 
 
 @pytest.fixture(scope="session")

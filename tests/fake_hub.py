@@ -13,8 +13,8 @@ import hashlib
 import json
 import re
 import threading
-from email.message import Message
 from dataclasses import dataclass, field
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 

@@ -5,8 +5,9 @@ names its model, picks the behaviour of its file's stem). The well-behaved model
 wire format of llama.cpp's llama-server (`family`, the default): `/props`, `/tokenize`, token ids with
 the logprobs, `prompt_progress` and `timings` with every chunk when asked (`return_progress`,
 `timings_per_token`), a final chunk with `usage` (cached tokens included), and a last assistant message
-continued rather than answered (its text sent back first, without probabilities). `family="vllm"` answers as vLLM does (`owned_by`, usage with every chunk
-when asked), `family="openai"` as a plain OpenAI-compatible server. Its tokens are words, and its prompt
+continued rather than answered (its text sent back first, without probabilities). `family="vllm"` answers
+as vLLM does (`owned_by`, usage with every chunk when asked), `family="openai"` as a plain OpenAI-compatible
+server. Its tokens are words, and its prompt
 cache is the common word prefix with the previous request, so its reports can be checked by hand.
 
 Every wait is bounded, so a test that forgets to stop it cannot hang the suite.
@@ -116,7 +117,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [self._model(name) for name in self.server.served]})
         elif self.path == "/props" and self.server.llama_server:
-            self._json(200, {"default_generation_settings": {"n_ctx": 4096}, "chat_template": self.server.chat_template})
+            props = {"default_generation_settings": {"n_ctx": 4096}, "chat_template": self.server.chat_template}
+            self._json(200, props)
         else:
             self._json(404, {"error": {"message": f"no route {self.path}"}})
 
@@ -190,7 +192,8 @@ class _Handler(BaseHTTPRequestHandler):
         """The prompt's words and how many of them the cache held; says so first where asked (llama-server)."""
         prompt = prompt_words(body["messages"])
         previous = self.server.previous_prompt
-        cached = next((i for i, (a, b) in enumerate(zip(prompt, previous)) if a != b), min(len(prompt), len(previous)))
+        pairs = enumerate(zip(prompt, previous, strict=False))
+        cached = next((i for i, (a, b) in pairs if a != b), min(len(prompt), len(previous)))
         self.server.previous_prompt = list(prompt)
         if self.server.llama_server and body.get("return_progress"):
             for processed, elapsed in ((cached, 0), (len(prompt), 12)):
@@ -248,9 +251,10 @@ class _Handler(BaseHTTPRequestHandler):
         budget = body.get("thinking_budget_tokens", body.get("thinking_token_budget", len(THOUGHT)))
         thinks = body.get("chat_template_kwargs", {}).get("enable_thinking", True)
         thought = THOUGHT[: max(budget, 0)] if thinks else ()
-        for index, piece in enumerate(thought):
+        for piece in thought:
             delta = {"reasoning" if self.server.family == "vllm" else "reasoning_content": piece}
-            chunk = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+            choice = {"index": 0, "delta": delta, "finish_reason": None}
+            chunk = {"object": "chat.completion.chunk", "choices": [choice]}
             if body.get("logprobs"):
                 chunk["choices"][0]["logprobs"] = {"content": [{"token": piece, "logprob": -0.2, "top_logprobs": [
                     {"token": piece, "logprob": -0.2}]}]}

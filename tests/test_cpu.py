@@ -7,11 +7,10 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import llama_cpp
-import time
-
 import pytest
 
 from conftest import GREEDY, open_backend, run_cli
@@ -273,7 +272,8 @@ def test_a_reply_gives_threads_back_when_another_process_starts_mid_reply(tiny_m
     backend = open_backend(tiny_model, n_ctx=4096)
     try:
         backend.threads = ThreadGovernor(topology=Topology(2, 2, 2), watch=Watch())
-        done = backend.generate(Request([Message("user", "Hello")], LiveParams(GREEDY.with_changes(max_tokens=200)))).result()
+        request = Request([Message("user", "Hello")], LiveParams(GREEDY.with_changes(max_tokens=200)))
+        done = backend.generate(request).result()
         assert done.metrics.threads == 1
         assert llama_cpp.llama_n_threads(backend._session.ctx) == 1
     finally:

@@ -91,7 +91,8 @@ def test_cancel_stops_within_one_token_and_keeps_the_partial_reply(tiny):
 
 def test_sampling_change_applies_to_the_next_token(tiny):
     """Switch from random sampling to greedy mid-reply: from the next token on, each pick is the argmax."""
-    live = LiveParams(SamplingParams(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0, seed=3, max_tokens=1000))
+    live = LiveParams(SamplingParams(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0, seed=3,
+                                     max_tokens=1000))
     stream = tiny.generate(Request([Message("user", PROMPT)], live, top_logprobs=3))
     tokens: list[Token] = []
     changed_at = None

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import open_backend, ask, run_cli
+from conftest import ask, open_backend, run_cli
 from test_ui import loaded, make_app, reply_done, said, send, wait_for
 from tui_chat.config import history_path, log_dir
 from tui_chat.engine.params import SamplingParams
@@ -89,7 +89,8 @@ CHAT_ON_A_FILLING_DISK = textwrap.dedent("""
 
 
     def fill_the_disk():
-        \"\"\"From now on no file of this process may grow: writes past a file's end fail (EFBIG) as on a full disk.\"\"\"
+        \"\"\"From now on no file of this process may grow: writes past a file's end fail (EFBIG) as on a
+        full disk.\"\"\"
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         size = Path(f"{history_path()}-wal").stat().st_size
         resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
@@ -111,7 +112,8 @@ CHAT_ON_A_FILLING_DISK = textwrap.dedent("""
                     fill_the_disk()
                 await send(pilot, f"Question {turn}: tell me about the world")
                 reply = await reply_done(pilot)
-                print(json.dumps(["turn", turn, "saving" if screen.session.saved else "not saving", reply.text]), flush=True)
+                saving = "saving" if screen.session.saved else "not saving"
+                print(json.dumps(["turn", turn, saving, reply.text]), flush=True)
 
     asyncio.run(chat(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
 """)
@@ -292,7 +294,8 @@ async def reply_at_100x30(model, shrink_mid_reply: bool) -> tuple[str, str, dict
         reply = await reply_done(pilot, timeout=180)
         await pilot.pause()
         assert said(screen)[-1].content == reply.text and screen.query_one(PromptInput).has_focus
-        return reply.text, reply.reply.footer, {part: screen.query_one(part).region for part in ("#log", "#prompt", "#side")}
+        regions = {part: screen.query_one(part).region for part in ("#log", "#prompt", "#side")}
+        return reply.text, reply.reply.footer, regions
 
 
 @pytest.mark.starter

@@ -4,6 +4,7 @@ real llama_cpp.server on loopback."""
 
 import json
 import math
+from itertools import pairwise
 
 import httpx
 import jsonschema
@@ -222,7 +223,7 @@ def test_xtc_under_a_format_draws_the_chains_pick_and_the_reply_still_parses(gem
     draw reads the pick there, and refills its array from the start (it used to abort the process)."""
     params = SamplingParams(seed=3, temperature=1.0, xtc_probability=1.0, xtc_threshold=0.1, max_tokens=200)
     tokens, done = write(gemma, PROMPTS[0], choose("json"), params, xray=True)
-    assert any(s.name == "xtc" and s.kept < prev.kept for t in tokens for prev, s in zip(t.stages, t.stages[1:]))
+    assert any(s.name == "xtc" and s.kept < prev.kept for t in tokens for prev, s in pairwise(t.stages))
     if not done.incomplete:
         json.loads(done.text)
 

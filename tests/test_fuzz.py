@@ -9,16 +9,15 @@ import os
 import struct
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tui_chat.cli import main
 from tui_chat.config import Config, ConfigError, load_config
 from tui_chat.engine.base import EngineError
 from tui_chat.engine.models import check_gguf
-from tui_chat.engine.params import SPECS, InvalidParameter, SamplingParams
-from tui_chat.engine.openai.wire import Chunk, MalformedEvent, parse_chunk
 from tui_chat.engine.openai.sse import SseDecoder
+from tui_chat.engine.openai.wire import Chunk, MalformedEvent, parse_chunk
+from tui_chat.engine.params import SPECS, InvalidParameter, SamplingParams
 from tui_chat.hub import HubError
 from tui_chat.hub.local import hub_path, resolve_local
 from tui_chat.hub.names import parse_ref
@@ -28,7 +27,8 @@ FUZZ = settings(max_examples=150, deadline=None, derandomize=True, database=None
 
 text = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)
 scalars = st.booleans() | st.integers(-2**63, 2**63 - 1) | st.floats() | text
-toml_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3),
+toml_values = st.recursive(scalars,
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3),
                            max_leaves=8)
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | text,
                            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3),
@@ -43,7 +43,8 @@ def _one_line(message: str) -> bool:
 
 
 def _toml(value) -> str:
-    """A value written as TOML (inline tables and arrays), so any generated document goes through the real file reader."""
+    """A value written as TOML (inline tables and arrays), so any generated document goes through the real
+    file reader."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -118,10 +119,11 @@ def test_sampling_changes_are_applied_within_range_or_refused(changes):
 # --- command line ------------------------------------------------------------------------------
 
 _OPTIONS = ["--help", "-p", "--prompt", "--system", "--temperature", "--top-k", "--seed", "--max-tokens", "--stop",
-            "--top-logprobs", "--json", "--save", "--continue", "clear", "--n-ctx", "--gpu-layers", "--backend", "--base-url",
-            "--api-key-env", "--remote", "--text", "--file", "--input-tokens", "--output-tokens", "--output-words",
-            "--calls", "--price", "--search", "--format", "--output", "--sort", "--limit", "local", "openai", "md",
-            "json", "-1", "0", "1e309", "nan", "http://127.0.0.1:9/v1", "\x00", "a\nb", "../x", "1" * 30]
+            "--top-logprobs", "--json", "--save", "--continue", "clear", "--n-ctx", "--gpu-layers", "--backend",
+            "--base-url", "--api-key-env", "--remote", "--text", "--file", "--input-tokens", "--output-tokens",
+            "--output-words", "--calls", "--price", "--search", "--format", "--output", "--sort", "--limit",
+            "local", "openai", "md", "json", "-1", "0", "1e309", "nan", "http://127.0.0.1:9/v1", "\x00", "a\nb", "../x",
+            "1" * 30]
 _COMMANDS = [["run"], ["estimate"], ["history"], ["export"], ["import"], ["models"], ["models", "list"],
              ["models", "rm"], ["models", "files"], ["models", "pull"], ["models", "search"], ["cache"]]
 

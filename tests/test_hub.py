@@ -14,11 +14,11 @@ from fake_hub import FILE, REPO, FakeFile
 from tui_chat.engine.base import EngineError
 from tui_chat.engine.factory import model_file
 from tui_chat.hub import HubError, HubInputError
+from tui_chat.hub.catalog import list_gguf, pull, search
 from tui_chat.hub.download import Cancelled, part_path
 from tui_chat.hub.http import OFFLINE_MESSAGE
 from tui_chat.hub.local import find_local, hub_path, import_model, list_local, mark_used, remove_model
 from tui_chat.hub.names import ModelRef, check_file_name, check_repo_id, parse_ref, quant_of, split_part
-from tui_chat.hub.catalog import list_gguf, pull, search
 
 
 @pytest.fixture
@@ -28,8 +28,8 @@ def tiny_bytes(tiny_model: Path) -> bytes:
 
 @pytest.fixture
 def hub(fake_hub, tiny_bytes):
-    fake_hub.add_repo(REPO, {FILE: tiny_bytes, "tiny-Q8_0.gguf": tiny_bytes[::-1], "README.md": FakeFile(b"# tiny", lfs=False)},
-                      downloads=900, likes=3)
+    files = {FILE: tiny_bytes, "tiny-Q8_0.gguf": tiny_bytes[::-1], "README.md": FakeFile(b"# tiny", lfs=False)}
+    fake_hub.add_repo(REPO, files, downloads=900, likes=3)
     return fake_hub
 
 

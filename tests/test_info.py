@@ -51,4 +51,5 @@ def test_bad_thread_and_cpu_path_settings_are_one_line_errors():
     config_path().parent.mkdir(parents=True)
     config_path().write_text('extra_buffers = "amx"\n')
     error = run_cli("info").stderr.strip()
-    assert error.startswith("tui-chat: error: config ") and "extra_buffers must be one of auto, all, no-amx, none" in error
+    assert error.startswith("tui-chat: error: config ")
+    assert "extra_buffers must be one of auto, all, no-amx, none" in error

@@ -8,8 +8,8 @@ import pytest
 
 from conftest import GREEDY, collect, run_cli
 from tui_chat.engine.base import Message, PoolCut, Request
-from tui_chat.engine.pool import kept_by, pool_cut
 from tui_chat.engine.params import LiveParams, SamplingParams
+from tui_chat.engine.pool import kept_by, pool_cut
 
 PROMPT = "Hello, what is the capital of France?"
 SAMPLED = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05, repeat_penalty=1.0, seed=11, max_tokens=24)

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ask, open_backend
+from conftest import ask, kv_lines, open_backend
 from test_kvcache import NOTES, chat, with_reply
-from test_kvcache_store import kv_lines, kv_log  # noqa: F401 - kv_log is a fixture
 from tiny_model import write_tiny_model
 from tui_chat.engine.base import Done, Message
 from tui_chat.engine.local import llama

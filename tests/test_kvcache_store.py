@@ -13,9 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tui_chat.config import ConfigError, DEFAULT_KV_CACHE_BUDGET_GB, load_config
+from tui_chat.config import DEFAULT_KV_CACHE_BUDGET_GB, ConfigError, load_config
 from tui_chat.engine.base import TurnMetrics, restore_note
-from tui_chat.engine.local import logs
 from tui_chat.engine.local.kvcache import LOAD_BYTES_PER_S, MIN_GAIN_TOKENS, worth_restoring
 from tui_chat.engine.local.kvstore import KvKey, KvStore, Notes
 
@@ -35,29 +34,6 @@ def writer(size: int = BODY):
 
 def save(store: KvStore, tokens, conversation: str = "", size: int = BODY, the_key: KvKey | None = None):
     return store.save(the_key or key(), list(tokens), writer(size), size, Notes(conversation))
-
-
-def kv_lines(log: Path) -> list[str]:
-    return [line for line in log.read_text().splitlines() if line.startswith("tui-chat: kv cache:")]
-
-
-class KvLog:
-    """The KV cache's lines in a log of the test's own (an earlier test may have sent the log elsewhere)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.seen = 0
-
-    def new_lines(self) -> list[str]:
-        lines = kv_lines(self.path)
-        self.seen, fresh = len(lines), lines[self.seen :]
-        return fresh
-
-
-@pytest.fixture
-def kv_log(tmp_path: Path, llama_logs: Path):
-    yield KvLog(logs.install(tmp_path / "test-logs"))
-    logs.install(llama_logs.parent)
 
 
 def age(path: Path, seconds: float) -> None:
@@ -94,7 +70,7 @@ def test_each_chat_keeps_its_longest_state_and_a_state_already_held_is_not_writt
 def test_the_budget_evicts_the_least_recently_used_first(tmp_path, kv_log):
     store = KvStore(tmp_path / "kv", budget_bytes=int(3.5 * BODY))
     entries = [save(store, range(i * 1000, i * 1000 + 100), str(i)) for i in range(3)]
-    for seconds, entry in zip((300, 200, 100), entries):
+    for seconds, entry in zip((300, 200, 100), entries, strict=True):
         age(entry.path, seconds)
     store.touch(entries[0])  # restored just now: the most recently used
     newest = save(store, range(9000, 9100), "new")
@@ -118,7 +94,7 @@ def test_listing_and_deleting_by_chat_by_model_and_all(tmp_path):
     model_b = key("/models/b.gguf")
     saved = [save(store, range(100), "1"), save(store, range(200, 300), "2"),
              save(store, range(400, 460), "2", the_key=model_b)]
-    for seconds, entry in zip((300, 200, 100), saved):
+    for seconds, entry in zip((300, 200, 100), saved, strict=True):
         age(entry.path, seconds)
     listed = store.list_entries()
     assert [(entry.model_name, entry.n_tokens, entry.notes.conversation) for entry in listed] == [

@@ -8,8 +8,8 @@ import pytest
 from conftest import run_cli
 from tui_chat.config import ConfigError, load_config
 from tui_chat.pricing import (
-    Estimate,
     PRESETS,
+    Estimate,
     PricingError,
     find_preset,
     format_usd,
@@ -33,7 +33,7 @@ def test_output_costs_four_times_input_and_cached_input_half():
     assert GPT_4O.cost(0, 1_000_000) == Decimal("1.25")
     assert GPT_4O.cost(0, 0, 1_000_000) == Decimal("10.00")
     turn = turn_cost(GPT_4O, prompt_tokens=2000, cached_tokens=1800, completion_tokens=100)
-    assert turn.input == Decimal("0.0005") and turn.cached_input == Decimal("0.00225") and turn.output == Decimal("0.001")
+    assert (turn.input, turn.cached_input, turn.output) == (Decimal("0.0005"), Decimal("0.00225"), Decimal("0.001"))
     assert turn.total == Decimal("0.00375")
 
 
@@ -76,7 +76,8 @@ def test_presets_are_found_by_any_case_and_unknown_lists_them():
 
 
 def test_overrides_and_new_presets():
-    presets = presets_with({"GPT-4o": {"output": 12}, "House model": {"input": "0.1", "output": "0.2", "read_on": "2026-11-01"}})
+    house = {"input": "0.1", "output": "0.2", "read_on": "2026-11-01"}
+    presets = presets_with({"GPT-4o": {"output": 12}, "House model": house})
     assert presets["GPT-4o"].output == Decimal("12") and presets["GPT-4o"].input == Decimal("2.50")
     house = presets["House model"]
     assert house.cached_input == Decimal("0.1") and house.read_on == "2026-11-01"

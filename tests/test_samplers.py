@@ -84,7 +84,7 @@ def _survivors(sampler, logits) -> dict[int, float]:
     candidates = Candidates(np.arange(len(logits), dtype=np.int32), logits)
     candidates.apply(sampler)
     rows = candidates.survivors()
-    return dict(zip(rows["id"].tolist(), rows["logit"].tolist()))
+    return dict(zip(rows["id"].tolist(), rows["logit"].tolist(), strict=True))
 
 
 @pytest.mark.parametrize("stage", CASES)
@@ -120,7 +120,7 @@ def test_each_sampler_keeps_what_llama_cpp_keeps_and_draws_the_same(session, log
 def test_each_sampler_changes_these_logits(session, logits, history):
     """Guards the comparison above against samplers that were silently off on both sides."""
     untouched = _survivors(llama_cpp.llama_sampler_init_temp(1.0), logits)
-    for stage, (changes, reference) in CASES.items():
+    for stage, (_, reference) in CASES.items():
         if stage == "mirostat_v2":
             continue  # it picks; its truncation depends on its running target
         sampler = _primed(reference(session, 0), history)
@@ -221,10 +221,12 @@ def test_the_verdict_reads_the_stage_figures():
 
     xtc = [stage("top_k", "top-k 40", 40, 0.9, 3, 0.05), stage("xtc", "XTC 0.5 above 0.1", 38, 0.5, 1, 0.3),
            stage("temperature", "temperature 0.8", 38, 0.5, 1, 0.35)]
-    assert verdict(" the", 0.04, 3, xtc) == "' the' drawn at rank 3 with p = 0.04 because XTC 0.5 above 0.1 removed the 2 likelier tokens"
+    assert verdict(" the", 0.04, 3, xtc) == ("' the' drawn at rank 3 with p = 0.04 because XTC 0.5 above 0.1 "
+                                              "removed the 2 likelier tokens")
     luck = [stage("top_k", "top-k 40", 40, 0.9, 7, 0.02), stage("min_p", "min-p 0.05", 12, 0.8, 7, 0.03),
             stage("temperature", "temperature 1.2", 12, 0.8, 7, 0.04)]
-    assert verdict("x", 0.011, 7, luck) == "'x' drawn at rank 7 with p = 0.011: a 4.0% chance among the 12 candidates min-p 0.05 left"
+    assert verdict("x", 0.011, 7, luck) == ("'x' drawn at rank 7 with p = 0.011: a 4.0% chance among the 12 "
+                                             "candidates min-p 0.05 left")
     assert verdict("x", 0.5, 1, luck[:1]).startswith("'x' drawn at rank 1 with p = 0.5: the likeliest token")
 
 
@@ -300,8 +302,8 @@ def test_the_chains_that_need_every_token_are_run_over_every_token():
 
     base = SamplingParams(temperature=0.8, top_k=40)
     assert shortlist(plan(base), base) is not None
-    for params in (base.with_changes(top_k=0), base.with_changes(mirostat_tau=5.0),
-                   base.with_changes(top_n_sigma=1.0), base.with_changes(sampler_order=("top_p", "top_k", "temperature")),
+    for params in (base.with_changes(top_k=0), base.with_changes(mirostat_tau=5.0), base.with_changes(top_n_sigma=1.0),
+                   base.with_changes(sampler_order=("top_p", "top_k", "temperature")),
                    base.with_changes(top_k=900)):
         assert shortlist(plan(params), params) is None, params
 

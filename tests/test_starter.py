@@ -35,7 +35,7 @@ TOLERANCE = 0.08  # batched reads and one-token steps use other Q4_K kernels: ~0
 def assert_alike_until_a_near_tie(ours: list, cold: list) -> None:
     """Two greedy replies to the same tokens from different cache states agree token for token, their
     probabilities within rounding, and may part only where the top two candidates were a near tie."""
-    pairs = list(zip(ours, cold))
+    pairs = list(zip(ours, cold, strict=False))
     parted = next((i for i, (a, b) in enumerate(pairs) if a.token_id != b.token_id), None)
     for a, b in pairs[:parted]:
         assert a.forced or a.prob == pytest.approx(b.prob, abs=TOLERANCE)
@@ -105,7 +105,8 @@ def test_seeded_sampling_repeats_on_the_starter(starter_model):
 
 
 def test_decode_metrics_are_live_and_consistent(starter):
-    events, done = collect(starter.generate(Request([Message("user", QUESTIONS[5])], LiveParams(GREEDY.with_changes(max_tokens=60)))))
+    request = Request([Message("user", QUESTIONS[5])], LiveParams(GREEDY.with_changes(max_tokens=60)))
+    events, done = collect(starter.generate(request))
     m = done.metrics
     perf = starter._session.perf()
     assert perf.n_eval == m.completion_tokens - 1

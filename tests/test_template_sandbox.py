@@ -26,7 +26,8 @@ HOSTILE = {
         "{% endfor %}{% endfor %}"
     ),
     "nested loops in a generation block": (
-        "{% for a in range(99999) %}{% generation %}{% for b in range(99999) %}{% endfor %}{% endgeneration %}{% endfor %}"
+        "{% for a in range(99999) %}{% generation %}{% for b in range(99999) %}{% endfor %}{% endgeneration %}"
+        "{% endfor %}"
     ),
     "recursive loop": "{% for a in range(99999) recursive %}{{ loop(range(99999)) }}{% endfor %}",
     "macro fan-out": "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pathlib
 from collections.abc import Sequence
+from itertools import pairwise
 
 import numpy as np
 from gguf import TokenType
@@ -85,7 +86,7 @@ def _scripted_weights(vocab: Vocab, scripts: Sequence[Sequence[str]], n_layer: i
     successor: dict[int, int] = {}
     for script in scripts:
         ids = [token_of(vocab, piece) for piece in script]
-        for current, following in zip(ids, ids[1:]):
+        for current, following in pairwise(ids):
             assert successor.setdefault(current, following) == following, f"{script}: a token with two successors"
         successor.setdefault(ids[-1], vocab.eos)
     slots = {token: slot for slot, token in enumerate(successor, start=1)}

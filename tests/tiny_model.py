@@ -105,7 +105,7 @@ def _weights(
     words = {SPACE + w for w in WORDS}
     row_scale = {TokenType.NORMAL: 0.15, TokenType.BYTE: 0.1}
     out_scale = np.array(
-        [[0.3 if p in words else row_scale.get(t, 0.0)] for p, t in zip(pieces, types)],
+        [[0.3 if p in words else row_scale.get(t, 0.0)] for p, t in zip(pieces, types, strict=True)],
         dtype=np.float32,
     )
 

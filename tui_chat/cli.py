@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from .commands import SUMMARIES
 from .commands.common import Parser, add_model_options, fail
@@ -31,7 +31,7 @@ class _Version(argparse.Action):
         parser.exit(0)
 
 
-class _Commands(argparse._SubParsersAction):
+class _Commands(argparse._SubParsersAction):  # type: ignore[type-arg]  # generic only in typeshed, not at runtime
     """The subcommands, each a bare parser holding its line from SUMMARIES until argparse reaches it; then its
     module is imported and its `add_parser` puts the real one in the bare one's place."""
 
@@ -40,11 +40,13 @@ class _Commands(argparse._SubParsersAction):
 
     def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
         kwargs.setdefault("prog", f"{self._prog_prefix} {name}")
-        parser = self._name_parser_map[name] = self._parser_class(**kwargs)  # in place: the order of --help stays
+        parser: argparse.ArgumentParser = self._parser_class(**kwargs)
+        self._name_parser_map[name] = parser  # in place: the order of --help stays
         return parser
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Sequence[Any],
-                 option_string: str | None = None) -> None:
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: str | Sequence[Any] | None, option_string: str | None = None) -> None:
+        assert isinstance(values, list)  # nargs=PARSER: the command's name, then its arguments
         module, _ = SUMMARIES[values[0]]
         importlib.import_module(f"{__package__}.commands.{module}").add_parser(self)
         super().__call__(parser, namespace, values, option_string)
@@ -57,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "build: tui-chat info)")
     add_model_options(parser)
     parser.set_defaults(run=_chat)
-    commands = parser.add_subparsers(dest="command", parser_class=Parser, action=_Commands)
+    commands = cast(_Commands, parser.add_subparsers(dest="command", parser_class=Parser, action=_Commands))
     for name in SUMMARIES:
         commands.add_summary(name)
     return parser
@@ -79,7 +81,8 @@ def main(argv: list[str] | None = None, *, watched: bool = False) -> int:
         args = build_parser().parse_args(argv)
         args.watched = watched
         try:
-            return args.run(args, load_config())
+            code: int = args.run(args, load_config())
+            return code
         except _user_errors() as error:
             return fail(error)
     except BrokenPipeError:

@@ -134,7 +134,7 @@ def check_threads(threads: Any, name: str = "threads") -> int:
 
 
 def check_extra_buffers(choice: Any) -> str:
-    if choice not in CPU_PATHS:
+    if not isinstance(choice, str) or choice not in CPU_PATHS:
         raise InvalidParameter(f"extra_buffers must be one of {', '.join(CPU_PATHS)} (got {choice!r})")
     return choice
 
@@ -149,7 +149,7 @@ def check_kv_cache_budget(gigabytes: Any) -> float:
 
 def check_template(name: Any) -> str:
     known = [AUTO, *NAMED_TEMPLATES]
-    if name not in known:
+    if not isinstance(name, str) or name not in known:
         raise InvalidParameter(f"chat_template must be one of {', '.join(known)} (got {name!r})")
     return name
 
@@ -254,7 +254,8 @@ def _remote(name: str, table: dict[str, Any]) -> RemoteProfile:
     timeout = table.get("timeout_s", DEFAULT_REMOTE_TIMEOUT_S)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
         raise InvalidParameter(f"{where}: timeout_s must be a number of seconds between 0 and 3600")
-    return RemoteProfile(name, base_url, table.get("model"), table.get("api_key_env"), table.get("api_key"), float(timeout))
+    return RemoteProfile(name, base_url, table.get("model"), table.get("api_key_env"), table.get("api_key"),
+                         float(timeout))
 
 
 def save_setting(key: str, value: str, path: Path | None = None) -> None:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import html
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 from .engine.base import INCOMPLETE_LABEL, stop_label, thinking_line
 from .engine.context import left_out
-from .pricing import format_usd
 from .history import STATES, Conversation, HistoryError, StoredMessage, active_path, output_format_from, sampling_from
+from .pricing import format_usd
 from .units import local_time
 
 FORMAT = "tui-chat conversation"
@@ -18,7 +18,7 @@ FORMAT_VERSION = 1
 
 
 def _iso(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, timezone.utc).isoformat()
+    return datetime.fromtimestamp(timestamp, UTC).isoformat()
 
 
 def to_json(conversation: Conversation) -> dict[str, Any]:
@@ -113,7 +113,7 @@ def from_json(data: Any) -> Conversation:
     )
 
 
-def _field(data: dict, name: str, kind: type, where: str = "the export", optional: bool = False) -> Any:
+def _field(data: dict[str, Any], name: str, kind: type, where: str = "the export", optional: bool = False) -> Any:
     value = data.get(name)
     if value is None and optional:
         return None
@@ -122,12 +122,12 @@ def _field(data: dict, name: str, kind: type, where: str = "the export", optiona
     return value
 
 
-def _time(data: dict, where: str, name: str = "created_at") -> float:
+def _time(data: dict[str, Any], where: str, name: str = "created_at") -> float:
     try:
         moment = datetime.fromisoformat(_field(data, name, str, where))
     except ValueError:
         raise HistoryError(f"{where}: {name!r} must be an ISO 8601 time") from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def metrics_line(metrics: dict[str, Any], stop_reason: str | None) -> str:

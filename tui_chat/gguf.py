@@ -122,7 +122,8 @@ def _mapped(path: Path) -> mmap.mmap:
 def quantization(path: Path) -> str:
     """The file type its metadata names (`Q4_K_M`), or "" when it names none or cannot be read."""
     try:
-        return FILE_TYPES.get(read_metadata(path, keep_vocabulary=False).get("general.file_type"), "")
+        file_type = read_metadata(path, keep_vocabulary=False).get("general.file_type")
+        return FILE_TYPES.get(file_type, "") if isinstance(file_type, int) else ""
     except (OSError, GgufProblem):
         return ""
 
@@ -169,7 +170,7 @@ class _Reader:
         dimensions = self.unpack("<I")
         self.need(8 * dimensions, "a tensor's shape")
         self.pos += 8 * dimensions
-        kind = self.unpack("<I")
+        kind: int = self.unpack("<I")
         self.unpack("<Q")
         return kind
 

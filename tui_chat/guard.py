@@ -24,7 +24,9 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Set as AbstractSet
 from pathlib import Path
+from typing import Any
 
 from .safetext import terminal_safe
 
@@ -71,7 +73,8 @@ def watch(log_dir: Path) -> None:
     os._exit(exit_code(status, terminal, log, child, forwarded))
 
 
-def exit_code(status: int, terminal: list | None, log: Path, pid: int, forwarded: set[int] = frozenset()) -> int:
+def exit_code(status: int, terminal: list[Any] | None, log: Path, pid: int,
+              forwarded: AbstractSet[int] = frozenset()) -> int:
     """The shell's convention: the child's own code, or 128 + the signal that killed it. A signal the
     user sent (and this process passed on) is no crash: the terminal comes back without a word."""
     if os.WIFEXITED(status):
@@ -140,7 +143,7 @@ def _line(who: str, what: str, where: str, said: str, details: str) -> str:
             f"The chat so far is kept; {details}")
 
 
-def restore_terminal(attributes: list | None) -> None:
+def restore_terminal(attributes: list[Any] | None) -> None:
     """Only where a terminal is attached: a log file or a pipe gets no escape codes."""
     for fd in (2, 1):
         if os.isatty(fd):
@@ -179,7 +182,8 @@ def _become_the_app(log: Path) -> None:
         return  # no log: stderr stays as it was, and the watcher still restores the terminal
     terminal = os.fdopen(os.dup(2), "w", buffering=1, encoding=sys.stderr.encoding, errors=sys.stderr.errors)
     os.dup2(handle.fileno(), 2)
-    sys.stderr = sys.__stderr__ = terminal
+    sys.stderr = terminal
+    sys.__stderr__ = terminal  # type: ignore[misc]  # Final in typeshed; Textual draws on it, so it moves too
     faulthandler.enable(file=handle, all_threads=True)
 
 
@@ -217,7 +221,7 @@ def _forward(child: int, number: int, forwarded: set[int]) -> None:
         os.kill(child, number)
 
 
-def _terminal_attributes() -> list | None:
+def _terminal_attributes() -> list[Any] | None:
     try:
         import termios
 

@@ -18,8 +18,10 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import FrameType
 
 ENV = "TUI_CHAT_LAG_LOG"
 # the first match, innermost frame outwards, names a sample's cause
@@ -29,7 +31,8 @@ CAUSES = (
     ("syntax highlight", ("pygments",)),
     ("styles", ("textual/css/", "textual/_styles_cache.py")),
     ("layout", ("textual/_arrange.py", "textual/layouts/", "textual/_layout.py", "textual/_resolve.py")),
-    ("render", ("rich/", "textual/_compositor.py", "textual/strip.py", "textual/content.py", "textual/_segment_tools.py")),
+    ("render", ("rich/", "textual/_compositor.py", "textual/strip.py", "textual/content.py",
+                "textual/_segment_tools.py")),
     ("mount", ("textual/_compose.py", "textual/dom.py")),
 )
 _PACKAGE = os.sep + "tui_chat" + os.sep
@@ -49,7 +52,8 @@ class Stall:
 class LagMonitor:
     """Start it on the running loop; `stalls` fills as the loop runs late. `on_stall` gets each one."""
 
-    def __init__(self, tick_s: float = 0.005, stall_s: float = 0.020, on_stall=None) -> None:
+    def __init__(self, tick_s: float = 0.005, stall_s: float = 0.020,
+                 on_stall: Callable[[Stall], object] | None = None) -> None:
         self.tick_s, self.stall_s = tick_s, stall_s
         self.on_stall = on_stall
         self.stalls: list[Stall] = []
@@ -60,7 +64,7 @@ class LagMonitor:
         self._gc_started: float | None = None
         self._gc_s = 0.0
         self._stopped = threading.Event()
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._loop_thread = threading.get_ident()
 
     def start(self) -> None:
@@ -111,7 +115,7 @@ class LagMonitor:
                 if frame is not None:
                     self._samples.append(classify(frame))
 
-    def _on_gc(self, phase: str, _info: dict) -> None:
+    def _on_gc(self, phase: str, _info: dict[str, int]) -> None:
         if threading.get_ident() != self._loop_thread:
             return
         if phase == "start":
@@ -121,18 +125,19 @@ class LagMonitor:
             self._gc_started = None
 
 
-def classify(frame) -> tuple[str, str, str]:
+def classify(frame: FrameType) -> tuple[str, str, str]:
     """A stack's cause (the innermost frame that names one), its innermost frame in this package and
     its innermost frame (as "package/file.py:function")."""
     cause, where = "", ""
     inner = f"{_short(frame.f_code.co_filename)}:{frame.f_code.co_qualname}"
-    while frame is not None:
-        filename = frame.f_code.co_filename.replace(os.sep, "/")
+    current: FrameType | None = frame
+    while current is not None:
+        filename = current.f_code.co_filename.replace(os.sep, "/")
         if not cause:
             cause = next((name for name, marks in CAUSES if any(mark in filename for mark in marks)), "")
-        if not where and _PACKAGE in frame.f_code.co_filename and not filename.endswith("/lag.py"):
-            where = f"{Path(filename).name}:{frame.f_code.co_qualname}"
-        frame = frame.f_back
+        if not where and _PACKAGE in current.f_code.co_filename and not filename.endswith("/lag.py"):
+            where = f"{Path(filename).name}:{current.f_code.co_qualname}"
+        current = current.f_back
     return cause or "other", where, inner
 
 

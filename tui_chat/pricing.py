@@ -93,16 +93,18 @@ def money(value: Any, what: str) -> Decimal:
     return amount
 
 
-def count(value: Any, what: str) -> int:
+def count(value: object, what: str) -> int:
     """A non-negative whole number of tokens, words or calls."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    else:
         try:
-            value = int(str(value))
+            number = int(str(value))
         except ValueError:
             raise PricingError(f"{what} must be a whole number (got {value!r})") from None
-    if value < 0:
-        raise PricingError(f"{what} must be zero or more (got {value})")
-    return value
+    if number < 0:
+        raise PricingError(f"{what} must be zero or more (got {number})")
+    return number
 
 
 def presets_with(overrides: dict[str, Any]) -> dict[str, Price]:
@@ -115,18 +117,21 @@ def presets_with(overrides: dict[str, Any]) -> dict[str, Price]:
         if unknown:
             raise PricingError(f"[prices.{name}]: unknown field {unknown[0]!r}")
         base = presets.get(name)
-        if base is None and not {"input", "output"} <= set(table):
-            raise PricingError(f"[prices.{name}] needs at least input and output prices")
+        if base is None:
+            if not {"input", "output"} <= set(table):
+                raise PricingError(f"[prices.{name}] needs at least input and output prices")
+            fresh = money(table["input"], f"[prices.{name}] input")  # a new preset's cached input costs as much
+            base = Price(name, fresh, fresh, money(table["output"], f"[prices.{name}] output"), "set in config")
         fresh = money(table["input"], f"[prices.{name}] input") if "input" in table else base.input
         presets[name] = Price(
             name,
             fresh,
             money(table["cached_input"], f"[prices.{name}] cached_input") if "cached_input" in table
-            else (base.cached_input if base else fresh),
+            else base.cached_input,
             money(table["output"], f"[prices.{name}] output") if "output" in table else base.output,
-            str(table.get("read_on", base.read_on if base else "set in config")),
+            str(table.get("read_on", base.read_on)),
             count(table["cache_min_tokens"], f"[prices.{name}] cache_min_tokens") if "cache_min_tokens" in table
-            else (base.cache_min_tokens if base else 0),
+            else base.cache_min_tokens,
         )
     return presets
 
@@ -197,6 +202,7 @@ class Estimate:
             f"{format_usd(p.output)} output (prices read {p.read_on})\n"
             f"tokens per call  {self.input_tokens:,} in · {self.output_tokens:,} out\n"
             f"per call         {format_usd(self.per_call)}\n"
-            f"per day          {format_usd(self.per_day)}  ({self.calls_per_day:,} call{'' if self.calls_per_day == 1 else 's'})\n"
+            f"per day          {format_usd(self.per_day)}  "
+            f"({self.calls_per_day:,} call{'' if self.calls_per_day == 1 else 's'})\n"
             f"per month        {format_usd(self.per_month)}  ({DAYS_PER_MONTH} days)\n"
         )

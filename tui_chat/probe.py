@@ -8,7 +8,7 @@ token ids as other text. No Textual here.
 
 from __future__ import annotations
 
-from .engine.base import Backend, Stream, Token
+from .engine.base import Backend, Recomputing, Stream, Token
 from .engine.params import LiveParams, SamplingParams
 from .session import Branch
 
@@ -25,7 +25,7 @@ class TokenProbe:
         backend = self.backend
         if backend is None or backend.info is None:
             return "No model is loaded."
-        if not hasattr(backend, "xray"):
+        if not isinstance(backend, Recomputing):
             where = f"the server {backend.info.remote_host}" if backend.info.remote_host else backend.info.name
             return (f"The X-ray and word probabilities recompute this position's logits in the model itself; "
                     f"{where} gives none on demand. Open a local model (Ctrl+O) for them.")
@@ -39,7 +39,8 @@ class TokenProbe:
         """All the model had read before token `index` of the reply."""
         from .engine.local.xray import position_context  # with numpy and llama.cpp's bindings, loaded by a local model
 
-        return position_context(self.branch.prompt_ids, self.branch.tokens, index)
+        _, branch = self._ready()
+        return position_context(branch.prompt_ids, branch.tokens, index)
 
     def settings(self, token: Token) -> tuple[SamplingParams, str]:
         """The settings `token` was drawn with, and a note when they are no longer kept (today's, then)."""
@@ -50,9 +51,16 @@ class TokenProbe:
 
     def xray(self, index: int) -> Stream:
         """Ends with an `XRay` or an `Error`. Call only when `why_not()` is None."""
-        token = self.branch.tokens[index]
-        return self.backend.xray(self.context(index), token.token_id, self.settings(token)[0])
+        backend, branch = self._ready()
+        token = branch.tokens[index]
+        return backend.xray(self.context(index), token.token_id, self.settings(token)[0])
 
     def word(self, index: int, text: str) -> Stream:
         """Ends with a `WordProbability` or an `Error`. Call only when `why_not()` is None."""
-        return self.backend.word_probability(self.context(index), text)
+        backend, _ = self._ready()
+        return backend.word_probability(self.context(index), text)
+
+    def _ready(self) -> tuple[Recomputing, Branch]:
+        backend, branch = self.backend, self.branch
+        assert isinstance(backend, Recomputing) and branch is not None, "asked while why_not() says why not"
+        return backend, branch

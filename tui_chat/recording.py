@@ -55,6 +55,7 @@ class SavedChat:
             self.settings = (params, output)
 
     def start_reply(self, parent_id: int, fork_of: int | None = None, fork_token: int | None = None) -> ReplyWriter:
+        assert self.id is not None, "a reply follows a stored message, so its chat is stored"
         return self.history.start_reply(self.id, parent_id, fork_of=fork_of, fork_token=fork_token)
 
     def end_reply(self, reply: ReplyWriter, final: Done | Error) -> None:

@@ -9,13 +9,13 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, Protocol, Self
+from typing import Any, Literal, Protocol, Self, runtime_checkable
 
 from ..safetext import quoted
 from .formats import KINDS, TEXT, OutputFormat
-from .params import LiveParams, label
+from .params import LiveParams, SamplingParams, label
 
 Role = Literal["system", "user", "assistant"]
 StopReason = Literal["eos", "stop", "length", "context", "cancelled"]  # context: the KV cache is full
@@ -427,7 +427,7 @@ class Stream:
             self.finished = True
         return events
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Event]:
         while not self.finished:
             yield from self.drain(timeout=None)
 
@@ -453,3 +453,12 @@ class Backend(Protocol):
     def count_tokens(self, text: str) -> int: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Recomputing(Backend, Protocol):
+    """A backend that recomputes a position's logits on demand: the in-process engine (no server offers it)."""
+
+    def xray(self, context: Sequence[int], token: int, params: SamplingParams) -> Stream: ...
+
+    def word_probability(self, context: Sequence[int], text: str) -> Stream: ...

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from .base import Backend, EngineError
 from .models import resolve_model
@@ -61,7 +61,7 @@ class BackendOpener:
         self.local = local
         self.servers = dict(servers or {})
 
-    def reconfigured(self, **changes: object) -> BackendOpener:
+    def reconfigured(self, **changes: Any) -> BackendOpener:
         """The same opener with other local options (a context size or GPU layers chosen in the app)."""
         return BackendOpener(replace(self.local, **changes), self.servers)
 
@@ -108,7 +108,8 @@ def model_file(name: str | None, default_model: str | None, models_dir: Path) ->
     return resolve_model(name, default_model, models_dir, _downloaded_or_imported)
 
 
-def count_text_tokens(model: str | None, text: str, *, default_model: str | None, models_dir: Path, log_dir: Path) -> int:
+def count_text_tokens(model: str | None, text: str, *, default_model: str | None, models_dir: Path,
+                      log_dir: Path) -> int:
     """Tokens `text` takes in `model`'s own tokenizer, reading only its vocabulary (no weights)."""
     from .local import logs
     from .local.llamacpp import count_tokens

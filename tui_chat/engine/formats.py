@@ -67,8 +67,10 @@ TEXT = OutputFormat()
 def choose(kind: str, source: str = "") -> OutputFormat:
     """The format for a selector or a flag: `kind` text, json, json_schema (`source` a schema, or a path
     to one) or grammar (`source` GBNF text, or a path to a file of it). Raises FormatError."""
-    if kind in ("text", "json"):
-        return OutputFormat(kind)
+    if kind == "text":
+        return TEXT
+    if kind == "json":
+        return OutputFormat("json")
     if kind == "json_schema":
         return json_schema(source)
     if kind == "grammar":

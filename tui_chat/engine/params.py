@@ -206,10 +206,10 @@ class ListSpec:
 
     name: str
     label: str
-    default: tuple
+    default: tuple[Any, ...]
     hint: str
     control: Literal["stops", "bias", "order"]
-    check: Callable[[Any], tuple]
+    check: Callable[[Any], tuple[Any, ...]]
     parse: Callable[[str], Any]
     repeatable: bool
 

@@ -289,7 +289,7 @@ class _GenerationTag(Extension):
 
     tags = {"generation"}
 
-    def parse(self, parser: Parser) -> nodes.CallBlock:
+    def parse(self, parser: Parser) -> nodes.Node:
         lineno = next(parser.stream).lineno
         body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
         return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
@@ -302,10 +302,10 @@ class _TemplateDict:
     """transformers' `dict`: a call and `fromkeys`, without the type's other attributes, so
     `dict.update(messages[0], …)` cannot mutate what the immutable sandbox guards."""
 
-    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
         return dict(*args, **kwargs)
 
-    def fromkeys(self, *args: Any, **kwargs: Any) -> dict:
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
         return dict.fromkeys(*args, **kwargs)
 
 

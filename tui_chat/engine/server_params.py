@@ -195,4 +195,5 @@ def server_notes(server: str) -> tuple[str, ...]:
     """Where this family's meaning of a setting or a format differs from ours, a line each (for the model info)."""
     fields = SERVER_FIELDS.get(server, _OPENAI)
     notes = [f"{name.replace('_', ' ')}: {spec.note}" for name, spec in fields.items() if spec.note]
-    return tuple(notes + [f"{KINDS[kind]}: {note}" for (family, kind), note in FORMAT_NOTES.items() if family == server])
+    formats = [f"{KINDS[kind]}: {note}" for (family, kind), note in FORMAT_NOTES.items() if family == server]
+    return tuple(notes + formats)

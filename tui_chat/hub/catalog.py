@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,7 +80,8 @@ class RepoListing:
         if len(preferred) == 1:
             return preferred[0]
         raise HubInputError(f"{self.repo} has {len(self.models)} GGUF models: name one, e.g. "
-                            f"tui-chat models pull {self.repo}:{self.models[0].name} (see tui-chat models files {self.repo})")
+                            f"tui-chat models pull {self.repo}:{self.models[0].name} "
+                            f"(see tui-chat models files {self.repo})")
 
 
 def search(query: str, sort: str = "downloads", limit: int = SEARCH_LIMIT) -> list[RepoSummary]:
@@ -144,7 +145,7 @@ def pull(name: str, models_dir: Path, report: Callable[[Progress], None],
     return chosen, hub_path(models_dir, chosen)
 
 
-def _group(files) -> list[GgufModel]:
+def _group(files: Iterable[RemoteFile]) -> list[GgufModel]:
     """Single files as they are; split parts gathered into one model per set, named by part 1."""
     by_path = {file.path: file for file in files}
     models, seen = [], set()
@@ -168,7 +169,7 @@ def _summary(item: Any) -> RepoSummary:
     return RepoSummary(item["id"], _count(item.get("downloads")), _count(item.get("likes")))
 
 
-def _remote_file(item: dict, what: str) -> RemoteFile:
+def _remote_file(item: dict[str, Any], what: str) -> RemoteFile:
     path, size, lfs = item.get("path"), item.get("size"), item.get("lfs")
     if not isinstance(path, str) or not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise _garbage(what)

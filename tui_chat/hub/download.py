@@ -19,7 +19,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from io import FileIO
 from pathlib import Path
+from typing import Any, Protocol
 
 from ..units import format_size
 from . import HubError
@@ -37,6 +39,13 @@ class Cancelled(HubError):
     """The user stopped the download; what arrived is kept for the next pull."""
 
 
+class Digest(Protocol):
+    """What a download needs of a hashlib object."""
+
+    def update(self, data: bytes, /) -> None: ...
+    def hexdigest(self) -> str: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Checksum:
     """The hub's own identity of a file: sha256 for LFS files, the git blob sha1 for small ones."""
@@ -44,7 +53,7 @@ class Checksum:
     kind: str  # "sha256" or "git-sha1"
     hex: str
 
-    def hasher(self, size: int):
+    def hasher(self, size: int) -> Digest:
         if self.kind == "sha256":
             return hashlib.sha256()
         digest = hashlib.sha1()
@@ -166,7 +175,7 @@ class _Restart(Exception):
     """The server ignored our Range: start the file again from byte 0."""
 
 
-def _receive(url: str, part: Path, offset: int, size: int, digest, target: Path, meter: Meter) -> int:
+def _receive(url: str, part: Path, offset: int, size: int, digest: Digest, target: Path, meter: Meter) -> int:
     """One request for the bytes from `offset`; returns the new offset."""
     import httpx2
 
@@ -208,7 +217,7 @@ def _stop_if_cancelled(meter: Meter, target: Path) -> None:
         raise Cancelled(f"{target.name}: download cancelled; pull again to resume")
 
 
-def _hash_existing(part: Path, checksum: Checksum, size: int, meter: Meter):
+def _hash_existing(part: Path, checksum: Checksum, size: int, meter: Meter) -> tuple[Digest, int]:
     """Hash the bytes a previous run left, so the digest continues where the download does."""
     digest = checksum.hasher(size)
     try:
@@ -225,7 +234,7 @@ def _hash_existing(part: Path, checksum: Checksum, size: int, meter: Meter):
     return digest, existing
 
 
-def _write_chunk(out, chunk: bytes, target: Path) -> None:
+def _write_chunk(out: FileIO, chunk: bytes, target: Path) -> None:
     """Unbuffered, so a full disk shows here and not later in a close() we cannot tell apart."""
     view = memoryview(chunk)
     try:
@@ -235,7 +244,7 @@ def _write_chunk(out, chunk: bytes, target: Path) -> None:
         raise _disk_error(error, target) from None
 
 
-def _flush(out, target: Path) -> None:
+def _flush(out: FileIO, target: Path) -> None:
     try:
         os.fsync(out.fileno())
     except OSError as error:
@@ -256,8 +265,9 @@ def _disk_error(error: OSError, target: Path) -> HubError:
     return HubError(f"cannot write {target}: {error.strerror or error}")
 
 
-def _read_meta(meta: Path) -> dict | None:
+def _read_meta(meta: Path) -> dict[str, Any] | None:
     try:
-        return json.loads(meta.read_text(encoding="utf-8"))
+        data: dict[str, Any] = json.loads(meta.read_text(encoding="utf-8"))
+        return data
     except (OSError, ValueError):
         return None

@@ -12,9 +12,12 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import HubError, HubInputError
+
+if TYPE_CHECKING:
+    import httpx2
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 CONNECT_TIMEOUT_S = 10.0
@@ -40,21 +43,22 @@ def check_online() -> None:
         raise HubError(OFFLINE_MESSAGE)
 
 
-def session():
+def session() -> httpx2.Client:
     """huggingface_hub's shared client (its proxy settings, its user agent hook)."""
     check_online()
-    from huggingface_hub.utils import get_session
+    from huggingface_hub import get_session
 
     return get_session()
 
 
 def auth_headers() -> dict[str, str]:
-    from huggingface_hub.utils import build_hf_headers
+    # exported, but through an __all__ computed at import, which mypy cannot read
+    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
 
     return build_hf_headers()
 
 
-def timeout(read_s: float = READ_TIMEOUT_S):
+def timeout(read_s: float = READ_TIMEOUT_S) -> httpx2.Timeout:
     import httpx2
 
     return httpx2.Timeout(read_s, connect=CONNECT_TIMEOUT_S)

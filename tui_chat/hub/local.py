@@ -17,6 +17,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from ..gguf import UnusableModel, check_model_file, quantization
 from . import HubError, HubInputError
@@ -89,7 +90,7 @@ def resolve_local(name: str, models_dir: Path) -> Path | None:
 def is_downloaded(models_dir: Path, ref: ModelRef) -> bool:
     """Every file of the model is here (all parts of a split set, named by its first part)."""
     path = hub_path(models_dir, ref)
-    return all(file.is_file() for file in _model_files(path) or [path])
+    return all(file.is_file() for file in _model_files(path) or (path,))
 
 
 def import_model(models_dir: Path, source: Path) -> LocalModel:
@@ -116,7 +117,10 @@ def import_model(models_dir: Path, source: Path) -> LocalModel:
     except OSError as error:
         partial.unlink(missing_ok=True)
         raise HubError(f"cannot import {source} into {models_dir}: {error.strerror or error}") from None
-    return find_local(models_dir, target.name)
+    imported = find_local(models_dir, target.name)
+    if imported is None:  # another process removed it at once
+        raise HubError(f"{target} is gone right after it was imported")
+    return imported
 
 
 def remove_model(models_dir: Path, name: str) -> LocalModel:
@@ -156,14 +160,14 @@ def record_pull(models_dir: Path, ref: ModelRef, commit: str) -> None:
     _write_registry(models_dir, registry)
 
 
-def _model_files(path: Path) -> list[Path] | None:
+def _model_files(path: Path) -> tuple[Path, ...] | None:
     """All files of the model whose first (or only) file is `path`; None for parts 2..N of a split set."""
     part = split_part(path.name)
     if part is None:
-        return [path]
+        return (path,)
     if part.index != 1:
         return None
-    return [path.with_name(name) for name in split_names(path.name, part.count)]
+    return tuple(path.with_name(name) for name in split_names(path.name, part.count))
 
 
 def _name(relative: str) -> str:
@@ -179,7 +183,7 @@ def _prune_empty_dirs(folder: Path, models_dir: Path) -> None:
         folder = folder.parent
 
 
-def _read_registry(models_dir: Path) -> dict[str, dict]:
+def _read_registry(models_dir: Path) -> dict[str, dict[str, Any]]:
     try:
         registry = json.loads((models_dir / REGISTRY).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -189,7 +193,7 @@ def _read_registry(models_dir: Path) -> dict[str, dict]:
     return {key: entry for key, entry in registry.items() if isinstance(entry, dict)}
 
 
-def _write_registry(models_dir: Path, registry: dict[str, dict]) -> None:
+def _write_registry(models_dir: Path, registry: dict[str, dict[str, Any]]) -> None:
     """Last-used times and pulled commits: on a disk that takes no writes they are lost, nothing more."""
     path = models_dir / REGISTRY
     partial = path.with_name(path.name + ".partial")

@@ -29,7 +29,7 @@ def tmux_clipboard() -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def copy(app: App, text: str, spill: Path) -> str:
+def copy(app: App[object], text: str, spill: Path) -> str:
     """Copy `text` the way that can reach the user here; returns what to tell them."""
     setting = tmux_clipboard()
     if setting is None or setting == "on":

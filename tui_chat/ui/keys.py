@@ -8,11 +8,13 @@ or with none being written takes the focus back to the message box."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from textual.binding import Binding
 from textual.keys import key_to_character
 
 
-def everywhere(key: str, action: str, description: str, **options) -> Binding:
+def everywhere(key: str, action: str, description: str, **options: Any) -> Binding:
     """A key that works wherever the focus is on the chat screen, ahead of the focused widget's own."""
     return Binding(key, action, description, priority=True, **options)
 
@@ -52,5 +54,6 @@ def shown_key(key: str) -> str:
     """A key as a person reads it: `[`, not `left_square_bracket`; modifiers and named keys stay words."""
     *modifiers, name = key.strip().split("+")
     character = key_to_character(name)
-    printable = character is not None and character.isprintable() and not character.isspace()
-    return "+".join([*modifiers, character if printable else name])
+    if character is not None and character.isprintable() and not character.isspace():
+        name = character
+    return "+".join([*modifiers, name])

@@ -24,7 +24,7 @@ class Footer(textual.widgets.Footer):
     changes (focus, its mount, its bindings): on 2 cores ~50 ms before the first key typed shows. This one
     recomposes only when the keys it would show changed."""
 
-    _shown: tuple | None = None
+    _shown: tuple[object, ...] | None = None
 
     async def recompose(self) -> None:
         shown = tuple((binding, enabled, tooltip) for _, binding, enabled, tooltip

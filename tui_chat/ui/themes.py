@@ -24,7 +24,8 @@ def read_theme(text: str) -> Theme:
 
 def load_themes(user_dir: Path) -> tuple[list[Theme], list[str]]:
     """Shipped themes, then the user's; returns the themes and one problem line per bad file."""
-    sources = [(f.name, f.read_text(encoding="utf-8")) for f in files("tui_chat.themes").iterdir() if f.name.endswith(".toml")]
+    shipped = [f for f in files("tui_chat.themes").iterdir() if f.name.endswith(".toml")]
+    sources = [(f.name, f.read_text(encoding="utf-8")) for f in shipped]
     problems: list[str] = []
     try:
         for path in sorted(user_dir.glob("*.toml")):

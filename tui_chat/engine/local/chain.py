@@ -43,16 +43,20 @@ class Candidates:
         self.buffer["id"][:size] = ids
         self.buffer["logit"][:size] = logits
         self.buffer["p"][:size] = 0.0
-        self.array.data, self.array.size, self.array.selected, self.array.sorted = self._start, size, -1, False
+        # llama-cpp-python annotates `data` as an array; the field is a pointer, which this is
+        self.array.data = self._start  # type: ignore[assignment]
+        self.array.size, self.array.selected, self.array.sorted = size, -1, False
         return self
 
-    def apply(self, sampler: ctypes.c_void_p) -> None:
+    def apply(self, sampler: llama_cpp.llama_sampler_p) -> None:
         llama_cpp.llama_sampler_apply(sampler, ctypes.byref(self.array))
 
     @property
     def live(self) -> np.ndarray:
         """The array as the samplers left it (a view): from where `data` points now, `size` long."""
-        offset = (ctypes.cast(self.array.data, ctypes.c_void_p).value - self.buffer.ctypes.data) // TOKEN_DATA.itemsize
+        address = ctypes.cast(self.array.data, ctypes.c_void_p).value
+        assert address is not None, "a sampler never leaves the array without data"
+        offset = (address - self.buffer.ctypes.data) // TOKEN_DATA.itemsize
         return self.buffer[offset : offset + self.array.size]
 
     def survivors(self) -> np.ndarray:
@@ -80,7 +84,7 @@ class Chain:
     rank among the raw logits. `biased` and `recent` (the penalties' window, as llama.cpp keeps it): the only
     tokens the logit bias and the penalties change. Use from the worker thread."""
 
-    def __init__(self, pointer: ctypes.c_void_p, stages: tuple[str, ...], params: SamplingParams,
+    def __init__(self, pointer: llama_cpp.llama_sampler_p, stages: tuple[str, ...], params: SamplingParams,
                  raised: np.ndarray, biased: np.ndarray, recent: Iterable[int]) -> None:
         self.pointer = pointer
         self.stages = stages
@@ -91,9 +95,9 @@ class Chain:
         self.shortlist = shortlist(stages, params)
         self._candidates: Candidates | None = None
 
-    def sample(self, ctx: ctypes.c_void_p) -> int:
+    def sample(self, ctx: llama_cpp.llama_context_p) -> int:
         """Draw from the last decoded logits; llama.cpp also records the token for the penalties."""
-        token = llama_cpp.llama_sampler_sample(self.pointer, ctx, -1)
+        token: int = llama_cpp.llama_sampler_sample(self.pointer, ctx, -1)
         self.recent.append(token)
         return token
 
@@ -118,8 +122,9 @@ class Chain:
         llama_cpp.llama_sampler_accept(self.pointer, token)
         self.recent.append(token)
 
-    def element(self, index: int) -> ctypes.c_void_p:
-        return llama_cpp.llama_sampler_chain_get(self.pointer, index)
+    def element(self, index: int) -> llama_cpp.llama_sampler_p:
+        element: llama_cpp.llama_sampler_p = llama_cpp.llama_sampler_chain_get(self.pointer, index)
+        return element
 
     def touched(self, stage: str) -> np.ndarray | None:
         """The tokens `stage` may change the logits of, where that is known (None: any)."""
@@ -160,13 +165,13 @@ class ChainBuilder:
     vocabulary for the sequence breakers (tens of ms on a 262k vocabulary), which a slider moved
     mid-reply must not cost each time."""
 
-    def __init__(self, vocab: ctypes.c_void_p, n_vocab: int, n_ctx: int,
+    def __init__(self, vocab: llama_cpp.llama_vocab_p, n_vocab: int, n_ctx: int,
                  continuation: Callable[[str], list[int]]) -> None:
         self.vocab = vocab
         self.n_vocab = n_vocab
         self.n_ctx = n_ctx
         self.continuation = continuation
-        self._dry: tuple[tuple, ctypes.c_void_p] | None = None
+        self._dry: tuple[tuple[float, float, int, int], llama_cpp.llama_sampler_p] | None = None
 
     def build(self, params: SamplingParams, seed: int, history: Sequence[int], *, xtc_always: bool = False) -> Chain:
         """The chain for `params`, primed with the recent `history` its penalties and DRY look at.
@@ -201,8 +206,8 @@ class ChainBuilder:
             return PENALTY_LAST_N
         return self.n_ctx if params.dry_penalty_last_n < 0 else max(PENALTY_LAST_N, params.dry_penalty_last_n)
 
-    def _make(self, stage: str, p: SamplingParams, seed: int, xtc_always: bool) -> ctypes.c_void_p:
-        makers: dict[str, Callable[[], ctypes.c_void_p]] = {
+    def _make(self, stage: str, p: SamplingParams, seed: int, xtc_always: bool) -> llama_cpp.llama_sampler_p:
+        makers: dict[str, Callable[[], llama_cpp.llama_sampler_p]] = {
             "logit_bias": lambda: self._logit_bias(p),
             "penalties": lambda: llama_cpp.llama_sampler_init_penalties(
                 self.n_vocab, PENALTY_LAST_N, p.repeat_penalty, p.frequency_penalty, p.presence_penalty),
@@ -221,19 +226,21 @@ class ChainBuilder:
         }
         return makers[stage]()
 
-    def _logit_bias(self, params: SamplingParams) -> ctypes.c_void_p:
+    def _logit_bias(self, params: SamplingParams) -> llama_cpp.llama_sampler_p:
         entries = [llama_cpp.llama_logit_bias(token, bias) for token, bias in self.bias_tokens(params)]
         array = (llama_cpp.llama_logit_bias * max(1, len(entries)))(*entries)
-        return llama_cpp.llama_sampler_init_logit_bias(self.n_vocab, len(entries), array)
+        sampler: llama_cpp.llama_sampler_p = llama_cpp.llama_sampler_init_logit_bias(self.n_vocab, len(entries), array)
+        return sampler
 
-    def _dry_sampler(self, p: SamplingParams) -> ctypes.c_void_p:
+    def _dry_sampler(self, p: SamplingParams) -> llama_cpp.llama_sampler_p:
         last_n = self.n_ctx if p.dry_penalty_last_n < 0 else p.dry_penalty_last_n
         key = (p.dry_multiplier, p.dry_base, p.dry_allowed_length, last_n)
         if self._dry is None or self._dry[0] != key:
             self.close()
             breakers = (ctypes.c_char_p * len(DRY_SEQUENCE_BREAKERS))(*(b.encode() for b in DRY_SEQUENCE_BREAKERS))
             self._dry = key, llama_cpp.llama_sampler_init_dry(self.vocab, *key, breakers, len(DRY_SEQUENCE_BREAKERS))
-        return llama_cpp.llama_sampler_clone(self._dry[1])
+        clone: llama_cpp.llama_sampler_p = llama_cpp.llama_sampler_clone(self._dry[1])
+        return clone
 
 
 _DRAW = "dist"

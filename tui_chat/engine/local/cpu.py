@@ -86,7 +86,7 @@ class LoadWatch:
         if now is None or self._last is None:
             self._last = now
             return None
-        wall, busy, own = (b - a for a, b in zip(self._last, now))
+        wall, busy, own = (b - a for a, b in zip(self._last, now, strict=True))
         if wall < MIN_WINDOW_S:
             return None
         self._last = now

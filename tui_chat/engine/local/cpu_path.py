@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable, Set
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 AUTO = "auto"
 PATHS = ("all", "no-amx", "none")
@@ -177,7 +178,7 @@ def _remember(cache_dir: Path | None, key: str, path: CpuPath) -> CpuPath:
     return path
 
 
-def _read_cache(cache_dir: Path) -> dict:
+def _read_cache(cache_dir: Path) -> dict[str, Any]:
     try:
         entries = json.loads((cache_dir / CACHE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -226,4 +227,5 @@ def deny_amx() -> bool:
     fprog = Filter(len(program) // 8, program)
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         return False
-    return libc.syscall(_SECCOMP, _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC, ctypes.byref(fprog)) == 0
+    result: int = libc.syscall(_SECCOMP, _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC, ctypes.byref(fprog))
+    return result == 0

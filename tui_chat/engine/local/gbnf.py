@@ -24,9 +24,10 @@ def _converted(schema_text: str) -> str:
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     try:
-        return json_schema_to_gbnf(schema_text)
+        converted: str = json_schema_to_gbnf(schema_text)
     except (AssertionError, ValueError, KeyError, TypeError, IndexError, RecursionError) as error:
         raise FormatError(f"the JSON schema cannot be converted to a grammar: {error}") from None
+    return converted
 
 
 def _json_value_gbnf() -> str:

@@ -27,7 +27,8 @@ class Device:
 def system_info() -> str:
     """llama.cpp's one-line build summary: `CPU : SSE3 = 1 | AVX2 = 1 | ... | REPACK = 1 |`."""
     llama_cpp.llama_backend_init()
-    return llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
+    info: bytes = llama_cpp.llama_print_system_info()
+    return info.decode("utf-8", "replace").strip()
 
 
 def build_version() -> str:

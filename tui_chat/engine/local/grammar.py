@@ -132,7 +132,7 @@ def compile_grammar(vocab: llama_cpp.llama_vocab_p, gbnf: str) -> llama_cpp.llam
     """llama.cpp's grammar sampler for `gbnf`, or a FormatError that says why it does not parse."""
     logs.take_errors()
     with _c_stderr() as printed:
-        sampler = llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode("utf-8"), b"root")
+        sampler: llama_cpp.llama_sampler_p = llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode("utf-8"), b"root")
     if not sampler:
         found = _PARSE_ERROR.search(printed[0])
         reasons = [found.group(1)] if found else [e for e in logs.take_errors() if e != "failed to parse grammar"]

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -208,8 +209,8 @@ class KvStore:
         wanted = np.asarray(prompt, dtype=_TOKEN)
         usable = (listing or self.listing(key)).usable
         scored = [(shared_prefix(entry.tokens, wanted, limit), -entry.size_bytes, entry) for entry in usable]
-        shared, _, entry = max(scored, key=lambda item: item[:2], default=(0, 0, None))
-        return (entry, shared) if shared > 0 else None
+        best = max(scored, key=lambda item: item[:2], default=None)
+        return (best[2], best[0]) if best is not None and best[0] > 0 else None
 
     def reading(self, key: KvKey, text: str, listing: Listing | None = None) -> tuple[str, tuple[int, ...]]:
         """The longest start of `text` a usable state's transcript says was read, with its tokens; ("", ())."""
@@ -430,12 +431,13 @@ def read_entry(path: Path, size: int, mtime: float) -> Entry:
     return Entry(path, key, tokens, notes, size, mtime, body_bytes, record["body_sha256"])
 
 
-_RECORD_TYPES = {"body_bytes": int, "body_sha256": str, "conversation": str, "transcript": str,
-                 "transcript_shared": int, "transcript_tail": list, "prompt_chars": int, "prompt_tokens": int,
-                 "prefill_tok_s": (int, float, type(None))}
+_RECORD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "body_bytes": int, "body_sha256": str, "conversation": str, "transcript": str, "transcript_shared": int,
+    "transcript_tail": list, "prompt_chars": int, "prompt_tokens": int, "prefill_tok_s": (int, float, type(None)),
+}
 
 
-def _record(data: bytes) -> tuple[KvKey, dict]:
+def _record(data: bytes) -> tuple[KvKey, dict[str, Any]]:
     """The JSON record (its checksum already matched): written by this format, or KvProblem."""
     try:
         record = json.loads(data)

@@ -10,13 +10,15 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from ..base import (
     Done,
     EngineError,
     Error,
-    LoadProgress,
+    GrammarMask,
     Loaded,
+    LoadProgress,
     Message,
     Metrics,
     ModelInfo,
@@ -222,9 +224,8 @@ class LlamaBackend:
                 session.close()
                 raise
         except (EngineError, PromptError) as error:
-            if stream.cancelled.is_set():
-                error = EngineError(f"loading {settings.path.name} was cancelled")
-            stream.put(Error(str(error)))
+            cancelled = stream.cancelled.is_set()
+            stream.put(Error(f"loading {settings.path.name} was cancelled" if cancelled else str(error)))
             return
         description = session.description()
         self.info = ModelInfo(
@@ -257,20 +258,21 @@ class LlamaBackend:
 
     def _generate(self, request: Request, stream: Stream) -> None:
         try:
-            if self._session is None or self._format is None:
+            session, prompt_format = self._session, self._format
+            if session is None or prompt_format is None:
                 raise EngineError("no model is loaded")
             if self._disk is not None:
                 self._disk.start_turn()
-            _Turn(self, request, stream).run()
+            _Turn(self, session, prompt_format, request, stream).run()
         except (EngineError, PromptError, FormatError) as error:
             stream.put(Error(str(error)))
             return
         if self._disk is not None:
             # after Done: the reply is not kept waiting
-            self._disk.save(self._session, request.conversation, (self._history_text, self._history_tokens),
+            self._disk.save(session, request.conversation, (self._history_text, self._history_tokens),
                             self._last_prompt)
 
-    def _prompt_tokens(self, text: str) -> list[int]:
+    def _prompt_tokens(self, session: LlamaSession, text: str) -> list[int]:
         """Tokens for the rendered prompt, keeping the tokens the model saw last turn as they were.
 
         Re-tokenizing the whole transcript can merge the end of the last reply differently from how it
@@ -278,7 +280,6 @@ class LlamaBackend:
         branched reply starts from the last prompt itself; a chat reopened from disk, from the transcript
         saved with its KV state.
         """
-        session = self._session
         for known_text, known_tokens in self._known_transcripts(text):
             if known_text and text.startswith(known_text):
                 return known_tokens + session.tokenize(text[len(known_text) :], add_bos=False)
@@ -321,6 +322,13 @@ def _marker_pieces(session: LlamaSession, syntax: ThinkingSyntax) -> dict[int, b
     return pieces
 
 
+class _TokenFacts(TypedDict):
+    forced: bool
+    stages: tuple[Stage, ...]
+    grammar: GrammarMask | None
+    inserted: bool
+
+
 class _Turn:
     """One reply: prompt, prefill with progress, then the decode loop that reads params every token.
 
@@ -329,17 +337,19 @@ class _Turn:
     output format's grammar governs the answer only: the thinking is drawn free of it.
     """
 
-    def __init__(self, backend: LlamaBackend, request: Request, stream: Stream) -> None:
+    def __init__(self, backend: LlamaBackend, session: LlamaSession, prompt_format: PromptFormat, request: Request,
+                 stream: Stream) -> None:
         self.backend = backend
-        self.session: LlamaSession = backend._session
+        self.session = session
+        self.format = prompt_format
         self.request = request
         self.stream = stream
-        self.implicit_stops = backend._format.implicit_stops
+        self.implicit_stops = prompt_format.implicit_stops
         self.shown = bool(request.top_logprobs or request.xray)  # each token's own text goes with it
         self.forced = list(request.forced)
         self.allowance = len(self.forced) if request.continuing else 0  # tokens beyond max tokens
         self.prompt_text, self.prompt, self.dropped_turns = self._fitted_prompt()
-        self.inside = opens_thinking(self.prompt_text, backend._format.thinking)  # the prompt opened the thinking
+        self.inside = opens_thinking(self.prompt_text, prompt_format.thinking)  # the prompt opened the thinking
         self.context = self.prompt + self.forced  # all the model reads before its first new token
         self.cached = 0
         self.restored: Restored | None = None
@@ -359,11 +369,11 @@ class _Turn:
         """The prompt's text and tokens, the oldest turns left out if the conversation outgrew the context."""
         backend, session = self.backend, self.session
         rendered: dict[int, tuple[str, list[int]]] = {}
-        extra = {"enable_thinking": self.request.thinking} if backend._format.thinking_switch else None
+        extra = {"enable_thinking": self.request.thinking} if self.format.thinking_switch else None
 
         def count(messages: list[Message]) -> int:
-            text = backend._format.render(messages, session.bos_text, session.eos_text, extra)
-            rendered[len(messages)] = text, backend._prompt_tokens(text)
+            text = self.format.render(messages, session.bos_text, session.eos_text, extra)
+            rendered[len(messages)] = text, backend._prompt_tokens(session, text)
             return len(rendered[len(messages)][1]) + len(self.forced)
 
         _, params = self.request.params.snapshot()
@@ -372,7 +382,7 @@ class _Turn:
         return text, tokens, fitted.dropped_turns
 
     def _new_text(self, stops: tuple[str, ...] = ()) -> ReplyText:
-        return ReplyText(ThinkingSplitter(self.backend._format.thinking, self.inside), StopScanner(stops))
+        return ReplyText(ThinkingSplitter(self.format.thinking, self.inside), StopScanner(stops))
 
     def _piece(self, token: int) -> bytes:
         return self.backend._markers.get(token) or self.session.piece(token)
@@ -447,14 +457,14 @@ class _Turn:
         session, stream, live = self.session, self.stream, self.request.params
         quick = self.backend._quick
         governor = self.backend.threads
-        sampler = None
+        sampler: Chain | None = None
         version = -1
         next_metrics = 0.0
         try:
             while True:
                 if stream.cancelled.is_set():
                     return "cancelled"
-                if live.version != version:
+                if live.version != version or sampler is None:
                     version, params = live.snapshot()
                     if sampler is not None:
                         session.free_sampler(sampler)
@@ -493,7 +503,7 @@ class _Turn:
         """A token joins the reply: its text, split into thinking and answer, and its event. Returns why the
         reply ends with it, if it does."""
         self.generated.append(token)
-        events = dict(forced=forced, stages=stages, grammar=seen.mask, inserted=inserted)
+        events: _TokenFacts = {"forced": forced, "stages": stages, "grammar": seen.mask, "inserted": inserted}
         named = self.shown or forced  # the token's own text (or a special token's name) goes with it
         if self.session.is_end_of_generation(token):
             self.text.add_end()
@@ -502,14 +512,15 @@ class _Turn:
                                   **events))
             return "eos"
         piece = self._piece(token)
-        events["special"] = self.session.special_text(token) if named and not piece else ""
+        special = self.session.special_text(token) if named and not piece else ""
         decoded, thought, shown = self.text.add(piece)
         if (thought or shown) and self.visible_at is None and not forced:
             self.visible_at = now
         if self.thought_at is None and self.text.splitter.opened and not self.text.splitter.thinking:
             self.thought_at = now
         self.stream.put(Token(token, shown, now, version, decoded if named else "", seen.prob,
-                              seen.top, seen.pool, reasoning=thought, thinking=self._thinking(), **events))
+                              seen.top, seen.pool, reasoning=thought, thinking=self._thinking(), special=special,
+                              **events))
         return "stop" if self.text.scanner.stopped else None
 
     def _thinking(self) -> bool:
@@ -596,7 +607,7 @@ class _Turn:
             completion_tokens=self.drawn,
             ttft_s=None if first is None else first - self.request.submitted_at,
             prefill_s=self.prefill_s,
-            decode_s=0.0 if self.first_at is None else self.last_at - self.first_at,
+            decode_s=0.0 if self.first_at is None or self.last_at is None else self.last_at - self.first_at,
             context_tokens=len(self.session.tokens),
             n_ctx=self.session.n_ctx,
             dropped_turns=self.dropped_turns,

@@ -57,9 +57,9 @@ class StateRefused(Exception):
 class Inspection:
     """One drawn token under the raw distribution (see `LlamaSession.inspect`)."""
 
-    prob: float
+    prob: float | None  # None, with no pool: the inspector was off
     top: tuple[Candidate, ...]
-    pool: PoolCut
+    pool: PoolCut | None
     mask: GrammarMask | None = None
 
 
@@ -180,13 +180,13 @@ class LlamaSession:
         return BUILTIN_EQUIVALENTS.get(text) if text in builtin_template_names() else text
 
     def size_bytes(self) -> int:
-        return llama_cpp.llama_model_size(self.model)
+        return int(llama_cpp.llama_model_size(self.model))
 
     def n_params(self) -> int:
-        return llama_cpp.llama_model_n_params(self.model)
+        return int(llama_cpp.llama_model_n_params(self.model))
 
     def n_ctx_train(self) -> int:
-        return llama_cpp.llama_model_n_ctx_train(self.model)
+        return int(llama_cpp.llama_model_n_ctx_train(self.model))
 
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
@@ -220,7 +220,8 @@ class LlamaSession:
         `special_text` (`Token.special`)."""
         cached = self._pieces.get(token)
         if cached is None:
-            size = llama_cpp.llama_token_to_piece(self.vocab, token, self._piece_buffer, len(self._piece_buffer), 0, False)
+            buffer = self._piece_buffer
+            size = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, len(buffer), 0, False)
             cached = self._piece_buffer.raw[: max(size, 0)]
             if cached and _MEDIA_PLACEHOLDER.fullmatch(cached) and self._user_defined(token):
                 cached = b""
@@ -306,7 +307,7 @@ class LlamaSession:
 
     def state_file_bytes(self) -> int:
         """The size `save_state` writes now."""
-        return _SESSION_HEADER.size + 4 * len(self.tokens) + llama_cpp.llama_state_get_size(self.ctx)
+        return _SESSION_HEADER.size + 4 * len(self.tokens) + int(llama_cpp.llama_state_get_size(self.ctx))
 
     def save_state(self, path: Path) -> int:
         """Write the KV cache and its tokens to `path` as llama.cpp's session file, streamed to disk by
@@ -356,7 +357,8 @@ class LlamaSession:
         batch.logits[len(chunk) - 1] = int(want_logits)
         self._decodes += 1
         try:
-            return llama_cpp.llama_decode(self.ctx, batch)
+            status: int = llama_cpp.llama_decode(self.ctx, batch)
+            return status
         finally:
             for i in range(len(chunk) if seq else 0):
                 batch.seq_id[i][0] = 0
@@ -386,7 +388,7 @@ class LlamaSession:
             llama_cpp.llama_memory_seq_rm(self.memory, SCRATCH_SEQ, -1, -1)
         return rows
 
-    def reading_rate(self, tokens: Sequence[int]) -> float:
+    def reading_rate(self, tokens: Sequence[int] | np.ndarray) -> float:
         """How fast this context reads a prompt, in tokens a second: one batch of `tokens` read in the scratch
         sequence from the start (nothing shared), dropped afterwards."""
         chunk = list(tokens[: self.n_batch])
@@ -463,13 +465,16 @@ class LlamaSession:
         best = self.likeliest(scan)
         best = best[np.argsort(probs[best])[::-1]]
         ranked = probs[best] * scale
-        judged, ok = judge(best) if judge is not None else (None, None)
-        marks = [None] * top_n if ok is None else np.isin(best[:top_n], judged[ok]).tolist()
+        marks: list[bool | None] = [None] * top_n
+        mask = None
+        if judge is not None:
+            judged, ok = judge(best)
+            marks = np.isin(best[:top_n], judged[ok]).tolist()
+            mask = self._mask(judged, probs[judged] * scale, ok)
         candidates = tuple(
             Candidate(int(t), self.piece(int(t)).decode("utf-8", errors="replace"), float(p), mark)
-            for t, p, mark in zip(best[:top_n], ranked[:top_n], marks)
+            for t, p, mark in zip(best[:top_n], ranked[:top_n], marks, strict=False)
         )
-        mask = None if ok is None else self._mask(judged, probs[judged] * scale, ok)
         return Inspection(float(probs[token]) * scale, candidates, pool_cut(ranked, self.n_vocab, params), mask)
 
     def _mask(self, ids: np.ndarray, probs: np.ndarray, allowed: np.ndarray) -> GrammarMask:
@@ -501,15 +506,16 @@ class LlamaSession:
             self.model = None
 
 
-def _set_state(ctx, body: memoryview, start: int) -> bool:
+def _set_state(ctx: llama_cpp.llama_context_p, body: memoryview, start: int) -> bool:
     """Restore the state that fills `body` from `start`. Its own function, so that the array over `body` is gone
     when it returns, even before an exception: the caller's view of the file must close."""
     state = np.frombuffer(body, dtype=np.uint8, offset=start)
     pointer = state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
-    return llama_cpp.llama_state_set_data(ctx, pointer, state.size) == state.size
+    restored: int = llama_cpp.llama_state_set_data(ctx, pointer, state.size)
+    return restored == state.size
 
 
-def _tokenize(vocab, text: str, *, add_bos: bool) -> list[int]:
+def _tokenize(vocab: llama_cpp.llama_vocab_p, text: str, *, add_bos: bool) -> list[int]:
     """Special-token text (e.g. `<start_of_turn>`) becomes its token, as chat templates expect."""
     data = text.encode("utf-8")
     capacity = len(data) + 2

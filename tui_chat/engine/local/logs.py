@@ -11,7 +11,7 @@ import contextlib
 import threading
 import traceback
 from pathlib import Path
-from typing import TextIO
+from typing import Literal, TextIO
 
 import llama_cpp
 
@@ -43,8 +43,9 @@ def _on_log(level: int, text: bytes | None, _user_data: object) -> None:
 def _close_sink() -> None:
     """Close the log file even if its last lines cannot be written (held under `_lock`)."""
     global _sink
-    with contextlib.suppress(OSError):
-        _sink.close()
+    if _sink is not None:
+        with contextlib.suppress(OSError):
+            _sink.close()
     _sink = None
 
 
@@ -62,7 +63,7 @@ def install(log_dir: Path | None) -> Path | None:
             try:
                 log_dir.mkdir(parents=True, exist_ok=True)
                 path = log_dir / "llama.log"
-                mode = "w" if path.exists() and path.stat().st_size > _MAX_LOG_BYTES else "a"
+                mode: Literal["w", "a"] = "w" if path.exists() and path.stat().st_size > _MAX_LOG_BYTES else "a"
                 _sink = path.open(mode, encoding="utf-8", buffering=1)
             except OSError:
                 path = None

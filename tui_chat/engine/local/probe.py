@@ -21,7 +21,7 @@ def self_test(model: Path, path_name: str) -> None:
     session = LlamaSession(model, n_ctx=256, gpu_layers=0, n_batch=32, threads=choose_threads(read_topology()),
                            cpu_path=CpuPath(path_name, amx=True, simd=""))
     try:
-        if session.cpu_path.name != path_name:
+        if session.cpu_path is None or session.cpu_path.name != path_name:
             raise SystemExit(3)  # AMX could not be denied here: this path cannot be tested
         prompt = session.tokenize("The capital of France is", add_bos=session.add_bos)
         session.prefill(prompt, lambda _done: None, lambda: False)

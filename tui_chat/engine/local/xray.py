@@ -71,7 +71,7 @@ def word_probability(session: LlamaSession, context: Sequence[int], text: str) -
         raise EngineError("type a word or phrase to ask about")
     rows = session.scratch_logits(context, tokens[:-1])
     parts = []
-    for row, token in zip(rows, tokens):
+    for row, token in zip(rows, tokens, strict=True):
         prob, _ = raw_probability(row, token)
         parts.append(Candidate(token, session.piece(token).decode("utf-8", errors="replace"), prob))
     _, rank = raw_probability(rows[0], tokens[0])
@@ -93,17 +93,19 @@ def verdict(piece: str, prob: float, rank: int, stages: Sequence[Stage], default
         if rank == 1:
             return f"{head}: temperature 0 takes the likeliest token"
         mover = next(s for s in stages if s.rank == 1)
-        return f"{head} because {mover.label} pushed the likelier tokens below it, and temperature 0 takes the likeliest"
+        return (f"{head} because {mover.label} pushed the likelier tokens below it, "
+                "and temperature 0 takes the likeliest")
     if rank == 1:
         return f"{head}: the likeliest token" + (f", a {stages[-1].prob:.0%} chance among the {stages[-1].kept} left"
                                                   if stages else "")
     if default_cut is not None:
         return f"{head} because {_order_reason(stages, default_cut)}"
-    mover, was = _biggest_rise(stages, rank)
-    if mover is not None:
+    rise = _biggest_rise(stages, rank)
+    if rise is not None:
+        mover, was, now = rise
         if mover.name not in _REORDERING:
-            return f"{head} because {mover.label} removed the {was - mover.rank} likelier tokens"
-        return f"{head} because {mover.label} {_REORDERING[mover.name]} the likelier tokens (rank {was} → {mover.rank})"
+            return f"{head} because {mover.label} removed the {was - now} likelier tokens"
+        return f"{head} because {mover.label} {_REORDERING[mover.name]} the likelier tokens (rank {was} → {now})"
     if not stages:
         return f"{head}: a {prob:.1%} chance, nothing cut the pool"
     cutter = _last_cut(stages)
@@ -134,14 +136,18 @@ def _order_reason(stages: Sequence[Stage], cut: Stage) -> str:
     return f"{pick.label} ran before {cut.label} (in llama.cpp's order {cut.label} removes it)"
 
 
-def _biggest_rise(stages: Sequence[Stage], rank: int) -> tuple[Stage | None, int]:
-    """The stage that moved the token up the most (penalties lowering others; XTC or typical-p removing them)."""
-    best, best_was, was = None, rank, rank
+def _biggest_rise(stages: Sequence[Stage], rank: int) -> tuple[Stage, int, int] | None:
+    """The stage that moved the token up the most (penalties lowering others; XTC or typical-p removing them),
+    with the token's rank before and after it; None when none did."""
+    best: tuple[Stage, int, int] | None = None
+    was = rank
     for stage in stages:
-        if stage.rank < was and (best is None or was - stage.rank > best_was - best.rank):
-            best, best_was = stage, was
+        if stage.rank is None:
+            continue  # it removed the token: `verdict` says so before asking what moved it up
+        if stage.rank < was and (best is None or was - stage.rank > best[1] - best[2]):
+            best = (stage, was, stage.rank)
         was = stage.rank
-    return best, best_was
+    return best
 
 
 def _last_cut(stages: Sequence[Stage]) -> Stage | None:

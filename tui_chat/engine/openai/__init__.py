@@ -7,8 +7,8 @@
   backend.py     `OpenAIBackend`: loads (lists and picks the model), streams replies, counts tokens
 """
 
-from .backend import OpenAIBackend, RemoteError, RemoteSettings, check_base_url, display_url
-from .wire import MalformedEvent, parse_chunk
+from .backend import OpenAIBackend, RemoteSettings, check_base_url, display_url
+from .wire import MalformedEvent, RemoteError, parse_chunk
 
 __all__ = ["MalformedEvent", "OpenAIBackend", "RemoteError", "RemoteSettings", "check_base_url", "display_url",
            "parse_chunk"]

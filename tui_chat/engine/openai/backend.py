@@ -24,8 +24,17 @@ from ..params import SamplingParams
 from ..server_params import format_fields, server_fields, server_notes, thinking_fields
 from ..templates import PLAIN
 from .connection import Connection, CuttableStream
-from .servers import GENERIC, LLAMA_CPP_PYTHON, LLAMA_SERVER, PLAIN_FORMAT, VLLM, Served, is_plain, quantization
-from .servers import shown_name
+from .servers import (
+    GENERIC,
+    LLAMA_CPP_PYTHON,
+    LLAMA_SERVER,
+    PLAIN_FORMAT,
+    VLLM,
+    Served,
+    is_plain,
+    quantization,
+    shown_name,
+)
 from .sse import SseDecoder
 from .streamed import StreamedReply, stop_reason
 from .wire import RemoteError, count, error_text, excerpt
@@ -59,7 +68,8 @@ def check_base_url(base_url: str) -> str:
     except (httpx.InvalidURL, TypeError):
         raise RemoteError(f"base URL {base_url!r} is not a URL") from None
     if url.scheme not in ("http", "https") or not url.host:
-        raise RemoteError(f"base URL must start with http:// or https:// and name a host (got {display_url(base_url)!r})")
+        raise RemoteError("base URL must start with http:// or https:// and name a host "
+                          f"(got {display_url(base_url)!r})")
     return base_url.rstrip("/")
 
 
@@ -100,7 +110,8 @@ class OpenAIBackend:
     def generate(self, request: Request) -> Stream:
         connection = Connection()
         stream = CuttableStream(connection)
-        threading.Thread(target=self._reply, args=(request, stream, connection), name="remote-reply", daemon=True).start()
+        args = (request, stream, connection)
+        threading.Thread(target=self._reply, args=args, name="remote-reply", daemon=True).start()
         return stream
 
     def count_tokens(self, text: str) -> int:
@@ -182,7 +193,8 @@ class OpenAIBackend:
         props = self._probe(f"{self.root_url}/props")
         if isinstance(props, dict) and "default_generation_settings" in props:
             n_ctx = count(props, "default_generation_settings", "n_ctx") or count(props, "n_ctx") or 0
-            meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
+            meta = entry.get("meta")
+            meta = meta if isinstance(meta, dict) else {}
             quantized = quantization(meta.get("ftype") or props.get("model_ftype"))
             return Served(LLAMA_SERVER, n_ctx, quantized, is_plain(props.get("chat_template")))
         schema = self._probe(f"{self.root_url}/openapi.json")
@@ -201,8 +213,10 @@ class OpenAIBackend:
         return self._send(self._client.build_request("GET", url))
 
     def _server_count(self, text: str) -> int:
-        url = f"{self.root_url}/{self.kind.tokenize_path}"
-        body = self.kind.tokenize_body(text, self.settings.model)
+        path, make_body = self.kind.tokenize_path, self.kind.tokenize_body
+        assert path is not None and make_body is not None, "asked only of a server that counts tokens"
+        url = f"{self.root_url}/{path}"
+        body = make_body(text, self.settings.model)
         answer = self._send(self._client.build_request("POST", url, json=body, timeout=TOKENIZE_TIMEOUT_S))
         tokens = count(answer, "count")
         if tokens is None and isinstance(answer, dict) and isinstance(answer.get("tokens"), list):
@@ -294,7 +308,7 @@ class OpenAIBackend:
         body |= thinking_fields(self.kind.name, request.thinking)
         if request.forced:
             messages.append({"role": "assistant", "content": self._given_start(request)})
-            body |= self.kind.continues
+            body |= self.kind.continues or {}  # `_given_start` refused a server that cannot continue
         if request.top_logprobs:
             body["logprobs"] = True
             body["top_logprobs"] = request.top_logprobs
@@ -364,7 +378,8 @@ class OpenAIBackend:
 
     def _network_message(self, error: httpx.HTTPError) -> str:
         if isinstance(error, httpx.ConnectError):
-            return f"cannot connect to {self.host}: {excerpt(str(error)) or 'connection refused'}; is the server running?"
+            reason = excerpt(str(error)) or "connection refused"
+            return f"cannot connect to {self.host}: {reason}; is the server running?"
         if isinstance(error, httpx.TimeoutException):
             return f"the server at {self.host} did not answer in time ({type(error).__name__})"
         if isinstance(error, httpx.RemoteProtocolError):

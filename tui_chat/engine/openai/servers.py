@@ -12,8 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..prompts import PLAIN, choose_format
+from ..prompts import choose_format
 from ..server_params import ignored_formats, ignored_settings
+from ..templates import PLAIN
 
 
 @dataclass(frozen=True, slots=True)

@@ -137,6 +137,7 @@ class StreamedReply:
         completion = count(usage, "completion_tokens") or count(timings, "predicted_n") or self.tokens
         withheld = max(0, completion - self.tokens) if ended == "stop" else 0
         first = self.visible_at or self.first_at
+        started, last = self.first_at, self.last_at  # both set with the first token, thinking's included
         ttft = None if first is None else first - self.request.submitted_at
         return TurnMetrics(
             prompt_tokens=prompt,
@@ -144,13 +145,13 @@ class StreamedReply:
             completion_tokens=completion,
             ttft_s=ttft,
             prefill_s=self._prefill_s(prompt, from_timings == prompt, ttft),
-            decode_s=0.0 if self.first_at is None else self.last_at - self.first_at,
+            decode_s=0.0 if started is None or last is None else last - started,
             context_tokens=prompt + completion,
             n_ctx=self.n_ctx,
             server_decode_tok_s=rate(timings, "predicted_per_second"),
             prompt_estimated=not reported and self.estimate is not None,
             reasoning_tokens=count(usage, "completion_tokens_details", "reasoning_tokens") or self.thinking,
-            thinking_s=None if self.thought_at is None else self.thought_at - self.first_at,
+            thinking_s=None if self.thought_at is None or started is None else self.thought_at - started,
             withheld_tokens=withheld,
         )
 

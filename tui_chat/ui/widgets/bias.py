@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from textual import on
 from textual.app import ComposeResult
@@ -62,7 +63,7 @@ class BiasList(Vertical):
             super().__init__(bias_list)
             self.entries = entries
 
-    def __init__(self, entries: Entries, **kwargs) -> None:
+    def __init__(self, entries: Entries, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.entries = entries
 

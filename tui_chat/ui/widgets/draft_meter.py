@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from textual import work
 from textual.content import Content
+from textual.timer import Timer
 from textual.widgets import Static
 
 from ...engine.base import Backend, EngineError
@@ -29,12 +31,12 @@ class DraftCosts:
 class DraftMeter(Static):
     DEFAULT_CSS = "DraftMeter { height: 1; padding: 0 2; color: $text-muted; }"
 
-    def __init__(self, costs: Callable[[], DraftCosts], **kwargs) -> None:
+    def __init__(self, costs: Callable[[], DraftCosts], **kwargs: Any) -> None:
         super().__init__(Content(IDLE), **kwargs)
         self.costs = costs
         self.backend: Backend | None = None
         self.text = ""
-        self._timer = None
+        self._timer: Timer | None = None
 
     def draft_changed(self, text: str) -> None:
         """Counted a moment after typing stops, off the UI thread: a server counts over HTTP."""

@@ -11,13 +11,20 @@ characters still queued; so the widget runs them itself, when the key reaches it
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from textual import events
 from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Checkbox, Input
 
+if TYPE_CHECKING:
+    _Mixin = Widget  # what the mixin is mixed into, for the checker
+else:
+    _Mixin = object
 
-class KeysInTurn:
+
+class KeysInTurn(_Mixin):
     """Mix in before a Textual widget class: a key bound on the widget itself runs when the widget gets
     it, so it keeps its place among the characters typed around it."""
 
@@ -37,7 +44,7 @@ class TickBox(Checkbox):
     """A checkbox whose state reads without colour: ✓ on, blank off (Textual's draws an X in both)."""
 
     @property
-    def BUTTON_INNER(self) -> str:  # noqa: N802 (Textual's name for it)
+    def BUTTON_INNER(self) -> str:  # type: ignore[override]  # Textual's class attribute, read at each render
         return "✓" if self.value else " "
 
 

@@ -7,10 +7,11 @@ after `out:`. The line below says what actually runs, as the engine plans it (st
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from textual.binding import Binding, BindingType
 from textual.content import Content
+from textual.style import Style as VisualStyle
 from textual.widget import Widget
 
 from ...engine.params import DEFAULT_ORDER, SAMPLER_STAGES, SamplingParams
@@ -60,7 +61,7 @@ class OrderBar(Widget, can_focus=True):
         Binding("right", "pick(1)", "Next stage", show=False),
         Binding("shift+left,less_than_sign", "move(-1)", "Move earlier", show=False),
         Binding("shift+right,greater_than_sign", "move(1)", "Move later", show=False),
-        Binding("space", "toggle", "Leave out / put back", show=False),
+        Binding("space", "toggle_stage", "Leave out / put back", show=False),
         Binding("d", "default", "llama.cpp's order", show=False),
     ]
     COMPONENT_CLASSES: ClassVar[set[str]] = {"order--on", "order--off", "order--out", "order--cursor", "order--plan"}
@@ -82,7 +83,7 @@ class OrderBar(Widget, can_focus=True):
             super().__init__(bar)
             self.order = order
 
-    def __init__(self, params: SamplingParams, **kwargs) -> None:
+    def __init__(self, params: SamplingParams, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.params = params
         self.cursor = 0
@@ -107,7 +108,7 @@ class OrderBar(Widget, can_focus=True):
             self.cursor += step
             self.post_message(self.Changed(self, changed))
 
-    def action_toggle(self) -> None:
+    def action_toggle_stage(self) -> None:
         order = self.params.sampler_order
         changed = toggled(order, self.picked)
         if changed != order:
@@ -120,7 +121,7 @@ class OrderBar(Widget, can_focus=True):
 
     def render(self) -> Content:
         order = self.params.sampler_order
-        parts: list[tuple[str, object] | str] = []
+        parts: list[tuple[str, VisualStyle] | str] = []
         for index, stage in enumerate(stage_row(order)):
             if index == len(order):
                 parts.append(("  out: ", self.get_visual_style("order--off")))
@@ -134,8 +135,8 @@ class OrderBar(Widget, can_focus=True):
         parts.append(("\nruns: " + plan_line(self.params), self.get_visual_style("order--plan")))
         return Content.assemble(*parts)
 
-    def _on_focus(self) -> None:
+    def on_focus(self) -> None:
         self.refresh()
 
-    def _on_blur(self) -> None:
+    def on_blur(self) -> None:
         self.refresh()

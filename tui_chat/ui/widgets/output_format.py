@@ -7,6 +7,8 @@ conversation (the chat screen keeps it in the session and the history) and appli
 
 from __future__ import annotations
 
+from typing import Any
+
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -51,7 +53,7 @@ class FormatPicker(Vertical):
             super().__init__(picker)
             self.output = output
 
-    def __init__(self, output: OutputFormat = TEXT, **kwargs) -> None:
+    def __init__(self, output: OutputFormat = TEXT, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.output = output
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from textual import events
 from textual.binding import Binding
 from textual.message import Message
@@ -33,7 +35,7 @@ class PromptInput(KeysInTurn, TextArea):
             super().__init__()
             self.text = text
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(soft_wrap=True, show_line_numbers=False, compact=True, **kwargs)
 
     async def _on_paste(self, event: events.Paste) -> None:

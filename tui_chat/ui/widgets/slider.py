@@ -184,7 +184,7 @@ class Slider(KeysInTurn, Widget, can_focus=True):
         if typed and typed != "-":
             self.post_message(self.Entered(self, typed))
 
-    def _on_blur(self) -> None:
+    def on_blur(self) -> None:
         self.commit_typed()
 
     def _set_from_mouse(self, event: events.MouseEvent) -> None:
@@ -194,7 +194,7 @@ class Slider(KeysInTurn, Widget, can_focus=True):
         span = max(self.content_size.width - 1, 1)
         self.value = self._value_at(_round_half_up(x / span * self._steps))
 
-    def _on_mouse_down(self, event: events.MouseDown) -> None:
+    def on_mouse_down(self, event: events.MouseDown) -> None:
         if event.button == 1:
             self.capture_mouse()
             self._set_from_mouse(event)
@@ -203,7 +203,7 @@ class Slider(KeysInTurn, Widget, can_focus=True):
         if self.app.mouse_captured is self:
             self._set_from_mouse(event)
 
-    def _on_mouse_up(self) -> None:
+    def on_mouse_up(self) -> None:
         self.release_mouse()
 
     def render(self) -> Content:

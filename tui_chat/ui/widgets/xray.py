@@ -36,11 +36,12 @@ def xray_text(xray: XRay, note: str = "", recorded: float | None = None) -> Text
     out.append(f"{'stage':<{LABEL_WIDTH}} {'kept':>7}  {'share of raw p kept':<{BAR_WIDTH + 9}}rank · p among kept\n",
                style="dim")
     for stage in xray.stages:
-        removed = stage.rank is None
+        prob = stage.prob
+        removed = prob is None  # with its rank: the stage removed the drawn token
         out.append(f"{stage.label:<{LABEL_WIDTH}.{LABEL_WIDTH}} {stage.kept:>7,}  ")
         out.append(bar(stage.mass), style="dim" if removed else "green")
         out.append(f" {percent(stage.mass):>6}  ")
-        out.append("removed it" if removed else f"{stage.rank} · p {percent(stage.prob)}",
+        out.append("removed it" if prob is None else f"{stage.rank} · p {percent(prob)}",
                    style="bold red" if removed else "")
         out.append("\n")
         if stage.note:
