@@ -114,8 +114,15 @@ def path_at(text: str) -> str:
         if kind == "[":
             path += f"[{key}]"
         elif key is not None:
-            path += _key(key)
+            path += _key(_unescaped(key))
     return path
+
+
+def _unescaped(raw: str) -> str:
+    try:
+        return str(json.loads(f'"{raw}"'))
+    except ValueError:
+        return raw
 
 
 def _key(name: str) -> str:

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 # At each place JSON allows whitespace: at most a newline and an indent, so a small model cannot loop in
 # blanks (LLGuidance's default allows any run of them). A schema's own "x-guidance" options still win.
-JSON_OPTIONS: JsonCompileOptions = {"whitespace_pattern": r"\n?[ \t]{0,24}"}
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_pattern": r"\n?(?: {0,16}|\t{0,4})"}
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[(.*)\]')
 _UNKNOWN_FORMAT = re.compile(r"Unknown format: (.*)")
 
