@@ -13,9 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import jsonschema
-from jsonschema.exceptions import SchemaError
-
 from .params import InvalidParameter
 from .schema import one_line, resolve, walk
 
@@ -111,7 +108,10 @@ def _read(path_text: str, what: str) -> str:
 
 def _check_schema(schema: dict[str, Any]) -> None:
     """Valid against its own meta-schema (draft 2020-12 unless `$schema` names another), and each local
-    `$ref` resolvable: one line naming where it is not."""
+    `$ref` resolvable: one line naming where it is not. jsonschema is imported here, not at start-up (~50 ms)."""
+    import jsonschema
+    from jsonschema.exceptions import SchemaError
+
     validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         validator.check_schema(schema)

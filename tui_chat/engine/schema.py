@@ -13,8 +13,6 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import unquote
 
-import jsonschema
-
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 # Keywords whose value is one schema, a list of schemas, or a table of them, and where each applies.
 _ONE = {"additionalProperties": ".*", "items": "[*]", "contains": "[*]", "propertyNames": " (a key)",
@@ -64,7 +62,9 @@ def locate(schema: dict[str, Any], keyword: str, value: Any = None) -> str:
 
 def violation(schema: dict[str, Any], text: str) -> str:
     """Why `text` is not a JSON document valid under `schema` (formats checked where the validator knows
-    them), in one line; "" when it is."""
+    them), in one line; "" when it is. jsonschema is imported here, not at start-up (~50 ms)."""
+    import jsonschema
+
     try:
         document = json.loads(text)
     except (ValueError, RecursionError) as error:
