@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
+from llguidance import LLTokenizer
 from llguidance.numpy import allocate_token_bitmask
 
 from shared import bench_model, greedy_settings
@@ -55,7 +55,9 @@ def main() -> None:
     backend = LlamaBackend(LlamaSettings(model, n_ctx=4096, chat_template="gemma"))
     backend.load().result()
     params = SamplingParams(**greedy_settings(args.max_tokens))
-    tokenizer = tokenizer_for(backend._session)
+    session = backend._session
+    assert session is not None, "loaded above"
+    tokenizer = tokenizer_for(session)
     counts: dict[str, Counter[str]] = defaultdict(Counter)
     masks: list[float] = []
     notes: list[dict[str, str]] = []
@@ -95,14 +97,14 @@ def _outcome(final: object, schema: dict) -> str:
     return "violated" if violation(schema, final.text) else "compliant"
 
 
-def _mask_times(tokenizer: object, grammar: str, tokens: list[int]) -> list[float]:
+def _mask_times(tokenizer: LLTokenizer, grammar: str, tokens: list[int]) -> list[float]:
     """The whole vocabulary's mask timed at each position of a reply, in seconds."""
-    matcher = new_matcher(tokenizer, grammar)  # type: ignore[arg-type]
-    bitmask = allocate_token_bitmask(1, tokenizer.vocab_size)  # type: ignore[attr-defined]
+    matcher = new_matcher(tokenizer, grammar)
+    bitmask = allocate_token_bitmask(1, tokenizer.vocab_size)
     times = []
     for token in tokens:
         started = time.perf_counter()
-        mask_of(matcher, bitmask, tokenizer.vocab_size)  # type: ignore[attr-defined]
+        mask_of(matcher, bitmask, tokenizer.vocab_size)
         times.append(time.perf_counter() - started)
         if not matcher.consume_token(token):
             break
@@ -134,4 +136,4 @@ def _table(report: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
