@@ -15,7 +15,7 @@ Result = TypeVar("Result")
 def bench_model(model: Path | None) -> tuple[Path, Path]:
     """The .gguf to time (`model`, or the starter) and the fresh folder llama.cpp's log now goes to."""
     from tui_chat.config import models_dir
-    from tui_chat.engine import logs
+    from tui_chat.engine.local import logs
     from tui_chat.engine.models import resolve_model
 
     log_dir = Path(tempfile.mkdtemp(prefix="tui-chat-bench-"))

@@ -120,7 +120,8 @@ def test_logit_bias_and_sampler_order_flags_reach_the_chain(tiny_model):
 
 def test_output_format_flags(tiny_model, tmp_path):
     common = (*TINY_RUN, "-m", str(tiny_model), "--json")
-    schema = '{"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}'
+    schema = '{"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], ' \
+             '"additionalProperties": false}'
     report = json.loads(run(*common, "--max-tokens", "100", "--json-schema", schema).stdout)["turns"][0]
     assert report["format"] == "json_schema" and report["incomplete"] is False
     assert isinstance(json.loads(report["text"])["ok"], bool)
@@ -129,7 +130,7 @@ def test_output_format_flags(tiny_model, tmp_path):
     report = json.loads(run(*common, "--grammar", str(grammar), "--top-logprobs", "3").stdout)["turns"][0]
     assert report["text"] in ("yes", "no") and report["tokens"][0]["grammar"]["removed"] > 0
     assert all("allowed" in c for c in report["tokens"][0]["top"])
-    endless = run(*TINY_RUN, "-m", str(tiny_model), "--max-tokens", "5", "--grammar", 'root ::= "a" root')
+    endless = run(*TINY_RUN, "-m", str(tiny_model), "--max-tokens", "5", "--grammar", 'root ::= "a"{30}')
     assert endless.returncode == 0 and endless.stdout == "aaaaa\n"
     assert "before its grammar was complete: the output is incomplete" in endless.stderr
 
@@ -150,7 +151,8 @@ def test_no_stream_holds_the_reply_and_compares_the_wait(tiny_model):
         (["--sampler-order", "top_k,fast"], "sampler_order takes names from penalties, dry"),
         (["--xray"], "--xray needs --json"),
         (["--json-schema", "{not json"], "the JSON schema is not valid JSON"),
-        (["--json-schema", '{"type": "integer", "minimum": 3}'], "JSON schema keyword 'minimum' (the schema) is not"),
+        (["--json-schema", '{"type": "strin"}'], "the JSON schema is not valid at #/type: 'strin' is not valid under"),
+        (["--json-schema", '{"items": {"$ref": "#/$defs/x"}}'], "$[*]: \"$ref\" '#/$defs/x' points to nothing"),
         (["--grammar", "/no/such.gbnf"], "cannot read the grammar file /no/such.gbnf"),
         (["--format", "json", "--grammar", "x.gbnf"], "argument --grammar: not allowed with argument --format"),
     ],
@@ -165,9 +167,10 @@ def test_bad_sampling_and_format_flags_are_one_line_and_exit_2(args, message):
 @pytest.mark.parametrize(
     ("flag", "given", "message"),
     [
-        ("--grammar", 'root ::= "yes" | foo', "the grammar does not parse: Undefined rule identifier 'foo'"),
-        ("--grammar", 'answer ::= "yes"', "the grammar does not parse: grammar does not contain a 'root' symbol"),
-        ("--json-schema", '{"type": "string", "pattern": "abc"}', "the JSON schema cannot be converted to a grammar: "),
+        ("--grammar", 'root ::= "yes" | foo', "the grammar does not parse: Rule 'foo' not found"),
+        ("--grammar", 'answer ::= "yes"', "the grammar does not parse: No 'root' rule found"),
+        ("--json-schema", '{"pattern": "(?<=a)b"}', "the JSON schema cannot be enforced: $: pattern '(?<=a)b': "),
+        ("--json-schema", '{"$ref": "#"}', "the output format allows no text at all: does a rule or a $ref only"),
     ],
 )
 def test_a_grammar_that_does_not_parse_is_the_users_input_one_line_and_exit_2(tiny_model, flag, given, message):

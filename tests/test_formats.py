@@ -14,7 +14,6 @@ import pytest
 from conftest import GREEDY, collect, open_backend
 from tui_chat.engine.base import Done, Error, Message, Request, Token
 from tui_chat.engine.formats import TEXT, FormatError, choose, from_dict, grammar, json_schema
-from tui_chat.engine.local.chain import Candidates
 from tui_chat.engine.local.grammar import Constraint
 from tui_chat.engine.local.xray import position_context
 from tui_chat.engine.params import LiveParams, SamplingParams
@@ -107,10 +106,10 @@ def test_the_mask_marks_what_the_grammar_forbade(tiny):
 
 
 def test_cancel_mid_reply_under_a_format(tiny):
-    """A grammar that cannot end, so only the cancellation ends the reply (a closable one let the tiny model,
-    at thousands of tokens a second, write `[a]` and stop before the cancellation was seen)."""
+    """A grammar that cannot end before 1,000 tokens, so only the cancellation ends the reply (a closable one
+    let the tiny model, at thousands of tokens a second, write `[a]` and stop before the cancellation was seen)."""
     stream = tiny.generate(Request([Message("user", PROMPTS[1])], LiveParams(GREEDY.with_changes(max_tokens=2000)),
-                                   format=grammar('root ::= "[" rest\nrest ::= ("a" | "b") rest')))
+                                   format=grammar('root ::= "[" [ab]{1000}')))
     done = None
     for event in stream:
         if isinstance(event, Token):
@@ -122,17 +121,27 @@ def test_cancel_mid_reply_under_a_format(tiny):
 
 
 def test_a_grammar_that_cannot_end_stops_at_max_tokens_marked_incomplete(tiny):
-    _, done = write(tiny, PROMPTS[1], grammar('root ::= "a" root'), GREEDY.with_changes(max_tokens=20))
+    _, done = write(tiny, PROMPTS[1], grammar('root ::= "a"{30}'), GREEDY.with_changes(max_tokens=20))
     assert done.stop_reason == "length" and done.incomplete and done.text == "a" * 20
+
+
+def test_a_grammar_with_no_complete_text_is_one_line(tiny):
+    """`root ::= "a" root` never ends: llama.cpp's sampler let it run to max tokens; LLGuidance sees after the
+    first `a` that nothing can complete it."""
+    tokens, final = collect(tiny.generate(Request([Message("user", "Hi")], LiveParams(GREEDY),
+                                                  format=grammar('root ::= "a" root'))))
+    assert [t.text for t in tokens] == ["a"]
+    assert final == Error("the output format allows nothing after this, so the reply can never be complete: "
+                          "does a rule only refer to itself?")
 
 
 @pytest.mark.parametrize(
     ("grammar_text", "message"),
     [
-        ('root ::= "yes" | foo', "the grammar does not parse: Undefined rule identifier 'foo'"),
-        ('answer ::= "yes"', "the grammar does not parse: grammar does not contain a 'root' symbol"),
-        ('root ::= root "x"', "the grammar does not parse: unsupported grammar, left recursion detected"),
-        ('root ::= "unterminated', "the grammar does not parse: "),
+        ('root ::= "yes" | foo', "the grammar does not parse: Rule 'foo' not found"),
+        ('answer ::= "yes"', "the grammar does not parse: No 'root' rule found"),
+        ('root ::= root "x"', "the output format allows no text at all: does a rule or a $ref only refer to itself?"),
+        ('root ::= "unterminated', "the grammar does not parse: Unexpected end of input"),
     ],
 )
 def test_a_grammar_that_does_not_parse_is_one_line_and_the_backend_goes_on(tiny, capfd, grammar_text, message):
@@ -140,7 +149,7 @@ def test_a_grammar_that_does_not_parse_is_one_line_and_the_backend_goes_on(tiny,
                                                   format=grammar(grammar_text))))
     assert tokens == [] and isinstance(final, Error) and final.message.startswith(message)
     assert "\n" not in final.message
-    assert "error parsing grammar" not in capfd.readouterr().err
+    assert capfd.readouterr().err == ""
     _, done = write(tiny, "Hi", TEXT, GREEDY.with_changes(max_tokens=4))
     assert done.metrics.completion_tokens > 0
 
@@ -150,24 +159,36 @@ def test_a_grammar_that_does_not_parse_is_one_line_and_the_backend_goes_on(tiny,
     [
         ("{not json", "the JSON schema is not valid JSON: "),
         ("[1, 2]", "a JSON schema must be a JSON object"),
-        ('{"type": "integer", "minimum": 3}', "JSON schema keyword 'minimum' (the schema) is not supported"),
-        ('{"properties": {"n": {"not": {"type": "null"}}}}', "JSON schema keyword 'not' (the schema → n) is not"),
-        ('{"type": "string", "format": "email"}', "JSON schema format 'email' (the schema) is not supported"),
-        ('{"type": "strin"}', "JSON schema type 'strin' (the schema) is not a JSON type"),
+        ('{"type": "strin"}', "the JSON schema is not valid at #/type: 'strin' is not valid under any of the given"),
+        ('{"properties": {"n": {"minimum": "3"}}}', "the JSON schema is not valid at #/properties/n/minimum: '3' is "
+                                                    "not of type 'number'"),
+        ('{"properties": {"a": {"$ref": "#/$defs/nope"}}}', "$.a: \"$ref\" '#/$defs/nope' points to nothing in the"),
+        ('{"$schema": "http://json-schema.org/draft-07/schema#", "definitions": {"x": {"type": 3}}, "$ref": "#/y"}',
+         "the JSON schema is not valid at #/definitions/x/type: 3 is not valid under any of the given schemas"),
+        ('{"items": {"$ref": "#/$defs/a~1b"}, "$defs": {"a/b": {}}}', None),
         ("/no/such/schema.json", "cannot read the JSON schema file /no/such/schema.json"),
     ],
 )
 def test_bad_schemas_are_refused_when_chosen(schema, message):
+    if message is None:  # a JSON pointer with an escaped "/" resolves
+        json_schema(schema)
+        return
     with pytest.raises(FormatError) as refused:
         json_schema(schema)
     assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
 
 
-def test_a_schema_the_converter_cannot_take_is_the_replys_one_error(tiny):
-    output = json_schema('{"type": "string", "pattern": "abc"}')
+def test_a_schema_over_1_mib_is_one_line():
+    huge = json.dumps({"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(60_000)}})
+    with pytest.raises(FormatError, match=r"^the JSON schema is 1\.\d MiB: the limit is 1 MiB$"):
+        json_schema(huge)
+
+
+def test_a_schema_the_engine_cannot_take_is_the_replys_one_error(tiny):
+    output = json_schema('{"properties": {"code": {"type": "string", "pattern": "(?=a)b"}}}')
     tokens, final = collect(tiny.generate(Request([Message("user", "Hi")], LiveParams(GREEDY), format=output)))
-    assert tokens == [] and final == Error('the JSON schema cannot be converted to a grammar: '
-                                           'Pattern must start with "^" and end with "$"')
+    assert tokens == [] and final == Error("the JSON schema cannot be enforced: $.code: pattern '(?=a)b': "
+                                           "look-around, including look-ahead and look-behind, is not supported")
 
 
 def test_a_branch_the_format_forbids_is_refused(tiny):
@@ -228,30 +249,20 @@ def test_xtc_under_a_format_draws_the_chains_pick_and_the_reply_still_parses(gem
         json.loads(done.text)
 
 
-def test_the_grammars_removed_mass_is_the_whole_vocabularys_or_says_what_was_not_judged(gemma):
-    """The mask is judged over the 1,024 likeliest candidates (the whole vocabulary costs tens of ms a token);
-    on the starter's flat distributions a good share of the probability lies beyond them (issue 25, item 5:
-    "forced", "p = 0.0%" and "removed 83.7%" together). Checked against the grammar on the whole vocabulary."""
+def test_the_grammars_removed_mass_is_over_the_whole_vocabulary(gemma):
+    """The mask is judged over the whole vocabulary (issue 25, item 5: "forced", "p = 0.0%" and "removed 83.7%"
+    together, when only the 1,024 likeliest were judged). Checked against a fresh matcher, token by token."""
     output = choose("json")
     tokens, done = write(gemma, PROMPTS[0], output, SAMPLED[1].with_changes(max_tokens=24), top_logprobs=5)
     session = gemma._session
     constraint = Constraint(session, output)
-    vocabulary = np.arange(session.n_vocab, dtype=np.int32)
-    unjudged = []
-    try:
-        for index, token in enumerate(tokens):
-            if index:  # the first token's logits came with the prompt's batch: recomputed, they move a little
-                logits = session.scratch_logits(position_context(done.prompt_ids, tokens, index))[0]
-                probs = np.exp(logits.astype(np.float64) - logits.max())
-                candidates = Candidates(vocabulary, logits)
-                candidates.apply(constraint.grammar)
-                removed = 1.0 - probs[candidates.survivors()["id"]].sum() / probs.sum()
-                mask = token.grammar
-                assert mask.removed - 1e-3 <= removed <= mask.removed + mask.unjudged + 1e-3, index
-                summary = grammar_summary(mask)
-                assert ("at least" in summary) == (mask.unjudged >= 5e-4), summary
-                unjudged.append(mask.unjudged)
-            constraint.accept(token.token_id)
-    finally:
-        constraint.free()
-    assert max(unjudged) > 0.01, "the case of the issue: much of the probability beyond the judged candidates"
+    for index, token in enumerate(tokens):
+        if index:  # the first token's logits came with the prompt's batch: recomputed, they move a little
+            logits = session.scratch_logits(position_context(done.prompt_ids, tokens, index))[0]
+            probs = np.exp(logits.astype(np.float64) - logits.max())
+            allowed, _ = constraint.judge()
+            removed = 1.0 - probs[allowed].sum() / probs.sum()
+            assert abs(token.grammar.removed - removed) < 1e-3, index
+            assert token.grammar.allowed == allowed.sum()
+            assert "at least" not in grammar_summary(token.grammar)
+        constraint.accept(token.token_id)

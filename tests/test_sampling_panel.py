@@ -299,8 +299,8 @@ async def test_a_grammar_that_cannot_end_says_the_output_is_incomplete(tiny_mode
     app = make_app(str(tiny_model), sampling=GREEDY.with_changes(max_tokens=12))
     async with app.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
-        await choose_format(pilot, "grammar", 'root ::= "a" root')
-        assert screen.session.output_format == grammar('root ::= "a" root')
+        await choose_format(pilot, "grammar", 'root ::= "a"{30}')
+        assert screen.session.output_format == grammar('root ::= "a"{30}')
         await send(pilot, "Hello there")
         reply = await reply_done(pilot)
         assert reply.text == "a" * 12

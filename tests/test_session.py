@@ -178,7 +178,7 @@ def test_a_format_and_the_xray_go_with_each_request_and_the_format_is_saved(tiny
 def test_streaming_off_compares_the_wait_and_an_unfinished_format_is_incomplete(tiny, history):
     from tui_chat.engine.formats import grammar
 
-    session = new_session(history, output_format=grammar('root ::= "a" root'), streaming=False)
+    session = new_session(history, output_format=grammar('root ::= "a"{30}'), streaming=False)
     turn = session.ask("Hello", tiny.generate)
     ending = finish(session)
     assert turn.reply.text == "a" * 8

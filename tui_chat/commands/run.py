@@ -121,7 +121,8 @@ def _run_opened(workspace: Workspace, args: argparse.Namespace, model: str | Non
             session = workspace.new_chat(live, output_format=output, **options, **(
                 {} if args.system is None else {"system_prompt": args.system}))
         if hasattr(backend, "check_format"):  # a local model: a format it cannot use is the user's to fix
-            backend.check_format(session.output_format)
+            if note := backend.check_format(session.output_format):
+                print(f"tui-chat: note: {note}", file=sys.stderr)
         if args.thinking is not None:
             session.set_thinking(args.thinking == "on")
             if note := no_thinking_note(backend.info):
@@ -238,7 +239,7 @@ def _notes(session: ChatSession, ending: Ending) -> None:
     if done.metrics.dropped_turns:
         print(f"tui-chat: note: {left_out(done.metrics.dropped_turns)} to fit the "
               f"{done.metrics.n_ctx}-token context", file=sys.stderr)
-    if done.incomplete:
+    if done.incomplete and done.stop_reason != "eos":  # at an end, the note says what the reply breaks
         print(f"tui-chat: note: the reply stopped ({done.stop_reason}) before its {session.output_format.label} "
               "was complete: the output is incomplete", file=sys.stderr)
     if not session.streaming:
@@ -271,7 +272,7 @@ def _token_entry(token: Token) -> dict:
         entry["special"] = token.special
     if token.grammar is not None:
         entry["grammar"] = {"removed": token.grammar.removed, "allowed": token.grammar.allowed,
-                            "forced": token.grammar.forced, "unjudged": token.grammar.unjudged}
+                            "forced": token.grammar.forced}
     if token.stages:
         entry["stages"] = [stage.as_dict() for stage in token.stages]
     return entry

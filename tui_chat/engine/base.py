@@ -220,17 +220,13 @@ class Candidate:
 
 @dataclass(frozen=True, slots=True)
 class GrammarMask:
-    """What an output format's grammar did at one token, judged over the 1024 likeliest candidates of the
-    raw distribution and the drawn one (over the whole vocabulary where none of those was allowed: judging
-    it all costs tens of ms a token): the probability mass it forbade, how many it allowed, and whether it
-    left one choice (`forced`: all it allowed begin with the same character, or all end the reply; tokens
-    may split the text differently). `unjudged`: the mass of the tokens it was not asked about, so the mass
-    it removed lies between `removed` and `removed + unjudged`."""
+    """What an output format's grammar did at one token, judged over the whole vocabulary: the probability
+    mass it forbade, how many tokens it allowed, and whether it left one choice (`forced`: the text that
+    comes next is fixed, or only the end of the reply is allowed; tokens may split the text differently)."""
 
     removed: float
     allowed: int
     forced: bool
-    unjudged: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,39 +1,25 @@
 """Output formats: free text, any JSON value, JSON that matches a schema, or a GBNF grammar; each
 reply has its own (`Request.format`).
 
-A format becomes a GBNF grammar (local/gbnf.py) for llama.cpp's grammar sampler (local/grammar.py);
-JSON schemas are converted by llama-cpp-python's own converter. That converter skips the schema
-keywords it does not implement, which would let through replies the schema forbids, so a schema that
-uses one is refused here, by name, when the format is chosen. The conversion itself happens when a
-reply starts (it needs llama_cpp, which a session with a remote server does not load for a format).
+What holds for any engine is checked here, when the format is chosen: a schema is JSON, valid against its
+meta-schema, its local `$ref`s resolve. The local engine enforces a format with LLGuidance (local/grammar.py)
+and says there what of a schema it cannot enforce while writing; a server gets the format as it is.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from .params import InvalidParameter
+from .schema import one_line, resolve, walk
 
 FormatKind = Literal["text", "json", "json_schema", "grammar"]
 KINDS: dict[str, str] = {"text": "free text", "json": "JSON", "json_schema": "JSON schema", "grammar": "grammar"}
 
-# Keywords that constrain values but that the converter ignores (llama_cpp/llama_grammar.py).
-_UNSUPPORTED = (
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "not", "if", "then", "else",
-    "uniqueItems", "contains", "minContains", "maxContains", "patternProperties", "propertyNames",
-    "dependentRequired", "dependentSchemas", "dependencies", "minProperties", "maxProperties",
-    "unevaluatedProperties", "unevaluatedItems", "additionalItems",
-)
-_FORMATS = re.compile(r"^(uuid[1-5]?|date|time|date-time)$")
-_TYPES = {"string", "number", "integer", "boolean", "null", "object", "array"}
-# Keywords whose value is a schema, or a list or table of schemas: the walk goes into these only.
-_SUBSCHEMA = {"items", "additionalProperties"}
-_SUBSCHEMAS = {"anyOf", "oneOf", "allOf", "prefixItems"}
-_SCHEMA_TABLES = {"properties", "$defs", "definitions"}
+MAX_SCHEMA_BYTES = 1 << 20  # JSONSchemaBench's largest real schemas (Kubernetes) are a few hundred KiB
 
 
 class FormatError(InvalidParameter):
@@ -86,15 +72,20 @@ def from_dict(saved: Any) -> OutputFormat:
 
 
 def json_schema(schema_or_path: str) -> OutputFormat:
-    """A JSON schema given inline (it starts with `{`) or as a file path."""
+    """A JSON schema given inline (it starts with `{`) or as a file path, refused in one line if it is too
+    large, not JSON, not valid against its meta-schema, or has a local `$ref` that points nowhere. What an
+    engine can enforce of it is the engine's to say (local/grammar.py)."""
     text = schema_or_path if schema_or_path.lstrip().startswith(("{", "[")) else _read(schema_or_path, "JSON schema")
+    size = len(text.encode("utf-8"))
+    if size > MAX_SCHEMA_BYTES:
+        raise FormatError(f"the JSON schema is {size / (1 << 20):.1f} MiB: the limit is {MAX_SCHEMA_BYTES >> 20} MiB")
     try:
         schema = json.loads(text)
     except (ValueError, RecursionError) as error:
         raise FormatError(f"the JSON schema is not valid JSON: {error}") from None
     if not isinstance(schema, dict):
         raise FormatError("a JSON schema must be a JSON object")
-    _check_schema(schema, "the schema")
+    _check_schema(schema)
     return OutputFormat("json_schema", json.dumps(schema))
 
 
@@ -117,28 +108,21 @@ def _read(path_text: str, what: str) -> str:
         raise FormatError(f"cannot read the {what} file {path}: {getattr(error, 'strerror', None) or error}") from None
 
 
-def _check_schema(schema: Any, where: str) -> None:
-    """Refuse what the converter would silently skip, naming the keyword and where it is."""
-    if isinstance(schema, bool):
-        return
-    if not isinstance(schema, dict):
-        raise FormatError(f"{where} must be a JSON object")
-    for keyword in _UNSUPPORTED:
-        if keyword in schema:
-            raise FormatError(f"JSON schema keyword {keyword!r} ({where}) is not supported by the grammar converter")
-    if "format" in schema and not _FORMATS.match(str(schema["format"])):
-        raise FormatError(f"JSON schema format {schema['format']!r} ({where}) is not supported: "
-                          "only date, time, date-time and uuid are")
-    types = schema.get("type")
-    for name in types if isinstance(types, list) else [types] if types is not None else []:
-        if name not in _TYPES:
-            raise FormatError(f"JSON schema type {name!r} ({where}) is not a JSON type")
-    for keyword, value in schema.items():
-        if keyword in _SUBSCHEMA:
-            _check_schema(value, f"{where} → {keyword}")
-        elif keyword in _SUBSCHEMAS and isinstance(value, list):
-            for index, item in enumerate(value):
-                _check_schema(item, f"{where} → {keyword}[{index}]")
-        elif keyword in _SCHEMA_TABLES and isinstance(value, dict):
-            for name, item in value.items():
-                _check_schema(item, f"{where} → {name}")
+def _check_schema(schema: dict[str, Any]) -> None:
+    """Valid against its own meta-schema (draft 2020-12 unless `$schema` names another), and each local
+    `$ref` resolvable: one line naming where it is not. jsonschema is imported here, not at start-up (~50 ms)."""
+    import jsonschema
+    from jsonschema.exceptions import SchemaError
+
+    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        validator.check_schema(schema)
+    except SchemaError as error:
+        where = "".join(f"/{part}" for part in error.path)
+        raise FormatError(f"the JSON schema is not valid at #{where}: {one_line(error.message)}") from None
+    except RecursionError:
+        raise FormatError("the JSON schema is nested too deeply") from None
+    for path, part in walk(schema):
+        ref = part.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#") and resolve(schema, ref) is None:
+            raise FormatError(f'{path}: "$ref" {ref!r} points to nothing in the schema')

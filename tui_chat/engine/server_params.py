@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .formats import KINDS, TEXT, OutputFormat
-from .local.gbnf import to_gbnf
+from .local.gbnf import json_value_gbnf
 from .params import DEFAULT_ORDER, SamplingParams
 from .stages import is_on
 
@@ -162,7 +162,7 @@ _FORMAT_FIELDS: dict[str, dict[str, Callable[[OutputFormat], dict[str, Any]]]] =
         "grammar": lambda o: {"grammar": o.source},
     },
     "llama-cpp-python server": {
-        "json": lambda o: {"grammar": to_gbnf(o)},
+        "json": lambda o: {"grammar": json_value_gbnf()},
         "json_schema": lambda o: {"response_format": {"type": "json_object", "schema": json.loads(o.source)}},
         "grammar": lambda o: {"grammar": o.source},
     },

@@ -1,92 +1,205 @@
-"""A reply's output format (../formats.py) in llama.cpp's grammar sampler, applied the fast way.
+"""A reply's output format (../formats.py) enforced by LLGuidance, applied the fast way.
 
-As llama.cpp's own common sampler does: the chain draws as if there were no grammar; the grammar
-checks that one token (a one-candidate array: microseconds); only when it is not allowed does the
-grammar mask the candidates before the chain draws again. Masking the whole vocabulary takes tens of
-ms on a 262k one, so the mask goes over the POOL_SCAN likeliest tokens first (and any a stage may
-raise), and over the whole vocabulary only when none of those is allowed: the tokens left out hold
-a negligible share of the distribution, below what top-k, top-p or min-p would keep. Most tokens
-pass the check, so a format costs little (benchmarks/sampling.py).
+JSON schemas compile to LLGuidance's grammar (draft 2020-12: `$ref`, `anyOf`/`allOf`, `prefixItems`,
+unanchored `pattern`s, `format`s, numeric bounds...); GBNF grammars are converted to its Lark dialect;
+"any JSON value" is the empty schema. What it cannot enforce while writing (`oneOf` it cannot prove
+disjoint, `uniqueItems`, `if`/`then`, `not`, unknown formats...) it is compiled without, the note says
+which and where, and the finished reply is validated (../schema.py): a reply that breaks the schema is
+flagged, never passed as complete.
 
-The grammar must never be told to accept a token it does not allow: llama.cpp aborts the process.
-Every accept here follows a check.
+As llama.cpp's own common sampler does: the chain draws as if there were no grammar; the matcher checks
+that one token (microseconds); only when it is not allowed is the whole vocabulary's mask computed (tens
+of µs on a 262k vocabulary) and the chain draws again among the tokens it allows. The inspector reads the
+same mask, computed once per position.
+
+The tokenizer LLGuidance needs is built from the model's vocabulary once per loaded model (1–4 s on a 262k
+vocabulary; it holds a trie and pointers into the loaded model, so it is kept in memory, not on disk).
 """
 
 from __future__ import annotations
 
-import os
+import json
 import re
-import sys
-import tempfile
+import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+import warnings
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import llama_cpp
+import llguidance
 import numpy as np
+from llguidance import LLMatcher, LLTokenizer
+from llguidance.llamacpp import lltokenizer_from_vocab
+from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from ..formats import FormatError, OutputFormat
-from ..pool import likeliest
-from . import logs
+from ..schema import locate, one_line, path_at, violation
 from .chain import Candidates, Chain
-from .gbnf import to_gbnf
-from .llamacpp import POOL_SCAN, LlamaSession
+from .llamacpp import LlamaSession
 
-_PARSE_ERROR = re.compile(r"error parsing grammar: (.*)")
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
+# At each place JSON allows whitespace: at most a newline and an indent, so a small model cannot loop in
+# blanks (LLGuidance's default allows any run of them). A schema's own "x-guidance" options still win.
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_pattern": r"\n?(?: {0,16}|\t{0,4})"}
+_UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[(.*)\]')
+_UNKNOWN_FORMAT = re.compile(r"Unknown format: (.*)")
+
+_tokenizers: weakref.WeakKeyDictionary[LlamaSession, LLTokenizer] = weakref.WeakKeyDictionary()
+_tokenizers_lock = threading.Lock()
+
+
+def tokenizer_for(session: LlamaSession) -> LLTokenizer:
+    """LLGuidance's tokenizer for the loaded model, built on first use; both ends of a reply (EOS and
+    end-of-turn) count as its end."""
+    with _tokenizers_lock:
+        tokenizer = _tokenizers.get(session)
+        if tokenizer is None:
+            vocab = session.vocab
+            ends = [t for t in (llama_cpp.llama_vocab_eos(vocab), llama_cpp.llama_vocab_eot(vocab)) if t >= 0]
+            with warnings.catch_warnings():  # it calls a deprecated llama_cpp function once per token
+                warnings.simplefilter("ignore", DeprecationWarning)
+                tokenizer = _tokenizers[session] = lltokenizer_from_vocab(vocab, eos_token=ends or None)
+        return tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class Compiled:
+    """A format as LLGuidance's grammar. `note`: what of a schema is not enforced while writing (checked
+    when the reply is done); `schema`: the schema a finished reply is validated against."""
+
+    grammar: str
+    note: str = ""
+    schema: dict[str, Any] | None = None
+
+
+def compile_format(tokenizer: LLTokenizer, output: OutputFormat) -> Compiled:
+    """The grammar for a constrained `output`, or a one-line FormatError."""
+    if output.kind == "grammar":
+        try:
+            grammar = llguidance.grammar_from("gbnf", output.source)
+        except ValueError as error:
+            raise FormatError(f"the grammar does not parse: {_cause(str(error))}") from None
+        _refused(grammar, tokenizer, "the grammar does not parse")
+        return Compiled(grammar)
+    schema = json.loads(output.source) if output.kind == "json_schema" else {}
+    grammar = LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+    if not failed:
+        return Compiled(grammar, "", schema if output.kind == "json_schema" else None)
+    lenient = LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS, overrides={"lenient": True})
+    failed_again, dropped = LLMatcher.validate_grammar_with_warnings(lenient, tokenizer)
+    if failed_again:
+        raise FormatError(_refusal(schema, messages[0]))
+    note = "; ".join(dict.fromkeys(_approximation(schema, message) for message in dropped))
+    return Compiled(lenient, f"not enforced while writing, checked when the reply is done: {note}", schema)
+
+
+def _refused(grammar: str, tokenizer: LLTokenizer, prefix: str) -> None:
+    failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+    if failed:
+        raise FormatError(f"{prefix}: {_cause(messages[0])}")
+
+
+def _cause(message: str) -> str:
+    """LLGuidance's message in one line: a regex's caret drawing dropped, the reason kept."""
+    message = message.removeprefix("Failed to convert the grammar from GBNF to Lark: ")
+    if "regex parse error" in message:
+        lines = [line.strip() for line in message.splitlines() if line.strip()]
+        reason = next((line.removeprefix("error: ") for line in lines if line.startswith("error:")), lines[-1])
+        return f"pattern {lines[1]!r}: {reason}" if len(lines) > 1 else reason
+    return one_line(message)
+
+
+def _refusal(schema: dict[str, Any], message: str) -> str:
+    """Why a schema cannot be enforced, with where: `$.spec.template: …`."""
+    cause = _cause(message)
+    if "regex parse error" in message:
+        pattern = message.splitlines()[1].strip() if len(message.splitlines()) > 1 else None
+        where = next((path for path in (locate(schema, "pattern", pattern), locate(schema, "patternProperties"))
+                      if path != "$"), "$") if pattern else "$"
+    elif "min/maxProperties" in message:
+        where = _either(schema, "minProperties", "maxProperties")
+    else:
+        where = "$"
+    return f"the JSON schema cannot be enforced: {where}: {cause}"
+
+
+def _either(schema: dict[str, Any], *keywords: str) -> str:
+    return next((path for path in (locate(schema, keyword) for keyword in keywords) if path != "$"), "$")
+
+
+def _approximation(schema: dict[str, Any], message: str) -> str:
+    """One warning of a lenient compile as `"uniqueItems" at $.tags`."""
+    if found := _UNIMPLEMENTED.search(message):
+        keys = [key.strip().strip('"') for key in found.group(1).split(",")]
+        return " and ".join(f'"{key}"' for key in keys) + f" at {locate(schema, keys[0])}"
+    if found := _UNKNOWN_FORMAT.search(message):
+        return f'format "{found.group(1)}" at {locate(schema, "format", found.group(1))}'
+    if "oneOf" in message:
+        return f'"oneOf" (as "anyOf") at {locate(schema, "oneOf")}'
+    if "min/maxProperties" in message:
+        return f'"minProperties"/"maxProperties" at {_either(schema, "minProperties", "maxProperties")}'
+    return one_line(message)
 
 
 class Constraint:
-    """One reply's grammar: the check-first draw, the accepts, and what it masks. Worker thread only."""
+    """One reply's matcher: the check-first draw, the accepts, and the mask it shows. Worker thread only."""
 
     def __init__(self, session: LlamaSession, output: OutputFormat) -> None:
         self.session = session
-        self.grammar = compile_grammar(session.vocab, to_gbnf(output))
+        self.kind = output.kind
+        tokenizer = tokenizer_for(session)
+        self.compiled = compile_format(tokenizer, output)
+        self.matcher = new_matcher(tokenizer, self.compiled.grammar)
+        self._ends = np.asarray(tokenizer.eos_tokens, dtype=np.int64)
         self._vocabulary = np.arange(session.n_vocab, dtype=np.int32)
         self._candidates = Candidates(self._vocabulary, np.zeros(session.n_vocab, dtype=np.float32))
-        self._one = Candidates(np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.float32))
-        vocab = session.vocab
-        self._ends = tuple(t for t in (llama_cpp.llama_vocab_eos(vocab), llama_cpp.llama_vocab_eot(vocab)) if t >= 0)
-        self.spent_s = 0.0  # the grammar's own time this reply: checks, masks, accepts, draws again
-        self._drawn = -1
-        self._allowed_everywhere: np.ndarray | None = None  # when the last draw had to mask the vocabulary
+        self._masked = Candidates(self._vocabulary, np.zeros(session.n_vocab, dtype=np.float32))
+        self._bitmask = allocate_token_bitmask(1, tokenizer.vocab_size)
+        self._allowed: np.ndarray | None = None  # the mask at this position, once computed
+        self.spent_s = 0.0  # the format's own time this reply: checks, masks, accepts, draws again
 
     def allows(self, token: int) -> bool:
-        self._one.refill(token, 0.0).apply(self.grammar)
-        return bool(self._one.buffer["logit"][0] > -np.inf)
+        """The fast check of one token. The end of the reply only where what was written is complete."""
+        if token in self._ends:
+            return self.matcher.is_accepting()
+        return self.matcher.validate_tokens([token]) == 1
+
+    def allowed(self) -> np.ndarray:
+        """Which tokens the format allows next, one bool per token of the vocabulary; computed once a position."""
+        if self._allowed is None:
+            self._allowed = mask_of(self.matcher, self._bitmask, self.session.n_vocab)
+            self._allowed[self._ends] = self.matcher.is_accepting()
+        return self._allowed
 
     def draw(self, chain: Chain, logits: np.ndarray) -> int:
-        """The chain's pick from `logits` within the grammar, recorded in the chain; `accept` records it
-        in the grammar, once the inspector has read the mask (`judge`)."""
+        """The chain's pick from `logits` within the format, recorded in the chain; `accept` records it in
+        the matcher, once the inspector has read the mask (`judge`)."""
         token = chain.apply(self._candidates.refill(self._vocabulary, logits))
         started = time.perf_counter()
-        self._allowed_everywhere = None
         if not self.allows(token):
-            masked = self._masked(chain, logits)
+            ids = np.flatnonzero(self.allowed())
+            if not len(ids):
+                raise FormatError("the output format allows nothing after this, so the reply can never be complete: "
+                                  "does a rule only refer to itself?")
+            masked = self._masked.refill(ids, logits[ids])
             token = chain.apply(masked)
             if masked.selected_logit == -np.inf or not self.allows(token):
                 raise FormatError("nothing the format allows is left to draw: a logit bias may ban it")
         chain.accept(token)
-        self._drawn = token
         self.spent_s += time.perf_counter() - started
         return token
 
-    def _masked(self, chain: Chain, logits: np.ndarray) -> Candidates:
-        """The likeliest candidates with the grammar's mask on them; the whole vocabulary if it allows
-        none of those (see the module doc)."""
-        scan = min(POOL_SCAN, len(logits))
-        likely = np.union1d(likeliest(logits, scan), chain.raised)
-        candidates = Candidates(likely, logits[likely])
-        candidates.apply(self.grammar)
-        if not len(candidates.survivors()):
-            candidates = self._candidates.refill(self._vocabulary, logits)
-            candidates.apply(self.grammar)
-            self._allowed_everywhere = candidates.survivors()["id"].copy()
-        return candidates
-
     def accept(self, token: int) -> None:
-        """Record `token`, one `draw` returned (it checked it) in the grammar."""
+        """Record `token`, one `draw` returned (it checked it), in the matcher."""
         started = time.perf_counter()
-        llama_cpp.llama_sampler_accept(self.grammar, token)
+        self.matcher.consume_token(token)
+        self._allowed = None
         self.spent_s += time.perf_counter() - started
 
     def accept_given(self, tokens: Sequence[int]) -> None:
@@ -97,66 +210,56 @@ class Constraint:
                 raise FormatError(f"the output format does not allow {piece!r} there")
             self.accept(token)
 
-    def judge(self, likely: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """For the inspector, before `accept`: the tokens judged and which of them the grammar allows
-        at the position just drawn: the `likely` ones and the drawn one, or the whole vocabulary
-        when the draw had to mask it all (then none of the likely ones was allowed)."""
-        if self._allowed_everywhere is not None:
-            allowed = np.zeros(len(self._vocabulary), dtype=bool)
-            allowed[self._allowed_everywhere] = True
-            return self._vocabulary, allowed
+    def judge(self) -> tuple[np.ndarray, bool]:
+        """For the inspector, before `accept`: which tokens the format allows at the position just drawn
+        (the whole vocabulary), and whether it left one choice of what comes next (forced bytes, or only
+        the end of the reply)."""
         started = time.perf_counter()
-        ids = np.union1d(likely, [self._drawn]).astype(np.int32)
-        candidates = Candidates(ids, np.zeros(len(ids), dtype=np.float32))
-        candidates.apply(self.grammar)
-        allowed = np.isin(ids, candidates.survivors()["id"])
+        allowed = self.allowed()
+        forced = bool(self.matcher.compute_ff_bytes()) or self.matcher.is_stopped()
         self.spent_s += time.perf_counter() - started
-        return ids, allowed
+        return allowed, forced
 
     def can_end(self) -> bool:
-        """Whether what was written so far is complete: the grammar would let the reply end here."""
-        return any(self.allows(token) for token in self._ends)
+        """Whether what was written so far is complete: the format would let the reply end here."""
+        return self.matcher.is_accepting()
 
-    def free(self) -> None:
-        llama_cpp.llama_sampler_free(self.grammar)
+    def verdict(self, ended: bool, answer: str) -> tuple[bool, str]:
+        """Whether a finished reply is to be flagged incomplete, and the note that says why: where a JSON
+        reply was cut off, or why a complete one does not validate (what the matcher could not enforce)."""
+        if not ended and not self.can_end():
+            return True, f"the JSON stopped at {path_at(answer)}" if self.kind != "grammar" else ""
+        if self.compiled.schema is not None:
+            problem = violation(self.compiled.schema, answer)
+            return bool(problem), problem
+        return False, ""
 
 
-def check_format(vocab: llama_cpp.llama_vocab_p, output: OutputFormat) -> None:
+def new_matcher(tokenizer: LLTokenizer, grammar: str) -> LLMatcher:
+    """A matcher at the start of a reply, or a one-line FormatError where it cannot start or where no text
+    at all is allowed (a rule or a `$ref` that only refers to itself)."""
+    matcher = LLMatcher(tokenizer, grammar, log_level=0)
+    if matcher.is_error():
+        raise FormatError(f"the output format cannot be used: {_cause(matcher.get_error())}")
+    allowed = mask_of(matcher, allocate_token_bitmask(1, tokenizer.vocab_size), tokenizer.vocab_size)
+    allowed[tokenizer.eos_tokens] = False
+    if not matcher.is_accepting() and not allowed.any():
+        raise FormatError("the output format allows no text at all: does a rule or a $ref only refer to itself?")
+    return matcher
+
+
+def mask_of(matcher: LLMatcher, bitmask: np.ndarray, n_vocab: int) -> np.ndarray:
+    """The matcher's next-token mask as one bool per token (a new array)."""
+    fill_next_token_bitmask(matcher, bitmask)
+    return np.unpackbits(bitmask.view(np.uint8), bitorder="little")[:n_vocab].view(bool)
+
+
+def check_format(session: LlamaSession, output: OutputFormat) -> str:
     """Raises the FormatError a reply in `output` would end with (a grammar that does not parse, a schema
-    the converter gives up on), before any reply starts."""
-    if output.constrained:
-        llama_cpp.llama_sampler_free(compile_grammar(vocab, to_gbnf(output)))
-
-
-def compile_grammar(vocab: llama_cpp.llama_vocab_p, gbnf: str) -> llama_cpp.llama_sampler_p:
-    """llama.cpp's grammar sampler for `gbnf`, or a FormatError that says why it does not parse."""
-    logs.take_errors()
-    with _c_stderr() as printed:
-        sampler: llama_cpp.llama_sampler_p = llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode("utf-8"), b"root")
-    if not sampler:
-        found = _PARSE_ERROR.search(printed[0])
-        reasons = [found.group(1)] if found else [e for e in logs.take_errors() if e != "failed to parse grammar"]
-        raise FormatError(f"the grammar does not parse: {reasons[0] if reasons else 'llama.cpp refused it'}")
-    return sampler
-
-
-@contextmanager
-def _c_stderr() -> Iterator[list[str]]:
-    """What C code writes to file descriptor 2 meanwhile: llama.cpp prints why a grammar does not parse
-    there, not to its log. Anything written meanwhile that is not llama.cpp's is passed on."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    printed: list[str] = []
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield printed
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            sink.seek(0)
-            text = sink.read().decode("utf-8", errors="replace")
-            printed.append(text)
-            others = re.sub(r"parse: error parsing grammar: .*", "", text, flags=re.DOTALL)
-            if others.strip():
-                os.write(2, others.encode("utf-8"))
+    that cannot be enforced), before any reply starts; returns what of it is only checked afterwards."""
+    if not output.constrained:
+        return ""
+    tokenizer = tokenizer_for(session)
+    compiled = compile_format(tokenizer, output)
+    new_matcher(tokenizer, compiled.grammar)
+    return compiled.note

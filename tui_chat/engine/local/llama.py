@@ -139,14 +139,14 @@ class LlamaBackend:
         context = tuple(context)
         return self._quick_job(lambda session: word_probability(session, context, text))
 
-    def check_format(self, output: OutputFormat) -> None:
+    def check_format(self, output: OutputFormat) -> str:
         """Raises FormatError where `output` cannot be used with this model, so that a command refuses it
-        as the user's input (exit 2) before a reply starts. Compiling a grammar only reads the vocabulary,
-        so no worker hop."""
+        as the user's input (exit 2) before a reply starts; returns what of it is only checked when a reply
+        is done (a note, "" when none). Compiling a format only reads the vocabulary, so no worker hop."""
         with self._session_lock:
             if self._session is None:
                 raise EngineError("no model is loaded")
-            check_format(self._session.vocab, output)
+            return check_format(self._session, output)
 
     def count_tokens(self, text: str) -> int:
         """Tokens `text` takes in this model; tokenizing only reads the vocabulary, so no worker hop."""
@@ -397,13 +397,9 @@ class _Turn:
         """The reply; an output format's grammar first, so a bad one is the reply's only event."""
         output = self.request.format
         self.constraint = Constraint(self.session, output) if output.constrained else None
-        try:
-            if self.constraint is not None:
-                self.constraint.accept_given(self._given_answer())
-            self._write()
-        finally:
-            if self.constraint is not None:
-                self.constraint.free()
+        if self.constraint is not None:
+            self.constraint.accept_given(self._given_answer())
+        self._write()
 
     def _given_answer(self) -> list[int]:
         """A branch's given tokens that the grammar governs: those after the thinking."""
@@ -584,9 +580,9 @@ class _Turn:
         self.backend._last_prompt = (self.prompt_text, self.prompt)
         metrics = self.metrics()
         constraint = self.constraint
-        incomplete = constraint is not None and reason != "eos" and not constraint.can_end()
+        incomplete, note = constraint.verdict(reason == "eos", text.scanner.visible) if constraint else (False, "")
         self.stream.put(Done(reason, text.scanner.visible, metrics, tuple(self.prompt), incomplete,
-                             text.reasoning, text.answer_from(), stop_sequence=text.scanner.matched))
+                             text.reasoning, text.answer_from(), note, stop_sequence=text.scanner.matched))
 
     def _thinking_figures(self) -> tuple[int, float | None]:
         """The tokens the model drew while thinking, and how long it thought (None: it did not)."""

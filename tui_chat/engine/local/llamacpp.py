@@ -447,44 +447,32 @@ class LlamaSession:
         return ids if found == k else ids[np.argpartition(logits[ids], -k)[-k:]]
 
     def inspect(self, token: int, top_n: int, params: SamplingParams,
-                judge: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None) -> Inspection:
+                judge: Callable[[], tuple[np.ndarray, bool]] | None = None) -> Inspection:
         """`token`'s probability, the top-N candidates and the pool cut, under this step's raw distribution.
 
         Softmax into a preallocated buffer and one partial sort of the few hundred likeliest tokens:
         no full-vocabulary sort, no copies, and nothing at all when the inspector is off. With an
-        output format, `judge` (grammar.Constraint.judge: the tokens it judged, and which it allows,
-        given the POOL_SCAN likeliest) marks the candidates and measures the mask.
+        output format, `judge` (grammar.Constraint.judge: which tokens of the vocabulary it allows, and
+        whether that left one choice) marks the candidates and measures the mask.
         """
         logits = self.logits()
         probs = self._probs
         np.subtract(logits, logits.max(), out=probs)
         np.exp(probs, out=probs)
         scale = 1.0 / float(probs.sum())
-        wide = judge is not None or not 0 < params.top_k < POOL_SCAN
-        scan = min(self.n_vocab, max(top_n, POOL_SCAN if wide else params.top_k))
+        scan = min(self.n_vocab, max(top_n, params.top_k if 0 < params.top_k < POOL_SCAN else POOL_SCAN))
         best = self.likeliest(scan)
         best = best[np.argsort(probs[best])[::-1]]
         ranked = probs[best] * scale
-        marks: list[bool | None] = [None] * top_n
-        mask = None
-        if judge is not None:
-            judged, ok = judge(best)
-            marks = np.isin(best[:top_n], judged[ok]).tolist()
-            mask = self._mask(judged, probs[judged] * scale, ok)
+        allowed, forced = judge() if judge is not None else (None, False)
+        marks: list[bool | None] = [None] * top_n if allowed is None else allowed[best[:top_n]].tolist()
         candidates = tuple(
             Candidate(int(t), self.piece(int(t)).decode("utf-8", errors="replace"), float(p), mark)
             for t, p, mark in zip(best[:top_n], ranked[:top_n], marks, strict=False)
         )
+        mask = None if allowed is None else GrammarMask(
+            float(probs.sum(where=~allowed, dtype=np.float64)) * scale, int(allowed.sum()), forced)
         return Inspection(float(probs[token]) * scale, candidates, pool_cut(ranked, self.n_vocab, params), mask)
-
-    def _mask(self, ids: np.ndarray, probs: np.ndarray, allowed: np.ndarray) -> GrammarMask:
-        """What a grammar took from these candidates, and the mass of those it was not asked about. Forced:
-        all it allowed begin with the same character (or all end the reply): one choice of what comes next,
-        however tokens split it."""
-        starts = {self.piece(int(token)).decode("utf-8", errors="replace")[:1] for token in ids[allowed]}
-        removed = float(probs[~allowed].sum(dtype=np.float64))
-        unjudged = 0.0 if len(ids) == self.n_vocab else max(0.0, 1.0 - float(probs.sum(dtype=np.float64)))
-        return GrammarMask(removed, int(allowed.sum()), len(starts) == 1, unjudged)
 
     # --- counters and teardown ----------------------------------------------------------------
 

@@ -81,18 +81,10 @@ def word_text(asked: WordProbability, top: Sequence[Candidate]) -> Text:
     return line
 
 
-UNJUDGED_SHOWN = 0.0005  # below half a shown step (0.1%), the tokens the grammar was not asked about change nothing
-
-
 def grammar_summary(mask: GrammarMask, where: str = "") -> str:
-    """What an output format's grammar did at one token, in the words the heatmap and the inspector share.
-    Where much of the probability lay beyond the candidates it judged, its figures are bounds, and say so."""
-    if mask.unjudged < UNJUDGED_SHOWN:
-        did = "forced: it left one choice" if mask.forced else f"it allowed {mask.allowed:,}"
-        return f"grammar removed {percent(mask.removed)} of the probability{where} · {did}"
-    did = "forced among them: it left one choice" if mask.forced else f"it allowed {mask.allowed:,} of them"
-    return (f"grammar removed at least {percent(mask.removed)} of the probability{where}, judged over the likeliest "
-            f"candidates; {percent(mask.unjudged)} lay beyond them, unjudged · {did}")
+    """What an output format's grammar did at one token, in the words the heatmap and the inspector share."""
+    did = "forced: it left one choice" if mask.forced else f"it allowed {mask.allowed:,}"
+    return f"grammar removed {percent(mask.removed)} of the probability{where} · {did}"
 
 
 def grammar_text(mask: GrammarMask | None) -> Text:

@@ -1,0 +1,139 @@
+"""Structured output on real JSON schemas: coverage per split and the mask's cost per token.
+
+Why: a format's guarantee (a reply that ends unflagged validates) must hold on schemas people write, and
+the mask must cost microseconds. Each schema in --schemas (one folder per split, one `.json` file per
+schema, e.g. a sample of JSONSchemaBench, guidance-ai/jsonschemabench) is given to the starter model
+greedily; the reply is checked with jsonschema and counted as
+
+- compliant: it ended unflagged and validates;
+- refused: the schema was refused before decoding, in one line;
+- incomplete: it was flagged (max tokens, or a finished reply that broke what was checked afterwards);
+- violated: it ended unflagged and does not validate (the guarantee broken: must stay 0);
+- crashed: the reply ended with an error.
+
+The mask's cost: each reply's tokens replayed through a fresh matcher, the whole vocabulary's mask timed
+at every position (mean and p99). Decode under a schema against free text is benchmarks/sampling.py's.
+
+    python benchmarks/schemas.py --schemas DIR [--model PATH] [--max-tokens 512] [--json]
+
+It prints numbers and asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+from llguidance import LLTokenizer
+from llguidance.numpy import allocate_token_bitmask
+
+from shared import bench_model, greedy_settings
+
+from tui_chat.engine.base import Done, Message, Request, Token
+from tui_chat.engine.formats import FormatError, json_schema
+from tui_chat.engine.local.grammar import compile_format, mask_of, new_matcher, tokenizer_for
+from tui_chat.engine.local.llama import LlamaBackend, LlamaSettings
+from tui_chat.engine.params import LiveParams, SamplingParams
+from tui_chat.engine.schema import violation
+
+OUTCOMES = ("compliant", "refused", "incomplete", "violated", "crashed")
+PROMPT_CHARS = 6000  # the schema as the prompt shows it, cut to fit the context
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--schemas", type=Path, required=True)
+    parser.add_argument("--model", type=Path)
+    parser.add_argument("--max-tokens", type=int, default=512)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    model, _ = bench_model(args.model)
+    backend = LlamaBackend(LlamaSettings(model, n_ctx=4096, chat_template="gemma"))
+    backend.load().result()
+    params = SamplingParams(**greedy_settings(args.max_tokens))
+    session = backend._session
+    assert session is not None, "loaded above"
+    tokenizer = tokenizer_for(session)
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    masks: list[float] = []
+    notes: list[dict[str, str]] = []
+    for path in sorted(args.schemas.glob("*/*.json")):
+        split = path.parent.name
+        text = path.read_text(encoding="utf-8")
+        try:
+            output = json_schema(text)
+            backend.check_format(output)
+        except FormatError as error:
+            counts[split]["refused"] += 1
+            notes.append({"schema": f"{split}/{path.name}", "outcome": "refused", "why": str(error)})
+            continue
+        prompt = f"Write one JSON document that matches this JSON schema:\n{text[:PROMPT_CHARS]}"
+        request = Request([Message("user", prompt)], LiveParams(params), format=output)
+        tokens, final = [], None
+        for event in backend.generate(request):
+            if isinstance(event, Token):
+                tokens.append(event.token_id)
+            final = event
+        outcome = _outcome(final, json.loads(output.source))
+        counts[split][outcome] += 1
+        if outcome != "compliant":
+            why = final.note if isinstance(final, Done) else getattr(final, "message", "")
+            notes.append({"schema": f"{split}/{path.name}", "outcome": outcome, "why": why})
+        masks += _mask_times(tokenizer, compile_format(tokenizer, output).grammar, tokens)
+    backend.close()
+    report = _report(counts, masks, notes)
+    print(json.dumps(report, indent=2) if args.json else _table(report))
+
+
+def _outcome(final: object, schema: dict) -> str:
+    if not isinstance(final, Done):
+        return "crashed"
+    if final.incomplete:
+        return "incomplete"
+    return "violated" if violation(schema, final.text) else "compliant"
+
+
+def _mask_times(tokenizer: LLTokenizer, grammar: str, tokens: list[int]) -> list[float]:
+    """The whole vocabulary's mask timed at each position of a reply, in seconds."""
+    matcher = new_matcher(tokenizer, grammar)
+    bitmask = allocate_token_bitmask(1, tokenizer.vocab_size)
+    times = []
+    for token in tokens:
+        started = time.perf_counter()
+        mask_of(matcher, bitmask, tokenizer.vocab_size)
+        times.append(time.perf_counter() - started)
+        if not matcher.consume_token(token):
+            break
+    return times
+
+
+def _report(counts: dict[str, Counter[str]], masks: list[float], notes: list[dict[str, str]]) -> dict:
+    splits = {split: {o: c[o] for o in OUTCOMES} | {"schemas": sum(c.values()),
+                                                     "coverage": c["compliant"] / max(1, sum(c.values()))}
+              for split, c in sorted(counts.items())}
+    total = sum((c for c in counts.values()), Counter())
+    whole = {o: total[o] for o in OUTCOMES} | {"schemas": sum(total.values()),
+                                              "coverage": total["compliant"] / max(1, sum(total.values()))}
+    mask = {"positions": len(masks), "mean_us": float(np.mean(masks)) * 1e6 if masks else None,
+            "p99_us": float(np.percentile(masks, 99)) * 1e6 if masks else None}
+    return {"splits": splits, "all": whole, "mask": mask, "not_compliant": notes}
+
+
+def _table(report: dict) -> str:
+    lines = [f"{'split':<16}" + "".join(f"{o:>11}" for o in OUTCOMES) + f"{'coverage':>10}"]
+    for split, row in [*report["splits"].items(), ("all", report["all"])]:
+        lines.append(f"{split:<16}" + "".join(f"{row[o]:>11}" for o in OUTCOMES) + f"{row['coverage']:>10.2f}")
+    mask = report["mask"]
+    if mask["positions"]:
+        lines.append(f"mask over the vocabulary: {mask['mean_us']:.0f} µs mean, {mask['p99_us']:.0f} µs p99 "
+                     f"({mask['positions']} positions)")
+    lines += [f"  {n['schema']}: {n['outcome']}: {n['why']}" for n in report["not_compliant"]]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

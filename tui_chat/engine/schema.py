@@ -1,0 +1,152 @@
+"""JSON schemas as every engine meets them: their parts found by a path a user can read, local `$ref`s
+resolved, a cut-off reply's place named and a finished reply validated (formats.json_schema reads one).
+
+A grammar engine enforces a schema while the reply is written; what it cannot enforce is checked here when
+the reply is done, so a reply that ends unflagged always validates. No llama_cpp, no Textual.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import unquote
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+# Keywords whose value is one schema, a list of schemas, or a table of them, and where each applies.
+_ONE = {"additionalProperties": ".*", "items": "[*]", "contains": "[*]", "propertyNames": " (a key)",
+        "not": "", "if": "", "then": "", "else": "", "unevaluatedProperties": ".*", "unevaluatedItems": "[*]",
+        "additionalItems": "[*]"}
+_LISTS = {"anyOf", "oneOf", "allOf"}
+_TABLES = {"properties", "patternProperties", "dependentSchemas", "$defs", "definitions"}
+
+
+def walk(schema: Any, path: str = "$") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every subschema with where it applies: `$.spec.template` (properties), `[*]` (items), `[0]`
+    (prefixItems), `.*` (other keys); definitions as `#/$defs/Name`."""
+    stack: list[tuple[str, Any, int]] = [(path, schema, 0)]
+    while stack:
+        where, part, depth = stack.pop()
+        if not isinstance(part, dict) or depth > 200:
+            continue
+        yield where, part
+        found: list[tuple[str, Any, int]] = []
+        for keyword, value in part.items():
+            if keyword in _ONE:
+                found.append((where + _ONE[keyword], value, depth + 1))
+            elif keyword == "prefixItems" and isinstance(value, list):
+                found += [(f"{where}[{index}]", item, depth + 1) for index, item in enumerate(value)]
+            elif keyword == "items" and isinstance(value, list):  # draft 4-7 tuples
+                found += [(f"{where}[{index}]", item, depth + 1) for index, item in enumerate(value)]
+            elif keyword in _LISTS and isinstance(value, list):
+                found += [(where, item, depth + 1) for item in value]
+            elif keyword in _TABLES and isinstance(value, dict):
+                for name, item in value.items():
+                    if keyword in ("$defs", "definitions"):
+                        found.append((f"#/{keyword}/{name}", item, depth + 1))
+                    elif keyword == "patternProperties":
+                        found.append((f"{where}.{name!r}", item, depth + 1))
+                    else:
+                        found.append((where + _key(name), item, depth + 1))
+        stack += reversed(found)
+
+
+def locate(schema: dict[str, Any], keyword: str, value: Any = None) -> str:
+    """Where `keyword` (with `value`, if given) first appears in the schema; "$" when nowhere found."""
+    for path, part in walk(schema):
+        if keyword in part and (value is None or part[keyword] == value):
+            return path
+    return "$"
+
+
+def violation(schema: dict[str, Any], text: str) -> str:
+    """Why `text` is not a JSON document valid under `schema` (formats checked where the validator knows
+    them), in one line; "" when it is. jsonschema is imported here, not at start-up (~50 ms)."""
+    import jsonschema
+
+    try:
+        document = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        return f"the reply is not valid JSON: {error}"
+    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    found = jsonschema.exceptions.best_match(validator(schema, format_checker=validator.FORMAT_CHECKER)
+                                             .iter_errors(document))
+    if found is None:
+        return ""
+    where = "$" + "".join(f"[{part}]" if isinstance(part, int) else _key(str(part)) for part in found.path)
+    return f"the reply does not match the schema at {where}: {one_line(found.message)}"
+
+
+def path_at(text: str) -> str:
+    """The JSON path the end of a cut-off JSON document is at: `$.items[3].name`."""
+    stack: list[list[Any]] = []  # per open container: [kind, key or index, reading a key]
+    in_string = escaped = False
+    token = ""
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+                if stack and stack[-1][0] == "{" and stack[-1][2]:
+                    stack[-1][1] = token
+                continue
+            token += char
+            continue
+        if char == '"':
+            in_string, token = True, ""
+        elif char in "{[":
+            stack.append([char, None if char == "{" else 0, char == "{"])
+        elif char in "}]" and stack:
+            stack.pop()
+        elif char == ":" and stack:
+            stack[-1][2] = False
+        elif char == "," and stack:
+            if stack[-1][0] == "[":
+                stack[-1][1] += 1
+            else:
+                stack[-1][1], stack[-1][2] = None, True
+    path = "$"
+    for kind, key, _ in stack:
+        if kind == "[":
+            path += f"[{key}]"
+        elif key is not None:
+            path += _key(_unescaped(key))
+    return path
+
+
+def _unescaped(raw: str) -> str:
+    try:
+        return str(json.loads(f'"{raw}"'))
+    except ValueError:
+        return raw
+
+
+def _key(name: str) -> str:
+    return f".{name}" if _NAME.match(name) else f"[{json.dumps(name)}]"
+
+
+def resolve(schema: dict[str, Any], ref: str) -> Any:
+    """A local reference's target: a JSON pointer (`#/$defs/x`) or an anchor (`#name`); None if none."""
+    if ref in ("#", "#/"):
+        return schema
+    if not ref.startswith("#/"):
+        anchor = ref[1:]
+        return next((part for _, part in walk(schema) if part.get("$anchor") == anchor), None)
+    target: Any = schema
+    for raw in ref[2:].split("/"):
+        name = unquote(raw).replace("~1", "/").replace("~0", "~")
+        if isinstance(target, dict) and name in target:
+            target = target[name]
+        elif isinstance(target, list) and name.isdigit() and int(name) < len(target):
+            target = target[int(name)]
+        else:
+            return None
+    return target
+
+
+def one_line(message: str) -> str:
+    return " ".join(message.split())
