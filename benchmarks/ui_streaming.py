@@ -26,15 +26,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import shared
 import textual
 from textual import events
 
-import shared
-
 from tui_chat.config import Config
+from tui_chat.engine.base import Candidate, Done, Loaded, Metrics, ModelInfo, Request, Stream, Token, TurnMetrics
 from tui_chat.engine.local.cpu import cpu_model
 from tui_chat.lag import LagMonitor, Stall
-from tui_chat.engine.base import Candidate, Done, Loaded, Metrics, ModelInfo, Request, Stream, Token, TurnMetrics
 from tui_chat.session import Branch, Turn
 from tui_chat.ui.app import ChatApp
 from tui_chat.ui.screens.chat import ChatScreen

@@ -6,7 +6,7 @@ import re
 
 import pytest
 from textual.color import Color
-from textual.widgets import OptionList, Static
+from textual.widgets import OptionList
 
 from conftest import GREEDY
 from test_ui import SIZE, loaded, make_app, reply_done, said, screen_open, scripted_app, send, wait_for

@@ -8,16 +8,15 @@ import threading
 from pathlib import Path
 
 import pytest
+from textual.widgets import Input, OptionList
 
 from conftest import GREEDY
 from test_history_ui import chats_open
 from test_ui import SIZE, loaded, make_app, reply_done, said, screen_open, send, wait_for
 from tui_chat.commands.common import opener_for
-from textual.widgets import Input, OptionList
-
 from tui_chat.config import Config, history_path, load_config
-from tui_chat.engine.models import STARTER_NAME
 from tui_chat.engine.base import TurnMetrics
+from tui_chat.engine.models import STARTER_NAME
 from tui_chat.history import History
 from tui_chat.session import Branch, Turn, reply_footer
 from tui_chat.ui.app import ChatApp

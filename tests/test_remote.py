@@ -16,11 +16,11 @@ from fake_openai import PACED, PACED_TOKEN_S, REPLY, SLOW_TOKEN_S, fake_server, 
 from llama_server import free_port
 from tui_chat.config import ConfigError, load_config
 from tui_chat.engine.base import Done, Error, Loaded, Message, Request
-from tui_chat.engine.params import LiveParams, SamplingParams
-from tui_chat.engine.server_params import ignored_settings
 from tui_chat.engine.openai import MalformedEvent, OpenAIBackend, RemoteSettings, parse_chunk
 from tui_chat.engine.openai.backend import CHARS_PER_TOKEN
 from tui_chat.engine.openai.sse import SseDecoder
+from tui_chat.engine.params import LiveParams, SamplingParams
+from tui_chat.engine.server_params import ignored_settings
 from tui_chat.session import reply_footer
 
 PROMPT = "Hello, what is the capital of France?"

@@ -13,17 +13,16 @@ from conftest import GREEDY, ask
 from scripted import ScriptedBackend
 from tui_chat.commands.common import opener_for
 from tui_chat.config import Config, config_path, history_path, load_config
-from tui_chat.history import History
-from tui_chat.engine.base import Message
+from tui_chat.engine.base import Message, Stream
 from tui_chat.engine.models import STARTER_NAME
 from tui_chat.engine.params import SamplingParams
+from tui_chat.history import History
+from tui_chat.pricing import PRESETS, format_usd, turn_cost
+from tui_chat.session import Branch, Turn, Writing
 from tui_chat.ui.app import ChatApp
 from tui_chat.ui.screens.chat import ChatScreen
 from tui_chat.ui.screens.help import HelpScreen
 from tui_chat.ui.screens.inspector import InspectorScreen
-from tui_chat.pricing import PRESETS, format_usd, turn_cost
-from tui_chat.engine.base import Stream
-from tui_chat.session import Branch, Turn, Writing
 from tui_chat.ui.widgets.chat_log import MAX_MOUNTED, ChatLog
 from tui_chat.ui.widgets.messages import ReplyMessage, UserMessage
 from tui_chat.ui.widgets.metrics import MetricsPanel

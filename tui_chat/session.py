@@ -13,9 +13,27 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
-from .engine.base import Candidate, Done, Error, Event, Message, Metrics, PromptProgress, Request, Stream, Token
-from .engine.base import INCOMPLETE_LABEL, STOP_LABELS, StopReason, TurnMetrics, restore_note, stop_label
-from .engine.base import ModelInfo, thinking_line, written
+from .engine.base import (
+    INCOMPLETE_LABEL,
+    STOP_LABELS,
+    Candidate,
+    Done,
+    Error,
+    Event,
+    Message,
+    Metrics,
+    ModelInfo,
+    PromptProgress,
+    Request,
+    StopReason,
+    Stream,
+    Token,
+    TurnMetrics,
+    restore_note,
+    stop_label,
+    thinking_line,
+    written,
+)
 from .engine.context import left_out
 from .engine.formats import TEXT, OutputFormat
 from .engine.params import LiveParams

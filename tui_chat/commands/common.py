@@ -92,7 +92,12 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 def opener_for(config: Config, args: argparse.Namespace | None = None) -> tuple[BackendOpener, str | None]:
     """The backend opener for this run and the model name to open first, with the flags laid over the config."""
-    from ..engine.factory import REMOTE_MARK, BackendOpener, LocalOptions, remote_spec  # the engine: only for a command that opens one
+    from ..engine.factory import (  # the engine: only for a command that opens one
+        REMOTE_MARK,
+        BackendOpener,
+        LocalOptions,
+        remote_spec,
+    )
 
     config = with_model_flags(config, args)
     remote = _remote_profile(config, args) if args is not None else None

@@ -82,8 +82,8 @@ def _search(args: argparse.Namespace, config: Config) -> int:
 
 
 def _files(args: argparse.Namespace, config: Config) -> int:
-    from ..hub.machine import fit_text
     from ..hub.catalog import list_gguf
+    from ..hub.machine import fit_text
 
     listing = list_gguf(args.repo)
     if args.json:

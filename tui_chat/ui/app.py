@@ -15,11 +15,10 @@ from ..engine.params import PRESETS, LiveParams
 from ..guard import LOG_NAME, exception_line
 from ..lag import monitor_from_env
 from ..safetext import screen_safe
-from .screens.chat import ChatScreen
 from ..workspace import OpenBackend, Workspace
+from .screens.chat import ChatScreen
 from .themes import load_themes
 from .widgets.sampling import SamplingPanel
-
 
 DEFAULT_THEME = "tui-chat-dusk"
 

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 from textual.screen import Screen
 
-from ...engine.base import Backend, EngineError, Error, Event, LoadProgress, Loaded, ModelInfo
+from ...engine.base import Backend, EngineError, Error, Event, Loaded, LoadProgress, ModelInfo
 from ...workspace import LoadJob, Workspace
 from ..bridge import EngineBatch, forward_events
 

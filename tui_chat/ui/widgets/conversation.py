@@ -26,7 +26,6 @@ from .heatmap import REOPENED_NOTE, band_styles, legend
 from .messages import ReplyMessage, UserMessage
 from .prompt import PromptInput
 
-
 CONFIRM_WITHIN_S = 3.0
 
 

@@ -19,7 +19,6 @@ from textual.geometry import Size
 from textual.strip import Strip
 from textual.widget import Widget
 
-
 GROW_LINES = 4
 _FENCE = "```"
 

@@ -21,8 +21,7 @@ when clicked.
 from __future__ import annotations
 
 from rich.console import Console, ConsoleOptions, Group, RenderResult
-from rich.markdown import CodeBlock
-from rich.markdown import Markdown as RichMarkdown
+from rich.markdown import CodeBlock, Markdown as RichMarkdown
 from rich.syntax import Syntax
 from rich.text import Text
 from textual import events
@@ -38,8 +37,8 @@ from ...config import data_dir
 from ...safetext import screen_safe
 from ...session import Branch, Reply, Turn, Writing
 from ..clipboard import copy
-from .live_tail import LiveTail, freeze_point
 from .heatmap import HeatBlocks, HeatLines, HeatmapView, band_styles, grammar_line, has_probabilities
+from .live_tail import LiveTail, freeze_point
 from .thinking import ThinkingBlock, thinking_tail, thinking_view
 
 FREEZE_AFTER_CHARS = 3000

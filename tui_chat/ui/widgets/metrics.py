@@ -8,8 +8,8 @@ from decimal import Decimal
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.message import Message
 from textual.content import Content
+from textual.message import Message
 from textual.widgets import Select, Sparkline, Static
 
 from ...engine.base import PREFILL_RATE_MIN_TOKENS, ModelInfo, TurnMetrics, restore_note

@@ -15,14 +15,14 @@ from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
-from textual.widget import Widget
 from textual.timer import Timer
+from textual.widget import Widget
 from textual.widgets import Button, Checkbox, Collapsible, Input, Static
 
 from ...engine.base import ModelInfo
-from ...workspace import Workspace
 from ...engine.formats import TEXT, OutputFormat
 from ...engine.params import LIST_SPECS, PARAMS, PRESETS, SPECS, InvalidParameter, LiveParams, ParamSpec, SamplingParams
+from ...workspace import Workspace
 from ..keys import shown_key
 from .bias import BiasList
 from .fields import TextField, TickBox
