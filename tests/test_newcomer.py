@@ -204,7 +204,8 @@ async def test_ctrl_o_lists_local_models_and_sets_context_and_gpu_layers(tiny_mo
         starter = next(i for i, name in enumerate(names) if starter_model.name in name)
         opened.query_one(OptionList).highlighted = starter
         await pilot.press("enter")
-        await wait_for(pilot, lambda: screen.workspace.backend is not None and screen.workspace.backend.info.n_ctx == 2048)
+        await wait_for(pilot, lambda: screen.workspace.backend is not None
+                       and screen.workspace.backend.info.n_ctx == 2048)
         assert screen.workspace.backend.info.gpu_layers == 0
     saved = load_config()
     assert saved.n_ctx == 2048 and saved.gpu_layers == 0

@@ -374,7 +374,8 @@ async def test_the_panels_money_has_one_format_as_the_session_passes_a_cent(tiny
         panel = screen.query_one(MetricsPanel)
         reply = TurnMetrics(prompt_tokens=1_000, completion_tokens=300)  # $0.0055 at GPT-4o's prices
         screen.query_one("#price", Select).value = "GPT-4o"
-        screen.session.turns = [Turn(f"question {n}", [Branch("answer", "end of text", metrics=reply)]) for n in range(3)]
+        screen.session.turns = [Turn(f"question {n}", [Branch("answer", "end of text", metrics=reply)])
+                                for n in range(3)]
         panel.update_metrics(reply)
         await pilot.pause()
         figures = re.findall(r"\$[\d,.]+", str(screen.query_one("#cost").render()))

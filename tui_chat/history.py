@@ -136,7 +136,8 @@ class Conversation:
     def engine_messages(self) -> list[Message]:
         """What the model sees to continue: the system prompt and the active path, failed replies left out."""
         messages = [Message("system", self.system_prompt)] if self.system_prompt else []
-        messages += [Message(m.role, m.content, m.reasoning) for m in self.path if m.state != "error" or m.content or m.reasoning]
+        messages += [Message(m.role, m.content, m.reasoning)
+                     for m in self.path if m.state != "error" or m.content or m.reasoning]
         return messages
 
     @property
@@ -451,7 +452,8 @@ class History:
         A fork carries the reply it branched from, the token index where it diverged and the text before it."""
         with self._transaction() as db:
             self._require(db, conversation_id)
-            message_id = self._insert(db, conversation_id, parent_id, "assistant", text, "streaming", fork_of, fork_token)
+            message_id = self._insert(db, conversation_id, parent_id, "assistant", text, "streaming",
+                                      fork_of, fork_token)
             db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (time.time(), conversation_id))
         return ReplyWriter(self, conversation_id, message_id, text)
 

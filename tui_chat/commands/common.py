@@ -70,7 +70,7 @@ def print_table(rows: list[tuple[str, ...]], right: tuple[int, ...] = ()) -> Non
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.rjust(width) if column in right else cell.ljust(width)
-                        for column, (cell, width) in enumerate(zip(row, widths))).rstrip())
+                        for column, (cell, width) in enumerate(zip(row, widths, strict=True))).rstrip())
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:

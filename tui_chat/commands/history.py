@@ -21,7 +21,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     export = commands.add_parser(
         "export", description="Write a saved conversation as Markdown (to read) or JSON (to import).")
     export.add_argument("id", type=int, help="the conversation's ID (see tui-chat history)")
-    export.add_argument("--format", choices=("md", "json"), default="md", help="md to read, json to import (default md)")
+    export.add_argument("--format", choices=("md", "json"), default="md",
+                        help="md to read, json to import (default md)")
     export.add_argument("--output", "-o", type=Path, metavar="FILE", help="write to FILE instead of stdout")
     export.set_defaults(run=run_export)
     imports = commands.add_parser(

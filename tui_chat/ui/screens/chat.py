@@ -75,8 +75,8 @@ class ChatScreen(Screen):
             yield ConversationView(self.session, costs, lambda: self.workspace.backend,
                                    inspector_top=self.workspace.config.inspector_top, id="chat")
             with VerticalScroll(id="side"):
-                yield MetricsPanel(self.workspace.config.prices, self.workspace.price.name, lambda: self.session.spent(),
-                                   id="metrics")
+                yield MetricsPanel(self.workspace.config.prices, self.workspace.price.name,
+                                   lambda: self.session.spent(), id="metrics")
                 yield SamplingPanel(self.live, self.workspace, lambda: self.reply is not None, id="sampling")
         yield Footer()
 

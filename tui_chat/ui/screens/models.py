@@ -130,8 +130,8 @@ class ModelsScreen(Screen[str | None]):
         servers = self.query_one("#servers-table", DataTable)
         servers.add_columns("Name", "URL", "Model")
         for name, profile in sorted(self.workspace.config.remotes.items()):
-            servers.add_row(_cell(remote_spec(name)), _cell(profile.base_url), _cell(profile.model or "the first listed"),
-                            key=remote_spec(name))
+            servers.add_row(_cell(remote_spec(name)), _cell(profile.base_url),
+                            _cell(profile.model or "the first listed"), key=remote_spec(name))
         if not self.workspace.config.remotes:
             servers.add_row(_cell("No servers yet: add a [remotes.NAME] table with base_url to config.toml."), "", "",
                             key="")
@@ -341,7 +341,8 @@ class ModelsScreen(Screen[str | None]):
         try:
             chosen, _ = pull(name, self.models_dir, lambda progress: self.post_message(_Downloading(progress)), cancel)
         except HubError as error:
-            self.post_message(_Downloaded(name, f"{'Cancelled' if isinstance(error, Cancelled) else 'Failed'}: {error}"))
+            verb = "Cancelled" if isinstance(error, Cancelled) else "Failed"
+            self.post_message(_Downloaded(name, f"{verb}: {error}"))
             return
         self.post_message(_Downloaded(str(chosen), None))
 
@@ -349,7 +350,8 @@ class ModelsScreen(Screen[str | None]):
     def _progress(self, message: _Downloading) -> None:
         progress = message.progress
         self.query_one("#download-bar", ProgressBar).update(total=progress.total, progress=progress.done)
-        self.query_one("#download-status", Static).update(Content(f"{terminal_safe(progress.file)} · {progress.line()}"))
+        line = f"{terminal_safe(progress.file)} · {progress.line()}"
+        self.query_one("#download-status", Static).update(Content(line))
 
     @on(_Downloaded)
     def _finished(self, message: _Downloaded) -> None:

@@ -268,8 +268,8 @@ class ConversationView(Vertical):
         probe = TokenProbe(self._backend(), self.session.live, widget.turn.reply, self.session.model)
         index = min(event.index, len(reply.tokens) - 1)
         self.post_message(self.InspectorWanted(widget.turn, reply.tokens, reply.text, index,
-                                               self.session.live.snapshot()[1], self.session.why_not_branch(widget.turn),
-                                               probe))
+                                               self.session.live.snapshot()[1],
+                                               self.session.why_not_branch(widget.turn), probe))
 
     @on(ReplyMessage.SwitchBranch)
     async def _switch_branch(self, event: ReplyMessage.SwitchBranch) -> None:

@@ -208,8 +208,8 @@ class HeatBlocks:
         if cached is None or cached[0] != (width, picked):
             options = console.options.update(width=width, height=None, highlight=False)
             rendered = console.render(self.text(block, styles, picked), options)
-            cached = self._lines[block] = (width, picked), [
-                Strip(line) for line in Segment.split_and_crop_lines(rendered, width, include_new_lines=False, pad=False)]
+            lines = Segment.split_and_crop_lines(rendered, width, include_new_lines=False, pad=False)
+            cached = self._lines[block] = (width, picked), [Strip(line) for line in lines]
         return cached[1]
 
 
@@ -272,7 +272,7 @@ REOPENED_NOTE = "Replies reopened from the history stay plain: it keeps their te
 def legend(styles: Sequence[Style], reopened: bool = False) -> Text:
     """The bands' colours; `reopened`: the chat has replies with no token records, which it says are plain."""
     out = Text("Heatmap  ", style="dim")
-    for band, style in zip(BANDS, styles):
+    for band, style in zip(BANDS, styles, strict=True):
         out.append(f" {band.label} ", style)
         out.append(" ")
     out.append("←/→ Enter", style="dim")

@@ -174,7 +174,8 @@ class MetricsPanel(Vertical):
                 f"Tokens   in {estimated}{m.prompt_tokens:,} · out {m.completion_tokens:,}{_thought(m)}\n"
                 f"KV       {kv_bar(m.context_tokens, n_ctx)}\n"
                 f"         {m.context_tokens:,} / {f'{n_ctx:,}' if n_ctx else 'unknown'}\n"
-                f"Reused   {m.cached_tokens:,} tokens this turn" + (f"\n{restored[0].upper()}{restored[1:]}" if restored else "")
+                f"Reused   {m.cached_tokens:,} tokens this turn"
+                + (f"\n{restored[0].upper()}{restored[1:]}" if restored else "")
             ))
         reply = turn_cost(self.price, m.prompt_tokens, m.cached_tokens, m.completion_tokens)
         session = self.session_cost()

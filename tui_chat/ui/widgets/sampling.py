@@ -156,7 +156,8 @@ class SamplingPanel(Vertical):
             ignored = name in info.ignored_params
             self.query_one(f"#{name}").disabled = ignored
             self.query_one(f"#row-{name}").set_class(ignored, "-ignored")
-            self.query_one(f"#hint-{name}", Static).update(Content("This server ignores it: not sent." if ignored else hint))
+            shown = "This server ignores it: not sent." if ignored else hint
+            self.query_one(f"#hint-{name}", Static).update(Content(shown))
 
     def show_format(self, output: OutputFormat = TEXT) -> None:
         """The conversation's output format (a new chat, a reopened one)."""
@@ -184,7 +185,8 @@ class SamplingPanel(Vertical):
         """The controls that read the settings follow them (the order row reads them all)."""
         for name in changed:
             if name in SPECS:
-                self.query_one(f"#label-{name}", Static).update(Content(param_label(SPECS[name], getattr(params, name))))
+                label = param_label(SPECS[name], getattr(params, name))
+                self.query_one(f"#label-{name}", Static).update(Content(label))
         self.query_one(OrderBar).show(params)
         self.query_one(BiasList).show(params.logit_bias)
         self.query_one("#more", Collapsible).title = more_title(params)
