@@ -14,7 +14,7 @@ from ..units import local_time
 from .common import print_table, writer
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     listing = commands.add_parser("history", description="List saved conversations, most recent first.")
     listing.add_argument("--search", metavar="TEXT", help="only conversations whose title or messages contain TEXT")
     listing.set_defaults(run=run_history)
