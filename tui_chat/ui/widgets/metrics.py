@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from decimal import Decimal
+from typing import Any
 
 from textual import on
 from textual.app import ComposeResult
@@ -66,7 +67,7 @@ class MetricsPanel(Vertical):
     """
 
     def __init__(self, prices: dict[str, Price], price: str, replies: Callable[[], Iterable[TurnMetrics]],
-                 **kwargs) -> None:
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.replies = replies
         self.prices = prices
@@ -113,7 +114,7 @@ class MetricsPanel(Vertical):
             if metrics.decode_s > seconds and metrics.completion_tokens > tokens:
                 rate = (metrics.completion_tokens - tokens) / (metrics.decode_s - seconds)
                 sparkline = self.query_one(Sparkline)
-                sparkline.data = [*sparkline.data[-59:], rate]
+                sparkline.data = [*(sparkline.data or ())[-59:], rate]
         self._last_sample = (metrics.completion_tokens, metrics.decode_s)
         self.refresh_view()
 
