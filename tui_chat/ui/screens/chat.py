@@ -324,11 +324,11 @@ class ChatScreen(Screen[None]):
             return
         from .conversations import ConversationsScreen
 
-        self.app.push_screen(ConversationsScreen(self.workspace, data_dir() / "exports"), self._chat_chosen)
+        def chosen(conversation_id: int | None) -> None:
+            if conversation_id is not None:
+                self.run_worker(self.open_conversation(conversation_id), group="open-chat", exclusive=True)
 
-    def _chat_chosen(self, chosen: int | None) -> None:
-        if chosen is not None:
-            self.run_worker(self.open_conversation(chosen), group="open-chat", exclusive=True)
+        self.app.push_screen(ConversationsScreen(self.workspace, data_dir() / "exports"), chosen)
 
     async def open_conversation(self, conversation_id: int) -> None:
         """Go on with a saved chat: its messages and branches, system prompt, settings and model (loaded for
@@ -362,17 +362,13 @@ class ChatScreen(Screen[None]):
             from .open_model import OpenModelScreen, server_names
 
             remotes = server_names(self.workspace.config.remotes)
-            self.app.push_screen(OpenModelScreen(self.workspace, remotes, self.session.model), self._model_chosen)
+            self.app.push_screen(OpenModelScreen(self.workspace, remotes, self.session.model), self.loader.chosen)
             return
         from .models import NAME, ModelsScreen
 
         if not self.app.is_screen_installed(NAME):
             self.app.install_screen(ModelsScreen(self.workspace), NAME)
-        self.app.push_screen(NAME, self._model_chosen)
-
-    def _model_chosen(self, name: str | None) -> None:
-        if name:
-            self.loader.load(name)
+        self.app.push_screen(NAME, self.loader.chosen)
 
     def action_help(self) -> None:
         from .help import HelpScreen, chat_sections

@@ -33,6 +33,11 @@ class ModelLoader:
         self.screen.call_after_refresh(self.screen.run_worker, lambda: self._open_and_load(job), thread=True,
                                        group="load", exclusive=True)
 
+    def chosen(self, name: str | None) -> None:
+        """A screen's answer: the model to load, or None (or "") when none was chosen."""
+        if name:
+            self.load(name)
+
     def hold(self, text: str) -> bool:
         """Keep a message for the model being loaded; False when none is on its way or one is already held."""
         loading = self.workspace.loading

@@ -292,12 +292,10 @@ class ModelsScreen(Screen[str | None]):
     def _ask_hub(self, kind: str, text: str, sort: str) -> None:
         from ...hub.catalog import list_gguf, search
 
-        value: list[RepoSummary] | RepoListing | HubError
         try:
-            value = search(text, sort) if kind == "search" else list_gguf(text)
+            self.post_message(_Found(search(text, sort) if kind == "search" else list_gguf(text)))
         except HubError as error:
-            value = error
-        self.post_message(_Found(value))
+            self.post_message(_Found(error))
 
     @on(_Found)
     def _found(self, message: _Found) -> None:
@@ -349,11 +347,8 @@ class ModelsScreen(Screen[str | None]):
     def _pull(self, name: str, cancel: threading.Event) -> None:
         from ...hub.catalog import pull
 
-        def report(progress: Progress) -> None:
-            self.post_message(_Downloading(progress))
-
         try:
-            chosen, _ = pull(name, self.models_dir, report, cancel)
+            chosen, _ = pull(name, self.models_dir, lambda progress: self.post_message(_Downloading(progress)), cancel)
         except HubError as error:
             verb = "Cancelled" if isinstance(error, Cancelled) else "Failed"
             self.post_message(_Downloaded(name, f"{verb}: {error}"))
