@@ -39,7 +39,8 @@ def heatmap_at_once(tokens: list[Token], text: str, selected: int | None, offset
         drawn += len(token.piece)
         piece = token.piece if started else token.piece.lstrip()
         started = started or bool(piece)
-        style = STYLES[band_of(token.prob)] + Style(meta={"token": index}) + (SELECTED if index == selected else Style())
+        picked = SELECTED if index == selected else Style()
+        style = STYLES[band_of(token.prob)] + Style(meta={"token": index}) + picked
         out.append(screen_safe(piece) or ("·" if index == selected else ""), style)
     return out
 
@@ -78,7 +79,8 @@ def test_the_answers_blocks_tag_tokens_with_their_index_in_the_reply():
     assert as_segments(blocks, 200) == lines_at_once(tokens, text, 200, answer_from)
     thinking = HeatBlocks(tokens, 0, answer_from, block_chars=30)
     thinking.extend(None)  # every token of the thinking, its markers included
-    assert as_segments(thinking, 3) == lines_at_once(tokens[:answer_from], "".join(t.piece for t in tokens[:answer_from]), 3)
+    thought = tokens[:answer_from]
+    assert as_segments(thinking, 3) == lines_at_once(thought, "".join(t.piece for t in thought), 3)
 
 
 def test_picking_a_token_draws_only_its_block_again():
@@ -89,7 +91,7 @@ def test_picking_a_token_draws_only_its_block_again():
     blocks.lines(console, WIDTH, STYLES, None)
     before = list(blocks._lines)
     blocks.lines(console, WIDTH, STYLES, 500)
-    redrawn = [block for block, (old, new) in enumerate(zip(before, blocks._lines)) if old is not new]
+    redrawn = [block for block, (old, new) in enumerate(zip(before, blocks._lines, strict=True)) if old is not new]
     assert len(redrawn) == 1
 
 

@@ -11,13 +11,13 @@ from textual.app import App
 
 from conftest import GREEDY
 from scripted import INFO, ScriptedBackend
+from test_ui import loaded, reply_done, send, wait_for
 from tui_chat.config import Config
 from tui_chat.engine.base import Done, Request, Stream, Token, TurnMetrics
 from tui_chat.ui import bridge
 from tui_chat.ui.app import ChatApp
 from tui_chat.ui.bridge import EngineBatch, forward_events
 from tui_chat.ui.widgets.messages import FREEZE_AFTER_CHARS
-from test_ui import loaded, reply_done, send, wait_for
 
 PARAGRAPH = "Word " * 60 + "end.\n\n"
 

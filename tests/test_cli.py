@@ -185,7 +185,8 @@ def test_xray_on_a_server_is_refused_in_one_line():
     with fake_server() as server:
         result = run("run", "--base-url", server.base_url, "-p", "hi", "--xray", "--json")
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr == "tui-chat: error: --xray needs a local model: a server does not show its sampler chain's stages\n"
+    assert result.stderr == (
+        "tui-chat: error: --xray needs a local model: a server does not show its sampler chain's stages\n")
 
 
 def test_output_into_a_pipe_whose_reader_stopped_ends_quietly(tiny_model):

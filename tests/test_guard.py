@@ -155,7 +155,8 @@ def app_on_a_terminal(config: str) -> tuple[Terminal, float]:
 
 
 def test_the_app_killed_mid_reply_restores_the_terminal_and_the_reply_reopens_interrupted(tiny_model):
-    terminal, deadline = app_on_a_terminal(f'default_model = "{tiny_model}"\nn_ctx = 32768\n[sampling]\nmax_tokens = 100000\n')
+    terminal, deadline = app_on_a_terminal(
+        f'default_model = "{tiny_model}"\nn_ctx = 32768\n[sampling]\nmax_tokens = 100000\n')
     try:
         time.sleep(1.0)  # the model loads in the background
         os.write(terminal.master, b"Hello there\r")

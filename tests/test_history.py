@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, fields
 from decimal import Decimal
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -91,7 +92,8 @@ def test_a_replys_figures_round_trip_through_the_file_field_for_field(db):
         added_figure: int = 0
 
     assert Later(added_figure=3).as_dict()["added_figure"] == 3
-    assert Later.from_dict(Later(added_figure=3, completion_tokens=4).as_dict()) == Later(added_figure=3, completion_tokens=4)
+    later = Later(added_figure=3, completion_tokens=4)
+    assert Later.from_dict(later.as_dict()) == later
 
 
 def test_branches_keep_every_reply_and_the_chosen_one_is_active(db):
@@ -279,7 +281,8 @@ def test_a_hand_made_version_1_database_opens(db):
         assert [m.content for m in loaded.path] == ["hello"]
         assert loaded.output_format == TEXT, "migrated: a chat from before output formats writes free text"
         assert history._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert history.schema_version() == len(history_module.MIGRATIONS) and loaded.thinking and loaded.path[0].reasoning == ""
+        assert history.schema_version() == len(history_module.MIGRATIONS)
+        assert loaded.thinking and loaded.path[0].reasoning == ""
 
 
 def test_newer_schema_and_foreign_files_are_clear_errors(db, tmp_path):
@@ -331,7 +334,7 @@ def test_two_processes_writing_at_once_both_succeed(db, tmp_path):
         for tag in ("left", "right"):
             mine = [m for m in loaded.messages if m.content.startswith(tag)]
             assert [m.content for m in mine] == [f"{tag} {i}" for i in range(200)] + [f"{tag} done"]
-            assert all(b.parent_id == a.id for a, b in zip(mine, mine[1:]))
+            assert all(b.parent_id == a.id for a, b in pairwise(mine))
         assert len(loaded.messages) == 402
         assert loaded.path[-1].content in ("left done", "right done") and len(loaded.path) == 201
 

@@ -122,7 +122,8 @@ def test_no_ui_file_is_longer_than_400_lines():
 
 def test_no_import_cycles():
     """Strongly connected groups of modules (Tarjan): each must be one module alone."""
-    graph = {module: {name for name in names if name in MODULES and name != module} for module, names in MODULES.items()}
+    graph = {module: {name for name in names if name in MODULES and name != module}
+             for module, names in MODULES.items()}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -178,7 +179,8 @@ def test_the_command_line_and_the_server_backend_load_neither_textual_nor_llama_
     assert done.returncode == 0, done.stderr
 
 
-@pytest.mark.parametrize(("argv", "commands"), [([], []), (["--help"], []), (["--version"], ["tui_chat.commands.info"])])
+@pytest.mark.parametrize(("argv", "commands"),
+                         [([], []), (["--help"], []), (["--version"], ["tui_chat.commands.info"])])
 def test_the_entry_point_help_and_version_load_no_heavy_library_and_no_other_command(argv, commands):
     """`tui-chat --help` and `--version` answer at once: importing `tui_chat.cli` and answering either loads
     neither Textual, llama.cpp, Jinja nor numpy, and no command's module but the one answering (each comes in

@@ -6,7 +6,7 @@ import re
 
 import pytest
 from textual.color import Color
-from textual.widgets import OptionList, Static
+from textual.widgets import OptionList
 
 from conftest import GREEDY
 from test_ui import SIZE, loaded, make_app, reply_done, said, screen_open, scripted_app, send, wait_for
@@ -45,7 +45,7 @@ async def test_heatmap_bands_are_legible_in_every_shipped_and_built_in_theme(tin
             assert colors[0] is None  # likely tokens stay plain
             fills = [fill for _, fill in colors[1:]]
             assert len(set(fills)) == len(fills), f"{theme}: two bands look the same"
-            for band, (text, fill) in zip(BANDS[1:], colors[1:]):
+            for band, (text, fill) in zip(BANDS[1:], colors[1:], strict=True):
                 assert contrast(text, fill) >= 4.5, f"{theme}: band {band.label} is hard to read"
 
 
@@ -72,7 +72,8 @@ async def test_heatmap_colours_each_token_by_its_probability(tiny_model):
             if pair is not None:
                 assert segment.style.bgcolor.triplet == pair[1].rich_color.triplet
         assert drawn == {i for i, t in enumerate(reply.reply.tokens) if t.piece.strip()}
-        assert len({band_of(t.prob) for t in reply.reply.tokens}) > 1, "the tiny model's reply should span several bands"
+        bands = {band_of(t.prob) for t in reply.reply.tokens}
+        assert len(bands) > 1, "the tiny model's reply should span several bands"
         await pilot.press("ctrl+t")
         await pilot.pause()
         assert not reply.query(".heatmap") and not screen.query_one("#legend").display
@@ -99,7 +100,8 @@ async def test_keys_pick_a_token_the_inspector_shows_it_and_a_branch_rewinds_to_
         await wait_for(pilot, lambda: screen.is_current and screen.reply is None and len(reply.branches) == 2)
         await pilot.pause()
         alternative = [c for c in original_tokens[3].top if c.token_id != original_tokens[3].token_id][0]
-        assert [t.token_id for t in reply.reply.tokens[:4]] == [t.token_id for t in original_tokens[:3]] + [alternative.token_id]
+        expected = [t.token_id for t in original_tokens[:3]] + [alternative.token_id]
+        assert [t.token_id for t in reply.reply.tokens[:4]] == expected
         assert reply.reply.tokens[3].forced and reply.reply.tokens[3].prob == alternative.prob
         assert all(not t.forced and t.prob is not None for t in reply.reply.tokens[4:])
         assert reply.text.startswith("".join(t.piece for t in original_tokens[:3]) + alternative.text)
@@ -158,7 +160,8 @@ async def test_inspector_marks_what_the_current_settings_would_keep(tiny_model):
         lines = [str(line) for line in candidate_lines(token, wide)]
         assert [line.rstrip().endswith("kept") for line in lines] == [True] * 3 + [False] * 7
         cumulative = [float(line.split("Σ")[1].split("%")[0]) for line in lines]
-        assert cumulative == sorted(cumulative) and cumulative[-1] == pytest.approx(sum(c.prob for c in token.top) * 100, abs=0.1)
+        assert cumulative == sorted(cumulative)
+        assert cumulative[-1] == pytest.approx(sum(c.prob for c in token.top) * 100, abs=0.1)
 
 
 async def test_only_the_latest_reply_can_be_branched(tiny_model):
@@ -244,7 +247,7 @@ async def test_the_xray_shows_each_stage_of_the_chain_and_the_verdict(tiny_model
         rows = [line for line in text.splitlines()[2:] if line and not line.startswith(("  ↳", "'", '"'))]
         assert [row[:20].strip() for row in rows[: len(expected.stages)]] == [s.label for s in expected.stages]
         assert [s.name for s in expected.stages] == ["penalties", "top_k", "top_p", "min_p", "temperature"]
-        for row, stage in zip(rows, expected.stages):
+        for row, stage in zip(rows, expected.stages, strict=False):  # rows go on past the stages
             assert f"{stage.kept:,}" in row and f"{stage.rank} · p" in row
         await pilot.press("left")  # the X-ray follows the picked token
         expected = inspector.probe.xray(1).result()
@@ -274,7 +277,8 @@ async def test_ask_about_any_word_shows_its_exact_probability_beside_the_alterna
         for word in (" zebra crossing", "Paris"):
             inspector.query_one("#ask").value = ""
             await pilot.press(*word, "enter")
-            await wait_for(pilot, lambda: word.strip()[:5] in str(asked.render()) and "rank" in str(asked.render()))
+            await wait_for(pilot, lambda word=word: word.strip()[:5] in str(asked.render())
+                           and "rank" in str(asked.render()))
             answer = inspector.probe.word(0, word).result()
             shown = str(asked.render())
             assert f"rank {answer.rank:,}" in shown

@@ -60,7 +60,8 @@ def test_removing_a_model_deletes_its_caches(tiny_model, models):
     shutil.copyfile(tiny_model, copy)
     run_cli(*FIRST, "-m", str(tiny_model), "-p", "Hello")
     run_cli(*FIRST, "-m", "tiny-copy.gguf", "-p", "Hello")
-    assert sorted(entry.model_name for entry in KvStore(kv_cache_dir()).list_entries()) == ["tiny-copy.gguf", "tiny.gguf"]
+    cached = sorted(entry.model_name for entry in KvStore(kv_cache_dir()).list_entries())
+    assert cached == ["tiny-copy.gguf", "tiny.gguf"]
     removed = run_cli("models", "rm", "tiny-copy.gguf")
     assert removed.returncode == 0 and removed.stdout.endswith(" and its 1 saved KV cache\n"), removed
     assert [entry.model_name for entry in KvStore(kv_cache_dir()).list_entries()] == ["tiny.gguf"]

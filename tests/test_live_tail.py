@@ -69,3 +69,17 @@ def test_the_blocks_of_a_tail_split_at_blank_lines_outside_code():
     assert blocks("```\nopen\n\nfence") == ["```\nopen\n\nfence"]
     assert "\n\n".join(blocks(text)) == text
 
+
+
+async def test_a_selection_over_the_tail_copies_without_a_crash():
+    """Textual reads a selected widget's text through `Widget._render()`: the tail's own renderer once shadowed
+    it, and copying a selection that took in the reply being written raised a TypeError. It copies what shows."""
+    from textual.selection import Selection
+
+    app = Holder()
+    async with app.run_test(size=(40, 10)) as pilot:
+        tail = app.query_one(Spied)
+        tail.set_text("The capital of France")
+        await pilot.pause()
+        app.screen.selections = {tail: Selection(None, None)}
+        assert app.screen.get_selected_text() == "The capital of France"

@@ -8,16 +8,15 @@ import threading
 from pathlib import Path
 
 import pytest
+from textual.widgets import Input, OptionList
 
 from conftest import GREEDY
 from test_history_ui import chats_open
 from test_ui import SIZE, loaded, make_app, reply_done, said, screen_open, send, wait_for
 from tui_chat.commands.common import opener_for
-from textual.widgets import Input, OptionList
-
 from tui_chat.config import Config, history_path, load_config
-from tui_chat.engine.models import STARTER_NAME
 from tui_chat.engine.base import TurnMetrics
+from tui_chat.engine.models import STARTER_NAME
 from tui_chat.history import History
 from tui_chat.session import Branch, Turn, reply_footer
 from tui_chat.ui.app import ChatApp
@@ -205,7 +204,8 @@ async def test_ctrl_o_lists_local_models_and_sets_context_and_gpu_layers(tiny_mo
         starter = next(i for i, name in enumerate(names) if starter_model.name in name)
         opened.query_one(OptionList).highlighted = starter
         await pilot.press("enter")
-        await wait_for(pilot, lambda: screen.workspace.backend is not None and screen.workspace.backend.info.n_ctx == 2048)
+        await wait_for(pilot, lambda: screen.workspace.backend is not None
+                       and screen.workspace.backend.info.n_ctx == 2048)
         assert screen.workspace.backend.info.gpu_layers == 0
     saved = load_config()
     assert saved.n_ctx == 2048 and saved.gpu_layers == 0

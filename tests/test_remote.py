@@ -16,11 +16,11 @@ from fake_openai import PACED, PACED_TOKEN_S, REPLY, SLOW_TOKEN_S, fake_server, 
 from llama_server import free_port
 from tui_chat.config import ConfigError, load_config
 from tui_chat.engine.base import Done, Error, Loaded, Message, Request
-from tui_chat.engine.params import LiveParams, SamplingParams
-from tui_chat.engine.server_params import ignored_settings
 from tui_chat.engine.openai import MalformedEvent, OpenAIBackend, RemoteSettings, parse_chunk
 from tui_chat.engine.openai.backend import CHARS_PER_TOKEN
 from tui_chat.engine.openai.sse import SseDecoder
+from tui_chat.engine.params import LiveParams, SamplingParams
+from tui_chat.engine.server_params import ignored_settings
 from tui_chat.session import reply_footer
 
 PROMPT = "Hello, what is the capital of France?"
@@ -62,9 +62,9 @@ def test_server_is_described_as_remote(tiny_remote, tiny_server):
     assert info.path == tiny_server and info.remote_host == tiny_server.split("/")[2]
     assert info.offload == f"server {info.remote_host}"
     assert not info.params_per_token and info.ignored_formats == ()
-    assert set(info.ignored_params) == {"typical_p", "top_n_sigma", "xtc_probability", "xtc_threshold", "dry_multiplier",
-                                        "dry_base", "dry_allowed_length", "dry_penalty_last_n", "sampler_order",
-                                        "thinking_budget"}
+    assert set(info.ignored_params) == {"typical_p", "top_n_sigma", "xtc_probability", "xtc_threshold",
+                                        "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+                                        "sampler_order", "thinking_budget"}
     assert info.description.startswith("llama-cpp-python server")
     assert tiny_remote.list_models() == ["tiny"]
 
@@ -425,7 +425,8 @@ def test_sse_decoder_joins_data_lines_and_skips_comments():
     assert decoder.flush() == "[DONE]" and decoder.flush() is None
 
 
-@pytest.mark.parametrize("data", ["{not json", "[1, 2]", '"text"', '{"choices": 3}', '{"choices": [{"delta": {"content": 5}}]}'])
+@pytest.mark.parametrize("data", ["{not json", "[1, 2]", '"text"', '{"choices": 3}',
+                                  '{"choices": [{"delta": {"content": 5}}]}'])
 def test_parse_chunk_refuses_what_is_not_a_chunk(data):
     with pytest.raises(MalformedEvent):
         parse_chunk(data)
@@ -438,7 +439,8 @@ def test_parse_chunk_tolerates_odd_but_valid_chunks():
     assert odd.content == "x" and odd.tokens[0].prob == 0.0 and odd.tokens[0].top[0].prob == 1.0
     assert parse_chunk('{"error": {"message": "overloaded"}}').error == "overloaded"
     assert parse_chunk('{"error": {"message": "\\u001b]52;c;aGk=\\u0007 gone"}}').error == "\\x1b]52;c;aGk=\\x07 gone"
-    assert parse_chunk('{"choices": [{"delta": {}, "logprobs": {"content": [{"top_logprobs": 5}]}}]}').tokens[0].top == ()
+    odd_top = parse_chunk('{"choices": [{"delta": {}, "logprobs": {"content": [{"top_logprobs": 5}]}}]}')
+    assert odd_top.tokens[0].top == ()
 
 
 # --- config and command line -------------------------------------------------------------------
@@ -456,7 +458,8 @@ def test_remote_profiles_are_read(isolated_dirs, monkeypatch):
                                        'api_key_env = "LAB_KEY"\ntimeout_s = 30\n')
     lab = load_config(path).remotes["lab"]
     assert (lab.base_url, lab.model, lab.timeout_s) == ("http://gpu:8080/v1", "qwen", 30.0)
-    with pytest.raises(ConfigError, match=r"the API key variable LAB_KEY \(api_key_env of \[remotes.lab\]\) is not set"):
+    with pytest.raises(ConfigError,
+                       match=r"the API key variable LAB_KEY \(api_key_env of \[remotes.lab\]\) is not set"):
         lab.resolved_api_key()
     monkeypatch.setenv("LAB_KEY", KEY)
     assert lab.resolved_api_key() == KEY
@@ -496,7 +499,8 @@ def test_run_with_a_profile_and_its_key(isolated_dirs, monkeypatch):
         (["--backend", "openai"], "--backend openai needs --base-url URL or --remote PROFILE"),
         (["--backend", "local", "--base-url", "http://h/v1"], "--base-url needs --backend openai"),
         (["--remote", "lab"], "unknown remote 'lab' (configured: none"),
-        (["--base-url", "http://h/v1", "--gpu-layers", "0"], "--gpu-layers is for local models: the server sets its own"),
+        (["--base-url", "http://h/v1", "--gpu-layers", "0"],
+         "--gpu-layers is for local models: the server sets its own"),
         (["--base-url", "http://h/v1", "--threads", "2"], "--threads is for local models: the server sets its own"),
         (["--base-url", "http://h/v1", "--extra-buffers", "none", "--threads-batch", "2", "--n-ctx", "512"],
          "--n-ctx, --threads-batch and --extra-buffers are for local models: the server sets its own"),
@@ -517,4 +521,5 @@ def test_unreachable_server_from_the_command_line():
 def test_a_reply_cut_mid_stream_from_the_command_line(fake):
     result = run_cli("run", "--base-url", fake.base_url, "--model", "cut", "-p", "hi")
     assert result.returncode == 1 and result.stdout == "Paris is the\n"
-    assert result.stderr == f"tui-chat: error: the server at {fake.base_url.split('/')[2]} closed the stream mid-reply\n"
+    host = fake.base_url.split('/')[2]
+    assert result.stderr == f"tui-chat: error: the server at {host} closed the stream mid-reply\n"

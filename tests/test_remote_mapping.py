@@ -39,7 +39,8 @@ def events_of(stream: Stream) -> list:
     return events
 
 
-def answer(backend, messages: list[Message] | str, params: SamplingParams = GREEDY, **request) -> tuple[list, Done | Error]:
+def answer(backend, messages: list[Message] | str, params: SamplingParams = GREEDY,
+           **request) -> tuple[list, Done | Error]:
     if isinstance(messages, str):
         messages = [Message("user", messages)]
     events = events_of(backend.generate(Request(messages, LiveParams(params), **request)))
@@ -240,7 +241,8 @@ FANCY = GREEDY.with_changes(logit_bias=[" Paris=-inf"], mirostat_tau=5, dry_mult
 def test_every_setting_reaches_llama_server_in_its_own_names_and_the_rest_are_named(fake):
     backend, _, _ = answered(fake.base_url, "words", "hi", FANCY)
     sent = fake.requests[-1]
-    assert (sent["mirostat"], sent["mirostat_tau"], sent["dry_multiplier"], sent["xtc_probability"]) == (2, 5.0, 0.8, 0.5)
+    sent_params = (sent["mirostat"], sent["mirostat_tau"], sent["dry_multiplier"], sent["xtc_probability"])
+    assert sent_params == (2, 5.0, 0.8, 0.5)
     assert sent["samplers"] == ["top_k", "typ_p", "temperature"] and sent["logit_bias"] == [[" Paris", False]]
     assert backend.info.ignored_params == () and backend.info.ignored_formats == ()
     assert backend.info.notes == ("logit bias: the bias goes to every token of the text as the server tokenizes it, "
@@ -278,7 +280,8 @@ def test_formats_go_to_llama_server_in_its_fields_and_a_server_that_cannot_refus
     assert vllm.info.server_facts[1:] == ("No grammar output",
                                           "JSON: the server's JSON mode writes an object, not any JSON value")
     assert isinstance(refused, Error) and refused.text == "" and "\n" not in refused.message
-    assert refused.message.startswith("the vLLM at 127.0.0.1:") and "cannot be asked for grammar output" in refused.message
+    assert refused.message.startswith("the vLLM at 127.0.0.1:")
+    assert "cannot be asked for grammar output" in refused.message
 
 
 def test_formats_through_the_backend_against_llama_cpp_server(tiny_remote):

@@ -24,7 +24,8 @@ async def test_a_reply_cut_mid_stream_stays_on_screen_and_in_the_history():
             await send(pilot, "hi")
             reply = await reply_done(pilot)
             assert reply.text == "Paris is the"
-            assert reply.reply.footer.startswith("cut short: the server at") and "closed the stream mid-reply" in reply.reply.footer
+            footer = reply.reply.footer
+            assert footer.startswith("cut short: the server at") and "closed the stream mid-reply" in footer
             assert said(screen)[-1].content == "Paris is the"
             await send(pilot, "go on")
             await wait_for(pilot, lambda: len(screen.query(ReplyMessage)) == 2 and screen.reply is None)

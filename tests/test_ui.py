@@ -13,17 +13,16 @@ from conftest import GREEDY, ask
 from scripted import ScriptedBackend
 from tui_chat.commands.common import opener_for
 from tui_chat.config import Config, config_path, history_path, load_config
-from tui_chat.history import History
-from tui_chat.engine.base import Message
+from tui_chat.engine.base import Message, Stream
 from tui_chat.engine.models import STARTER_NAME
 from tui_chat.engine.params import SamplingParams
+from tui_chat.history import History
+from tui_chat.pricing import PRESETS, format_usd, turn_cost
+from tui_chat.session import Branch, Turn, Writing
 from tui_chat.ui.app import ChatApp
 from tui_chat.ui.screens.chat import ChatScreen
 from tui_chat.ui.screens.help import HelpScreen
 from tui_chat.ui.screens.inspector import InspectorScreen
-from tui_chat.pricing import PRESETS, format_usd, turn_cost
-from tui_chat.engine.base import Stream
-from tui_chat.session import Branch, Turn, Writing
 from tui_chat.ui.widgets.chat_log import MAX_MOUNTED, ChatLog
 from tui_chat.ui.widgets.messages import ReplyMessage, UserMessage
 from tui_chat.ui.widgets.metrics import MetricsPanel
@@ -157,7 +156,8 @@ async def test_stopping_before_the_first_token_gives_the_text_back(starter_model
         screen = await loaded(pilot)
         await send(pilot, long_text)
         status = lambda: str(screen.query_one(ReplyMessage).query_one(".status").render())  # noqa: E731
-        await wait_for(pilot, lambda: screen.query(ReplyMessage) and "Reading prompt 0" not in status() and "/" in status())
+        await wait_for(pilot, lambda: screen.query(ReplyMessage)
+                       and "Reading prompt 0" not in status() and "/" in status())
         await pilot.press("escape")
         await wait_for(pilot, lambda: screen.reply is None)
         await pilot.pause()
@@ -444,7 +444,8 @@ async def test_command_palette_offers_every_action_and_the_presets(tiny_model):
         commands = {command.title: command for command in app.get_system_commands(screen)}
         for binding in ChatScreen.BINDINGS:
             assert binding.tooltip in commands
-        assert {"Preset: Precise", "Preset: Balanced", "Preset: Creative", "Theme", "Price: GPT-4o mini"} <= set(commands)
+        wanted = {"Preset: Precise", "Preset: Balanced", "Preset: Creative", "Theme", "Price: GPT-4o mini"}
+        assert wanted <= set(commands)
         commands["Preset: Creative"].callback()
         await pilot.pause()
         assert screen.live.snapshot()[1].temperature == pytest.approx(1.1)
@@ -471,7 +472,8 @@ async def test_panel_costs_match_the_pricing_module(tiny, tiny_model):
         for name in ("GPT-4o", "Claude Sonnet 4"):
             price = PRESETS[name]
             last = turn_cost(price, second.prompt_tokens, second.cached_tokens, second.completion_tokens)
-            session = sum(turn_cost(price, t.prompt_tokens, t.cached_tokens, t.completion_tokens).total for t in (first, second))
+            session = sum(turn_cost(price, t.prompt_tokens, t.cached_tokens, t.completion_tokens).total
+                          for t in (first, second))
             uncached = sum(price.cost(t.prompt_tokens, 0, t.completion_tokens) for t in (first, second))
             assert f"Reply    {format_usd(last.total, fine=True)}" in shown()
             assert f" cached  {format_usd(last.cached_input, fine=True)}" in shown()

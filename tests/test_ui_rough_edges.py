@@ -28,13 +28,13 @@ from tui_chat.safetext import screen_safe, terminal_safe
 from tui_chat.session import Branch, Turn
 from tui_chat.ui.keys import CHAT_KEYS
 from tui_chat.ui.screens.chat import ChatScreen
-from tui_chat.ui.widgets.sampling import SETTINGS_SAVED_AFTER_S
 from tui_chat.ui.screens.help import HelpScreen
 from tui_chat.ui.widgets.chat_log import ChatLog
 from tui_chat.ui.widgets.heatmap import REOPENED_NOTE
 from tui_chat.ui.widgets.messages import ChatMessage, ReplyMessage, UserMessage
 from tui_chat.ui.widgets.metrics import MetricsPanel
 from tui_chat.ui.widgets.prompt import PromptInput
+from tui_chat.ui.widgets.sampling import SETTINGS_SAVED_AFTER_S
 
 
 def notified(app) -> list[str]:
@@ -374,7 +374,8 @@ async def test_the_panels_money_has_one_format_as_the_session_passes_a_cent(tiny
         panel = screen.query_one(MetricsPanel)
         reply = TurnMetrics(prompt_tokens=1_000, completion_tokens=300)  # $0.0055 at GPT-4o's prices
         screen.query_one("#price", Select).value = "GPT-4o"
-        screen.session.turns = [Turn(f"question {n}", [Branch("answer", "end of text", metrics=reply)]) for n in range(3)]
+        screen.session.turns = [Turn(f"question {n}", [Branch("answer", "end of text", metrics=reply)])
+                                for n in range(3)]
         panel.update_metrics(reply)
         await pilot.pause()
         figures = re.findall(r"\$[\d,.]+", str(screen.query_one("#cost").render()))

@@ -177,7 +177,8 @@ async def test_a_notification_quoting_a_file_name_shows_it_as_written(tmp_path, 
     async with app.run_test(size=WIDE, notifications=True) as pilot:
         await wait_for(pilot, lambda: "Model not loaded" in toasts(app))
         shown = toasts(app)
-        assert all(piece in shown for piece in ("[bold red]x[∕]", "[@click=app.quit]quit[∕]", r"\x1b]0;pwned\x07")), shown
+        pieces = ("[bold red]x[∕]", "[@click=app.quit]quit[∕]", r"\x1b]0;pwned\x07")
+        assert all(piece in shown for piece in pieces), shown
         assert unsafe_in(terminal_output(app)) == []
         status = plain(app.screen.query_one("#status"))
         assert "[bold red]x[∕]" in status and r"\u202egnp.exe" in status

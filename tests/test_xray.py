@@ -295,11 +295,11 @@ def test_run_xray_stages_equal_a_numpy_recomputation_from_the_raw_logits(starter
         reference.eval([entry["id"]])
         rows.append(np.array(reference.scores[reference.n_tokens - 1]))
     xtc_fired = 0
-    for index, (entry, row) in enumerate(zip(tokens, rows)):
+    for index, (entry, row) in enumerate(zip(tokens, rows, strict=True)):
         expected = recomputed_stages(row, prompt + [t["id"] for t in tokens[:index]], entry["id"], params)
         stages = entry["stages"]
         assert [s["name"] for s in stages] == [e[0] for e in expected]
-        for stage, (name, kept, mass, rank, prob) in zip(stages, expected):
+        for stage, (name, kept, mass, rank, prob) in zip(stages, expected, strict=True):
             where = f"token {index} {entry['token']!r}, {name}"
             assert (stage["kept"], stage["rank"]) == (kept, rank), where
             assert stage["mass"] == pytest.approx(mass, abs=2e-3), where

@@ -258,8 +258,8 @@ def _remote(name: str, table: dict[str, Any]) -> RemoteProfile:
                          float(timeout))
 
 
-def save_setting(key: str, value: str, path: Path | None = None) -> None:
-    """Set one top-level text setting, keeping the rest of the file (comments included) as written."""
+def save_setting(key: str, value: str | int, path: Path | None = None) -> None:
+    """Set one top-level setting (a text or a number), keeping the rest of the file (comments included) as written."""
     path = path or config_path()
     try:
         lines = path.read_text(encoding="utf-8").splitlines()

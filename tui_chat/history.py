@@ -136,7 +136,8 @@ class Conversation:
     def engine_messages(self) -> list[Message]:
         """What the model sees to continue: the system prompt and the active path, failed replies left out."""
         messages = [Message("system", self.system_prompt)] if self.system_prompt else []
-        messages += [Message(m.role, m.content, m.reasoning) for m in self.path if m.state != "error" or m.content or m.reasoning]
+        messages += [Message(m.role, m.content, m.reasoning)
+                     for m in self.path if m.state != "error" or m.content or m.reasoning]
         return messages
 
     @property
@@ -195,6 +196,12 @@ def _format_record(output: OutputFormat) -> str:
 
 
 _WRITER = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _row_id(cursor: sqlite3.Cursor) -> int:
+    """The id of the row an INSERT just added (typeshed allows None: a cursor that inserted nothing)."""
+    assert cursor.lastrowid is not None, "called after an INSERT"
+    return cursor.lastrowid
 
 
 def _writer_gone(writer: str | None) -> bool:
@@ -306,7 +313,8 @@ class History:
 
     def schema_version(self) -> int:
         with self._lock:
-            return self._db.execute("PRAGMA user_version").fetchone()[0]
+            version: int = self._db.execute("PRAGMA user_version").fetchone()[0]
+            return version
 
     # --- conversations ------------------------------------------------------------------------
 
@@ -317,12 +325,12 @@ class History:
     ) -> int:
         now = time.time()
         with self._transaction() as db:
-            return db.execute(
+            return _row_id(db.execute(
                 "INSERT INTO conversations (title, model, system_prompt, sampling, output_format, thinking,"
                 " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (title, model, system_prompt, json.dumps((sampling or SamplingParams()).as_dict()),
                  _format_record(output_format), int(thinking), now, now),
-            ).lastrowid
+            ))
 
     def update(
         self,
@@ -408,16 +416,16 @@ class History:
         """Store a whole conversation (an import) under new ids, keeping its branches and active path."""
         on_path = {m.id for m in conversation.path}
         with self._transaction() as db:
-            new_id = db.execute(
+            new_id = _row_id(db.execute(
                 "INSERT INTO conversations (title, model, system_prompt, sampling, output_format, thinking,"
                 " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (conversation.title, conversation.model, conversation.system_prompt,
                  json.dumps(conversation.sampling.as_dict()), _format_record(conversation.output_format),
                  int(conversation.thinking), conversation.created_at, conversation.updated_at),
-            ).lastrowid
-            ids: dict[int, int] = {}
+            ))
+            ids: dict[int | None, int] = {}  # a parent or fork of None looks up None
             for m in conversation.messages:
-                ids[m.id] = db.execute(
+                ids[m.id] = _row_id(db.execute(
                     "INSERT INTO messages (conversation_id, parent_id, role, content, reasoning, state, stop_reason,"
                     " error, metrics, fork_of, fork_token, chosen, created_at, updated_at)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -425,7 +433,7 @@ class History:
                      "interrupted" if m.state == "streaming" else m.state, m.stop_reason, m.error,
                      json.dumps(m.metrics or {}), ids.get(m.fork_of), m.fork_token, int(m.id in on_path),
                      m.created_at, m.updated_at),
-                ).lastrowid
+                ))
         return new_id
 
     # --- messages -----------------------------------------------------------------------------
@@ -451,7 +459,8 @@ class History:
         A fork carries the reply it branched from, the token index where it diverged and the text before it."""
         with self._transaction() as db:
             self._require(db, conversation_id)
-            message_id = self._insert(db, conversation_id, parent_id, "assistant", text, "streaming", fork_of, fork_token)
+            message_id = self._insert(db, conversation_id, parent_id, "assistant", text, "streaming",
+                                      fork_of, fork_token)
             db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (time.time(), conversation_id))
         return ReplyWriter(self, conversation_id, message_id, text)
 
@@ -472,15 +481,16 @@ class History:
             if owner is None or owner[0] != conversation_id:
                 raise HistoryError(f"message {parent_id} is not in conversation {conversation_id}")
         now = time.time()
-        return db.execute(
+        return _row_id(db.execute(
             "INSERT INTO messages (conversation_id, parent_id, role, content, state, fork_of, fork_token, chosen,"
             " writer, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (conversation_id, parent_id, role, text, state, fork_of, fork_token,
              self._next_rank(db, conversation_id, parent_id), _WRITER if state == "streaming" else None, now, now),
-        ).lastrowid
+        ))
 
     @staticmethod
     def _next_rank(db: sqlite3.Connection, conversation_id: int, parent_id: int | None) -> int:
+        top: int
         (top,) = db.execute(
             "SELECT coalesce(max(chosen), 0) FROM messages WHERE conversation_id = ? AND parent_id IS ?",
             (conversation_id, parent_id),
@@ -488,8 +498,8 @@ class History:
         return top + 1
 
     @staticmethod
-    def _require(db: sqlite3.Connection, conversation_id: int) -> tuple:
-        row = db.execute(
+    def _require(db: sqlite3.Connection, conversation_id: int) -> tuple[Any, ...]:
+        row: tuple[Any, ...] | None = db.execute(
             "SELECT title, model, system_prompt, sampling, created_at, updated_at, output_format, thinking"
             " FROM conversations WHERE id = ?",
             (conversation_id,),
@@ -514,7 +524,7 @@ class History:
                 )
 
 
-def _stored(row: tuple) -> StoredMessage:
+def _stored(row: tuple[Any, ...]) -> StoredMessage:
     (message_id, parent_id, role, content, state, created_at, updated_at, stop_reason, error, metrics,
      fork_of, fork_token, _chosen, writer, reasoning) = row
     if state == "streaming" and _writer_gone(writer):

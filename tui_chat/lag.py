@@ -46,7 +46,8 @@ class Stall:
     where: str  # the innermost frame of tui_chat seen in the samples ("" if none)
     samples: int
     hottest: str = ""  # the innermost frame seen most often, in any library ("rich/segment.py:divide")
-    cpu_s: float = 0.0  # the loop thread's CPU time since the tick before: far below late_s, it waited (a core, the GIL)
+    # the loop thread's CPU time since the tick before: far below late_s, it waited (a core, the GIL)
+    cpu_s: float = 0.0
 
 
 class LagMonitor:

@@ -13,9 +13,27 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
-from .engine.base import Candidate, Done, Error, Event, Message, Metrics, PromptProgress, Request, Stream, Token
-from .engine.base import INCOMPLETE_LABEL, STOP_LABELS, StopReason, TurnMetrics, restore_note, stop_label
-from .engine.base import ModelInfo, thinking_line, written
+from .engine.base import (
+    INCOMPLETE_LABEL,
+    STOP_LABELS,
+    Candidate,
+    Done,
+    Error,
+    Event,
+    Message,
+    Metrics,
+    ModelInfo,
+    PromptProgress,
+    Request,
+    StopReason,
+    Stream,
+    Token,
+    TurnMetrics,
+    restore_note,
+    stop_label,
+    thinking_line,
+    written,
+)
 from .engine.context import left_out
 from .engine.formats import TEXT, OutputFormat
 from .engine.params import LiveParams
@@ -255,17 +273,16 @@ class ChatSession:
     def ask(self, text: str, generate: Generate) -> Turn:
         """A new turn: the question is saved, its reply starts."""
         turn = Turn(text, parent_id=self.saved.last_id if self.saved else None)
-        turn.question_id = self._save(lambda: self.saved.add_user(text, self.model, self.system_prompt,
-                                                                  self.live.snapshot()[1], self.output_format,
-                                                                  self.thinking))
+        turn.question_id = self._save(lambda saved: saved.add_user(text, self.model, self.system_prompt,
+                                                                   self.live.snapshot()[1], self.output_format,
+                                                                   self.thinking))
         self.turns.append(turn)
         self._start(turn, generate)
         return turn
 
     def keep_settings(self) -> None:
         """Save the settings in use now as this chat's (the screen calls it as they change, debounced)."""
-        if self.saved is not None:
-            self._save(lambda: self.saved.keep_settings(self.live.snapshot()[1], self.output_format))
+        self._save(lambda saved: saved.keep_settings(self.live.snapshot()[1], self.output_format))
 
     def regenerate(self, generate: Generate) -> Turn:
         """Another reply to the last question; the one before stays as a branch."""
@@ -277,6 +294,7 @@ class ChatSession:
         """Cut the shown reply at token `index`, put `candidate` there and let the model go on from it.
         The engine rewinds its cache to the cut, so only the new token is read."""
         turn = self.turns[-1]
+        assert turn.reply is not None, "why_not_branch: only an answered turn is branched"
         original = turn.reply.tokens[index]
         given = replace(original, token_id=candidate.token_id, text=candidate.text, piece=candidate.text,
                         prob=candidate.prob, forced=True)
@@ -287,8 +305,9 @@ class ChatSession:
         """Show another branch of the last reply; the chat goes on from it."""
         turn = self.turns[-1]
         turn.active = index
-        if turn.reply.message_id is not None:
-            self._save(lambda: self.saved.choose(turn.reply.message_id))
+        message_id = turn.branches[index].message_id
+        if message_id is not None:
+            self._save(lambda saved: saved.choose(message_id))
 
     def position(self, turn: Turn) -> int | None:
         """Where `turn` is in the conversation; None once it left (a key pressed twice, a message's widget
@@ -310,16 +329,17 @@ class ChatSession:
     def delete_from(self, turn: Turn) -> list[Turn]:
         """Delete `turn` and the ones after it, from the history too. Returns them."""
         gone = self.rewind(turn)
-        if gone and turn.question_id is not None:
-            self._save(lambda: self.saved.take_back(turn.question_id, turn.parent_id))
+        question_id = turn.question_id
+        if gone and question_id is not None:
+            self._save(lambda saved: saved.take_back(question_id, turn.parent_id))
         return gone
 
     def continue_reply(self, generate: Generate) -> Turn:
         """The last reply goes on where it stopped (max tokens, Esc, a full context): its tokens are given
         back to the engine, which finds them in its cache, and the continuation is a new branch."""
         turn = self.turns[-1]
+        assert turn.reply is not None, "why_not_continue: only a reply goes on"
         self._start(turn, generate, list(turn.reply.tokens), continuing=True)
-        self.writing.how = "continued"
         return turn
 
     def why_not_continue(self) -> str | None:
@@ -375,15 +395,18 @@ class ChatSession:
                           xray=self.xray, format=self.output_format, thinking=self.thinking)
         stream = generate(request)
         writer = None
-        if self.saved is not None and turn.question_id is not None:
+        question_id = turn.question_id
+        if self.saved is not None and question_id is not None:
             fork_of = turn.reply.message_id if forced and turn.reply else None
-            writer = self._save(lambda: self.saved.start_reply(turn.question_id, fork_of,
-                                                               len(forced) - 1 if forced else None))
-        self.writing = Writing(turn, stream, forced, writer, started=request.submitted_at)
+            writer = self._save(lambda saved: saved.start_reply(question_id, fork_of,
+                                                                len(forced) - 1 if forced else None))
+        self.writing = Writing(turn, stream, forced, writer, how="continued" if continuing else "branched",
+                               started=request.submitted_at)
 
     def take(self, events: list[Event]) -> Update:
         """Apply a batch of the writing reply's events; returns what changed."""
         writing, update = self.writing, Update()
+        assert writing is not None, "events come only for the reply being written"
         pending: list[str] = []
         thought: list[str] = []
         for event in events:
@@ -423,8 +446,9 @@ class ChatSession:
         writing.text += text
         writing.reasoning += thought
         update.text, update.reasoning = text, thought
-        if writing.writer is not None:
-            self._save(lambda: writing.writer.append(text, thought))
+        writer = writing.writer
+        if writer is not None:
+            self._save(lambda _saved: writer.append(text, thought))
 
     def _finish(self, writing: Writing, done: Done, keep_empty: bool = False) -> Ending:
         self.writing = None
@@ -443,8 +467,9 @@ class ChatSession:
         waited = time.perf_counter() - writing.started
         if not self.streaming:
             footer += f" · {wait_note(done.metrics.ttft_s, waited)}"
-        if writing.writer is not None and self.saved is not None:
-            self._save(lambda: self.saved.end_reply(writing.writer, done))
+        writer = writing.writer
+        if writer is not None:
+            self._save(lambda saved: saved.end_reply(writer, done))
         self._add_branch(writing, done.text, footer, done.stop_reason, done.prompt_ids, done.reasoning,
                          thinking_line(done.metrics.as_dict()), done.answer_from, done.metrics)
         return Ending("finished", " ".join(notes), done, waited)
@@ -470,8 +495,9 @@ class ChatSession:
         if not written(error):
             self._take_back(writing)
             return Ending("restored" if writing.is_branch else "taken_back", error.message)
-        if writing.writer is not None and self.saved is not None:
-            self._save(lambda: self.saved.end_reply(writing.writer, error))
+        writer = writing.writer
+        if writer is not None:
+            self._save(lambda saved: saved.end_reply(writer, error))
         self._add_branch(writing, error.text, f"cut short: {error.message}", reasoning=reasoning,
                          thought=thinking_line(writing.thinking_figures()), answer_from=writing.answer_from)
         return Ending("failed", error.message)
@@ -488,23 +514,25 @@ class ChatSession:
     def _take_back(self, writing: Writing) -> Ending:
         """Nothing was written: a new branch gives way to the one before it; a new turn is removed."""
         turn = writing.turn
+        writer, question_id = writing.writer, turn.question_id
         if writing.is_branch:
-            if writing.writer is not None:
-                self._save(lambda: self.saved.take_back(writing.writer.id, turn.reply.message_id))
+            if writer is not None:
+                shown = turn.reply.message_id if turn.reply is not None else None
+                self._save(lambda saved: saved.take_back(writer.id, shown))
             return Ending("restored")
-        if turn.question_id is not None:
-            self._save(lambda: self.saved.take_back(turn.question_id, turn.parent_id))
+        if question_id is not None:
+            self._save(lambda saved: saved.take_back(question_id, turn.parent_id))
         self.turns.remove(turn)
         return Ending("taken_back")
 
     # --- the history ----------------------------------------------------------------------------
 
-    def _save(self, write: Callable[[], T]) -> T | None:
+    def _save(self, write: Callable[[SavedChat], T]) -> T | None:
         """Write to the history; if it fails, say so once and go on unsaved (the chat itself is unharmed)."""
         if self.saved is None:
             return None
         try:
-            return write()
+            return write(self.saved)
         except HistoryError as error:
             self.saved = None
             self.warn(f"{error}: the rest of this chat is not saved")
@@ -512,14 +540,14 @@ class ChatSession:
 
     def set_system_prompt(self, text: str) -> None:
         self.system_prompt = text
-        if self.saved is not None and self.saved.id is not None:
-            self._save(lambda: self.saved.history.update(self.saved.id, system_prompt=text))
+        if self.saved is not None and (conversation_id := self.saved.id) is not None:
+            self._save(lambda saved: saved.history.update(conversation_id, system_prompt=text))
 
     def set_thinking(self, on: bool) -> None:
         """The chat's thinking switch, from the next reply on; saved with the chat."""
         self.thinking = on
-        if self.saved is not None and self.saved.id is not None:
-            self._save(lambda: self.saved.history.update(self.saved.id, thinking=on))
+        if self.saved is not None and (conversation_id := self.saved.id) is not None:
+            self._save(lambda saved: saved.history.update(conversation_id, thinking=on))
 
 
 def no_thinking_note(info: ModelInfo) -> str | None:

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .config import Config, kv_cache_dir, models_dir, save_setting
-from .engine.base import Backend, EngineError, Error, ModelInfo
+from .engine.base import Backend, EngineError, Error, Loaded, ModelInfo
+from .engine.factory import BackendOpener
 from .engine.params import LiveParams
-from .history import Conversation, History
+from .history import Conversation, History, HistoryError
 from .pricing import find_preset
 from .recording import Saving
 from .session import ChatSession, opened
@@ -89,6 +90,13 @@ class Workspace:
     def model_name(self) -> str:
         return self.model.name if self.model is not None else ""
 
+    @property
+    def chats(self) -> History:
+        """The history, for what works on saved chats (offered only where it opened). Raises HistoryError."""
+        if self.history is None:
+            raise HistoryError("the history is not open: chats are not saved in this run")
+        return self.history
+
     def open_history(self, path: Path) -> None:
         """Raises HistoryError: the caller says the session is not saved."""
         self.history = History(path)
@@ -108,17 +116,18 @@ class Workspace:
 
     def new_chat(self, live: LiveParams, **options: Any) -> ChatSession:
         """A new chat from the config's settings, on the model in use."""
-        options = {"system_prompt": self.config.system_prompt, "top_logprobs": self.config.inspector_top,
-                   "thinking": self.config.thinking, "streaming": self.streaming} | options
-        return self._adopt(ChatSession(live, saving=self.saving(), **options))
+        defaults: dict[str, Any] = {"system_prompt": self.config.system_prompt,
+                                    "top_logprobs": self.config.inspector_top, "thinking": self.config.thinking,
+                                    "streaming": self.streaming}
+        return self._adopt(ChatSession(live, saving=self.saving(), **(defaults | options)))
 
     def reopen(self, conversation_id: int, live: LiveParams,
                **options: Any) -> tuple[ChatSession, Conversation, str | None]:
         """A saved chat to go on with, on the model in use until its own has loaded; returns it, the saved
         conversation and the model to load for it (None: the one in use). Raises HistoryError."""
-        conversation = self.history.load(conversation_id)
-        options = {"top_logprobs": self.config.inspector_top, "streaming": self.streaming} | options
-        session = opened(conversation, live, self.saving(), **options)
+        conversation = self.chats.load(conversation_id)
+        defaults: dict[str, Any] = {"top_logprobs": self.config.inspector_top, "streaming": self.streaming}
+        session = opened(conversation, live, self.saving(), **(defaults | options))
         wanted = conversation.model if conversation.model and conversation.model != self.model_name else None
         return self._adopt(session), conversation, wanted
 
@@ -135,7 +144,7 @@ class Workspace:
     def delete_chat(self, conversation_id: int) -> threading.Thread:
         """A chat, and the KV states saved from it on a thread of their own (each file's record is read): the
         chat is gone when this returns. Raises HistoryError (nothing deleted)."""
-        self.history.delete(conversation_id)
+        self.chats.delete(conversation_id)
         forget = threading.Thread(target=kv_store(self.config).forget, args=(str(conversation_id),),
                                   name="forget-kv", daemon=True)
         forget.start()
@@ -163,20 +172,23 @@ class Workspace:
     def open(self, job: LoadJob) -> Backend:
         """Open the job's backend (off the UI thread: imports and file checks); its `load()` follows.
         Raises EngineError."""
+        opener = self.open_backend
+        assert opener is not None, "only a workspace that opens models loads one"
         try:
-            job.backend = self.open_backend(job.name)
+            job.backend = opener(job.name)
         except EngineError as error:
             if job.fallback is None:
                 raise
             job.note = f"The default model did not open ({error}): the starter model opens instead."
             job.name = job.fallback
-            job.backend = self.open_backend(job.fallback)
+            job.backend = opener(job.fallback)
         return job.backend
 
     def loaded(self, job: LoadJob, info: ModelInfo) -> Backend | None:
         """The job's model answers from now on, in the chat too; returns the backend it replaces, to close
         (its reply in flight ends as stopped)."""
         self._ended(job)
+        assert job.backend is not None, "a job's model loads after `open`"
         previous = self.backend
         self.model = ModelInUse(job.name or self.config.default_model or info.path, job.backend)
         if self.session is not None:
@@ -200,6 +212,7 @@ class Workspace:
             self.failed(job)
             backend.close()
             raise EngineError(final.message)
+        assert isinstance(final, Loaded), "a load ends loaded or in an error"
         self.loaded(job, final.info)
         return backend
 
@@ -207,16 +220,18 @@ class Workspace:
 
     def local_options(self) -> tuple[int, int | None]:
         """The context size and GPU layers a local model opens with."""
-        local = getattr(self.open_backend, "local", None)  # a BackendOpener; a test's may have none
-        return (local.n_ctx, local.gpu_layers) if local else (self.config.n_ctx, self.config.gpu_layers)
+        if isinstance(self.open_backend, BackendOpener):  # a test's own opener has no options
+            return self.open_backend.local.n_ctx, self.open_backend.local.gpu_layers
+        return self.config.n_ctx, self.config.gpu_layers
 
     def reconfigure(self, n_ctx: int, gpu_layers: int | None) -> None:
         """Another context size or GPU layer count: models open with them from now on, and at the next start.
         Raises OSError when the config cannot be written (they still apply now)."""
-        local = getattr(self.open_backend, "local", None)
-        if local is None or (n_ctx, gpu_layers) == (local.n_ctx, local.gpu_layers):
+        opener = self.open_backend
+        if not isinstance(opener, BackendOpener) or (n_ctx, gpu_layers) == (opener.local.n_ctx,
+                                                                            opener.local.gpu_layers):
             return
-        self.open_backend = self.open_backend.reconfigured(n_ctx=n_ctx, gpu_layers=gpu_layers)
+        self.open_backend = opener.reconfigured(n_ctx=n_ctx, gpu_layers=gpu_layers)
         self.config = replace(self.config, n_ctx=n_ctx, gpu_layers=gpu_layers)
         save_setting("n_ctx", n_ctx)
         if gpu_layers is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..config import Config, kv_cache_dir
 from ..units import format_size, local_time
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..engine.local.kvstore import Entry
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cache = commands.add_parser("cache", description="List the KV caches saved on disk, most recently used first, "
                                                      "or delete them all with `clear` (the next turn of each chat "
                                                      "reads its prompt again).")
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
-def _as_dict(entry: Entry) -> dict:
+def _as_dict(entry: Entry) -> dict[str, Any]:
     return {"model": entry.model_name, "model_path": entry.key.model_path, "tokens": entry.n_tokens,
             "bytes": entry.size_bytes, "last_used": entry.last_used, "conversation": entry.notes.conversation or None}
 

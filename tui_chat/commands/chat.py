@@ -9,7 +9,6 @@ from ..config import Config, log_dir
 from ..guard import watch
 from .common import RUNTIME_ERROR, opener_for
 
-
 # The engine's worker thread waits for the GIL between llama.cpp calls while the UI thread draws; Python hands
 # it over every 5 ms by default, which delayed each token's next decode (measured: decode in the app 0.73 x
 # `run`'s at 5 ms, 0.78 x at 0.5 ms, the UI's own CPU unchanged).

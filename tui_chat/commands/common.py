@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ..config import (
-    CPU_PATHS,
     Config,
     RemoteProfile,
     cache_dir,
@@ -22,6 +21,7 @@ from ..config import (
     log_dir,
     models_dir,
 )
+from ..engine.local.cpu_path import CHOICES as CPU_PATHS
 from ..engine.params import InvalidParameter
 from ..safetext import terminal_safe
 
@@ -63,14 +63,14 @@ def writer(out: TextIO) -> Callable[[str], None]:
     return write
 
 
-def print_table(rows: list[tuple[str, ...]], right: tuple[int, ...] = ()) -> None:
+def print_table(rows: Sequence[tuple[str, ...]], right: tuple[int, ...] = ()) -> None:
     """Columns as wide as their widest cell, two spaces apart, the columns in `right` (figures) aligned
     right. Cells come from files, the hub and the history: always written terminal-safe."""
     rows = [tuple(terminal_safe(cell) for cell in row) for row in rows]
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.rjust(width) if column in right else cell.ljust(width)
-                        for column, (cell, width) in enumerate(zip(row, widths))).rstrip())
+                        for column, (cell, width) in enumerate(zip(row, widths, strict=True))).rstrip())
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -92,7 +92,12 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 def opener_for(config: Config, args: argparse.Namespace | None = None) -> tuple[BackendOpener, str | None]:
     """The backend opener for this run and the model name to open first, with the flags laid over the config."""
-    from ..engine.factory import REMOTE_MARK, BackendOpener, LocalOptions, remote_spec  # the engine: only for a command that opens one
+    from ..engine.factory import (  # the engine: only for a command that opens one
+        REMOTE_MARK,
+        BackendOpener,
+        LocalOptions,
+        remote_spec,
+    )
 
     config = with_model_flags(config, args)
     remote = _remote_profile(config, args) if args is not None else None
@@ -113,8 +118,10 @@ def opener_for(config: Config, args: argparse.Namespace | None = None) -> tuple[
 
 def with_model_flags(config: Config, args: argparse.Namespace | None) -> Config:
     """The config with --n-ctx, --gpu-layers, --threads, --threads-batch and --extra-buffers laid over it."""
-    changes = {}
-    given = (lambda name: getattr(args, name, None)) if args is not None else (lambda _name: None)
+    changes: dict[str, Any] = {}
+
+    def given(name: str) -> Any:
+        return getattr(args, name, None)  # None too without args
     if given("n_ctx") is not None:
         changes["n_ctx"] = check_context(given("n_ctx"))
     if given("gpu_layers") is not None:

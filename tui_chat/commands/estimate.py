@@ -12,7 +12,7 @@ from ..engine.params import InvalidParameter
 from ..pricing import Estimate, count, find_preset, words_to_tokens
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     estimate = commands.add_parser(
         "estimate", description="What a workload would cost on a paid API, per call, day and month.")
     given_input = estimate.add_mutually_exclusive_group()

@@ -14,14 +14,15 @@ from ..units import local_time
 from .common import print_table, writer
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     listing = commands.add_parser("history", description="List saved conversations, most recent first.")
     listing.add_argument("--search", metavar="TEXT", help="only conversations whose title or messages contain TEXT")
     listing.set_defaults(run=run_history)
     export = commands.add_parser(
         "export", description="Write a saved conversation as Markdown (to read) or JSON (to import).")
     export.add_argument("id", type=int, help="the conversation's ID (see tui-chat history)")
-    export.add_argument("--format", choices=("md", "json"), default="md", help="md to read, json to import (default md)")
+    export.add_argument("--format", choices=("md", "json"), default="md",
+                        help="md to read, json to import (default md)")
     export.add_argument("--output", "-o", type=Path, metavar="FILE", help="write to FILE instead of stdout")
     export.set_defaults(run=run_export)
     imports = commands.add_parser(

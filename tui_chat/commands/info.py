@@ -9,13 +9,14 @@ import argparse
 import json
 import platform
 from importlib import metadata
+from typing import Any
 
 from ..config import Config, cache_dir, config_path, data_dir, history_path, log_dir, models_dir
 from ..guard import LOG_NAME
 from ..units import format_size
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     info = commands.add_parser("info", description="Versions, the llama.cpp build's CPU features and devices, the CPU "
                                                    "path and threads in use, and every path tui-chat reads or writes.")
     info.add_argument("--json", action="store_true", help="print JSON")
@@ -40,7 +41,7 @@ def version_line() -> str:
             f"textual {package_version('textual')} · python {platform.python_version()}")
 
 
-def report(config: Config) -> dict[str, object]:
+def report(config: Config) -> dict[str, Any]:
     from ..engine.local.cpu import choose_threads, read_topology
     from ..engine.local.cpu_path import known
     from ..engine.local.ggml import build_features, build_version, devices, system_info

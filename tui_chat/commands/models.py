@@ -26,7 +26,7 @@ BAR_WIDTH = 24
 LINE_EVERY_S = 1.0
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     models = commands.add_parser("models",
                                  description="Find, download and manage GGUF models: the hub and this machine.")
     models.set_defaults(run=run)
@@ -49,7 +49,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     remove.add_argument("name", metavar="NAME", help="as tui-chat models list shows it")
 
 
-def _action(actions: argparse._SubParsersAction, name: str, summary: str) -> argparse.ArgumentParser:
+def _action(actions: argparse._SubParsersAction[argparse.ArgumentParser], name: str,
+            summary: str) -> argparse.ArgumentParser:
     return actions.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
 
 
@@ -82,8 +83,8 @@ def _search(args: argparse.Namespace, config: Config) -> int:
 
 
 def _files(args: argparse.Namespace, config: Config) -> int:
-    from ..hub.machine import fit_text
     from ..hub.catalog import list_gguf
+    from ..hub.machine import fit_text
 
     listing = list_gguf(args.repo)
     if args.json:

@@ -12,7 +12,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import Any, TextIO
 
 from ..config import Config, history_path, log_dir
 from ..engine.base import Backend, Done, EngineError, Token
@@ -31,7 +31,7 @@ from ..engine.params import (
 from ..engine.server_params import unsent_settings
 from ..guard import watch
 from ..history import Conversation, History
-from ..session import ChatSession, Ending, Writing, no_thinking_note, wait_note
+from ..session import ChatSession, Writing, no_thinking_note, wait_note
 from ..workspace import Workspace
 from .common import INTERRUPTED, RUNTIME_ERROR, add_model_options, fail, one_line, opener_for, writer
 
@@ -40,7 +40,7 @@ LIST_METAVARS = {"stop": "STR", "logit_bias": "TEXT=BIAS", "sampler_order": "A,B
 HELD_LINE_EVERY_S = 0.25
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = commands.add_parser("run", description="Answer prompts without the UI: each --prompt is a turn of one "
                                                  "conversation; tokens stream to stdout.")
     add_model_options(run)
@@ -93,7 +93,7 @@ def run_command(args: argparse.Namespace, config: Config) -> int:
     workspace = Workspace(config, opener, History(history_path()) if args.save or args.continue_id is not None
                           else None)
     try:
-        continued = workspace.history.load(args.continue_id) if args.continue_id is not None else None
+        continued = workspace.chats.load(args.continue_id) if args.continue_id is not None else None
         if continued is not None and not any(getattr(args, flag, None) for flag in MODEL_FLAGS):
             model = continued.model or model
         params = (continued.sampling if continued else config.sampling).with_changes(**given)
@@ -106,6 +106,8 @@ def _run_opened(workspace: Workspace, args: argparse.Namespace, model: str | Non
                 live: LiveParams, output: OutputFormat) -> int:
     """Load the model and answer the prompts: in a new conversation, or going on with `continued`."""
     backend = workspace.load_now(model)
+    info = backend.info
+    assert info is not None, "a loaded backend knows its model"
     try:
         if args.xray and not hasattr(backend, "xray"):
             raise InvalidParameter("--xray needs a local model: a server does not show its sampler chain's stages")
@@ -125,9 +127,9 @@ def _run_opened(workspace: Workspace, args: argparse.Namespace, model: str | Non
                 print(f"tui-chat: note: {note}", file=sys.stderr)
         if args.thinking is not None:
             session.set_thinking(args.thinking == "on")
-            if note := no_thinking_note(backend.info):
+            if note := no_thinking_note(info):
                 print(f"tui-chat: {note}", file=sys.stderr)
-        if unsent := unsent_settings(backend.info.ignored_params, live.snapshot()[1]):
+        if unsent := unsent_settings(info.ignored_params, live.snapshot()[1]):
             print(f"tui-chat: note: not sent to this server, which takes no such setting: "
                   f"{', '.join(label(name) for name in unsent)}", file=sys.stderr)
         try:
@@ -142,23 +144,23 @@ def run_conversation(backend: Backend, session: ChatSession, prompts: list[str],
                      out: TextIO = sys.stdout) -> int:
     """Answer each prompt in turn; returns the process exit status."""
     write = writer(out)
-    turns: list[dict] = []
+    turns: list[dict[str, Any]] = []
     for index, prompt in enumerate(prompts):
         continuing = session.conversation_id
         session.ask(prompt, backend.generate)
         if index == 0 and session.conversation_id is not None:
             saved = "continuing" if continuing else "saving as"
             print(f"tui-chat: {saved} conversation {session.conversation_id}", file=sys.stderr)
-        ending, tokens = _stream_turn(session, write, as_json)
-        done = ending.done
+        done, waited_s, tokens = _stream_turn(session, write, as_json)
         if not as_json:
             write("\n\n" if index < len(prompts) - 1 else "\n")
-        _notes(session, ending)
+        _notes(session, done, waited_s)
         turns.append(_turn_report(prompt, done, tokens, session))
         if done.stop_reason == "cancelled":
             break
     if as_json:
         info = backend.info
+        assert info is not None, "a loaded backend knows its model"
         report = {"model": info.name, "model_path": info.path, "backend": info.backend,
                   "gpu_layers": info.gpu_layers, "params": session.live.snapshot()[1].as_dict(),
                   "ignored_params": list(info.ignored_params), "ignored_formats": list(info.ignored_formats),
@@ -181,13 +183,17 @@ def _format_given(args: argparse.Namespace) -> bool:
     return args.format is not None or args.json_schema is not None or args.grammar is not None
 
 
-def _stream_turn(session: ChatSession, write: Callable[[str], None], as_json: bool) -> tuple[Ending, list[dict]]:
+def _stream_turn(session: ChatSession, write: Callable[[str], None],
+                 as_json: bool) -> tuple[Done, float, list[dict[str, Any]]]:
     """One reply as it streams: the text to stdout (without the whitespace around it), Ctrl+C stops it.
     With streaming off the text waits for the end, and stderr's line shows the reply being written.
+    Returns how it ended, the seconds waited and the tokens' entries for the report.
     A reply the engine gave up on is an EngineError, after what arrived of it."""
     writing = session.writing
+    assert writing is not None, "the turn was just asked"
     held = _held_line(writing) if not session.streaming else None
-    shown, tokens, ending = "", [], None
+    shown, ending = "", None
+    tokens: list[dict[str, Any]] = []
     try:
         for event in writing.stream:
             if isinstance(event, Token) and (session.top_logprobs or session.xray):
@@ -203,13 +209,14 @@ def _stream_turn(session: ChatSession, write: Callable[[str], None], as_json: bo
         ending = session.take([writing.stream.result()]).ending
     if held is not None:
         held(end=True)
+    assert ending is not None, "a stream ends with Done or Error"
     if ending.done is None:
         if shown and not as_json:
             write("\n")  # the part of the reply that arrived stays, on its own line
         raise EngineError(ending.message)
     if not as_json:
         _show(write, shown, ending.done.text[len(shown):] if ending.done.text.startswith(shown) else "")
-    return ending, tokens
+    return ending.done, ending.waited_s, tokens
 
 
 def _held_line(writing: Writing) -> Callable[..., None]:
@@ -231,9 +238,8 @@ def _held_line(writing: Writing) -> Callable[..., None]:
     return show
 
 
-def _notes(session: ChatSession, ending: Ending) -> None:
+def _notes(session: ChatSession, done: Done, waited_s: float) -> None:
     """What the reply's text alone does not say, on stderr: turns left out, an incomplete format, the wait."""
-    done = ending.done
     if done.note:
         print(f"tui-chat: note: {done.note}", file=sys.stderr)
     if done.metrics.dropped_turns:
@@ -243,14 +249,15 @@ def _notes(session: ChatSession, ending: Ending) -> None:
         print(f"tui-chat: note: the reply stopped ({done.stop_reason}) before its {session.output_format.label} "
               "was complete: the output is incomplete", file=sys.stderr)
     if not session.streaming:
-        print(f"tui-chat: {wait_note(done.metrics.ttft_s, ending.waited_s)}", file=sys.stderr)
+        print(f"tui-chat: {wait_note(done.metrics.ttft_s, waited_s)}", file=sys.stderr)
 
 
-def _turn_report(prompt: str, done: Done, tokens: list[dict], session: ChatSession) -> dict:
+def _turn_report(prompt: str, done: Done, tokens: list[dict[str, Any]], session: ChatSession) -> dict[str, Any]:
     """`text` is the reply exactly as it entered the conversation (a script rebuilding the chat from it gets
     the same prompt); `reasoning` the thinking before it."""
-    turn = {"prompt": prompt, "text": done.text, "reasoning": done.reasoning, "stop_reason": done.stop_reason,
-            "stop_sequence": done.stop_sequence or None, **done.metrics.as_dict()}
+    turn: dict[str, Any] = {"prompt": prompt, "text": done.text, "reasoning": done.reasoning,
+                            "stop_reason": done.stop_reason, "stop_sequence": done.stop_sequence or None,
+                            **done.metrics.as_dict()}
     if session.output_format.constrained:
         turn |= {"format": session.output_format.kind, "incomplete": done.incomplete}
     if session.top_logprobs or session.xray:
@@ -258,10 +265,10 @@ def _turn_report(prompt: str, done: Done, tokens: list[dict], session: ChatSessi
     return turn
 
 
-def _token_entry(token: Token) -> dict:
+def _token_entry(token: Token) -> dict[str, Any]:
     """Probabilities under the model's raw distribution, so a turn can be replayed elsewhere; under an output
     format, what its grammar masked and which alternatives it allowed; with --xray, the chain's stages."""
-    entry = {
+    entry: dict[str, Any] = {
         "token": token.piece,
         "id": token.token_id,
         "prob": token.prob,

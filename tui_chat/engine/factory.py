@@ -42,11 +42,15 @@ class LocalOptions:
 
 
 class ServerProfile(Protocol):
-    """A `[remotes.NAME]` table (config.RemoteProfile): the key is read only when a backend opens."""
+    """A `[remotes.NAME]` table (config.RemoteProfile, frozen: so read-only here): the key is read only when a
+    backend opens."""
 
-    base_url: str
-    model: str | None
-    timeout_s: float
+    @property
+    def base_url(self) -> str: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def timeout_s(self) -> float: ...
 
     def resolved_api_key(self) -> str | None: ...
 

@@ -113,7 +113,7 @@ def list_gguf(repo: str) -> RepoListing:
     return RepoListing(repo, commit, tuple(models))
 
 
-def pull(name: str, models_dir: Path, report: Callable[[Progress], None],
+def pull(name: str, models_dir: Path, report: Callable[[Progress], object],
          cancel: threading.Event | None = None) -> tuple[ModelRef, Path]:
     """Download `REPO:FILE` or `REPO`'s obvious model (every part of a split set) unless it is here.
 

@@ -88,7 +88,7 @@ class Progress:
 class Meter:
     """Counts bytes for a whole download and reports at most every PROGRESS_EVERY_S."""
 
-    def __init__(self, total: int, report: Callable[[Progress], None], cancel: threading.Event) -> None:
+    def __init__(self, total: int, report: Callable[[Progress], object], cancel: threading.Event) -> None:
         self.total = total
         self.done = 0
         self.file = ""

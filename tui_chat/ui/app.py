@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from functools import partial
+from typing import Any
 
 from textual.app import App, SystemCommand
 from textual.notifications import SeverityLevel
@@ -15,11 +16,11 @@ from ..engine.params import PRESETS, LiveParams
 from ..guard import LOG_NAME, exception_line
 from ..lag import monitor_from_env
 from ..safetext import screen_safe
-from .screens.chat import ChatScreen
 from ..workspace import OpenBackend, Workspace
+from .keys import CHAT_KEYS
+from .screens.chat import ChatScreen
 from .themes import load_themes
 from .widgets.sampling import SamplingPanel
-
 
 DEFAULT_THEME = "tui-chat-dusk"
 
@@ -91,12 +92,12 @@ class ChatApp(App[None]):
         super().notify(screen_safe(message), title=screen_safe(title), severity=severity, timeout=timeout,
                        markup=markup)
 
-    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         if not isinstance(screen, ChatScreen):
             return
-        for binding in ChatScreen.BINDINGS:
-            key = self.keymap_overrides.get(binding.id, binding.key)
+        for binding in CHAT_KEYS:  # the chat screen's BINDINGS
+            key = self.keymap_overrides.get(binding.id, binding.key) if binding.id else binding.key
             yield SystemCommand(binding.tooltip, f"{binding.description} · {key}",
                                 partial(screen.run_action, binding.action))
         for name in PRESETS:

@@ -52,8 +52,7 @@ class AskText(ModalScreen[str | None]):
             yield Static(Content(keys), classes="hint")
 
     def action_save(self) -> None:
-        answer = self.query_one("#answer")
-        text = answer.text if isinstance(answer, TextArea) else answer.value
+        text = self.query_one("#answer", TextArea).text if self.multiline else self.query_one("#answer", Input).value
         self.dismiss(self.value if text == self.shown_value else text)
 
     @on(Input.Submitted)

@@ -20,7 +20,7 @@ from textual.widget import Widget
 from textual.widgets import Input
 
 from ...config import data_dir, history_path
-from ...engine.base import Backend, ModelInfo
+from ...engine.base import Backend, Event, ModelInfo
 from ...engine.models import STARTER_NAME, starter_installed
 from ...engine.params import LiveParams, SamplingParams
 from ...history import HistoryError, model_label
@@ -44,10 +44,10 @@ NARROW_BELOW = 100  # columns; a narrower screen gives the chat the width and sh
 IDLE_ONLY = frozenset({"regenerate", "continue", "edit_last"})  # what cannot start while a reply is written
 
 
-class ChatScreen(Screen):
+class ChatScreen(Screen[None]):
     CSS_PATH = "chat.tcss"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]
-    BINDINGS = CHAT_KEYS
+    BINDINGS = [*CHAT_KEYS]
     # The reply being written, until its widget has settled: the one "reply in progress" the footer's keys,
     # the sampling panel and the garbage collector's schedule follow.
     reply: reactive[Writing | None] = reactive(None, bindings=True, init=False)
@@ -75,8 +75,8 @@ class ChatScreen(Screen):
             yield ConversationView(self.session, costs, lambda: self.workspace.backend,
                                    inspector_top=self.workspace.config.inspector_top, id="chat")
             with VerticalScroll(id="side"):
-                yield MetricsPanel(self.workspace.config.prices, self.workspace.price.name, lambda: self.session.spent(),
-                                   id="metrics")
+                yield MetricsPanel(self.workspace.config.prices, self.workspace.price.name,
+                                   lambda: self.session.spent(), id="metrics")
                 yield SamplingPanel(self.live, self.workspace, lambda: self.reply is not None, id="sampling")
         yield Footer()
 
@@ -100,7 +100,9 @@ class ChatScreen(Screen):
 
     @property
     def session(self) -> ChatSession:
-        return self.workspace.session
+        session = self.workspace.session
+        assert session is not None, "the screen starts a chat as it is made"
+        return session
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """While a reply is written, regenerating or editing waits (shown dimmed in the footer); Esc
@@ -146,8 +148,9 @@ class ChatScreen(Screen):
         self.view.recount_draft()
         if job.note:
             self.notify(job.note, title="Default model", severity="warning", timeout=10, markup=False)
-        if self.workspace.loading is None and (held := self.workspace.release()) is not None:  # none still to come
-            await self._started(self.session.ask(held, self.workspace.backend.generate))
+        backend = self.workspace.backend  # the job's, now in use; a held message goes once no load is to come
+        if self.workspace.loading is None and backend is not None and (held := self.workspace.release()) is not None:
+            await self._started(self.session.ask(held, backend.generate))
 
     def _model_failed(self, job: LoadJob, message: str) -> None:
         """A failed load leaves the model in use answering, and a message that waited for it back in the box:
@@ -181,6 +184,7 @@ class ChatScreen(Screen):
 
     async def _started(self, turn: Turn) -> None:
         writing = self.reply = self.session.writing
+        assert writing is not None, "called as the session starts a reply"
         await self.view.started(turn)
         self.query_one(MetricsPanel).start_reply()
         self.run_worker(partial(forward_events, writing.stream, self, writing), thread=True, group="reply")
@@ -190,12 +194,12 @@ class ChatScreen(Screen):
         try:
             if isinstance(message.job, LoadJob):
                 await self.loader.take(message.job, message.events)
-            elif message.job is self.session.writing:
+            elif isinstance(message.job, Writing) and message.job is self.session.writing:
                 await self._on_reply_events(message.job.turn, message.events)
         finally:
             message.done()
 
-    async def _on_reply_events(self, turn: Turn, batch: list) -> None:
+    async def _on_reply_events(self, turn: Turn, batch: list[Event]) -> None:
         update = self.session.take(batch)
         sampling = self.query_one(SamplingPanel)
         if sampling.pending_version is not None and (applied := update.applied_from(sampling.pending_version)):
@@ -231,7 +235,7 @@ class ChatScreen(Screen):
         elif how == "continue" and (reason := self.session.why_not_continue() or (
                 None if backend else "No model is loaded.")):
             self.notify(reason, severity="warning", timeout=5, markup=False)
-        elif how == "continue":
+        elif how == "continue" and backend is not None:
             await self._started(self.session.continue_reply(backend.generate))
 
     async def action_view(self, name: str, *args: object) -> None:
@@ -320,8 +324,11 @@ class ChatScreen(Screen):
             return
         from .conversations import ConversationsScreen
 
-        self.app.push_screen(ConversationsScreen(self.workspace, data_dir() / "exports"), lambda chosen: (
-            chosen is not None and self.run_worker(self.open_conversation(chosen), group="open-chat", exclusive=True)))
+        def chosen(conversation_id: int | None) -> None:
+            if conversation_id is not None:
+                self.run_worker(self.open_conversation(conversation_id), group="open-chat", exclusive=True)
+
+        self.app.push_screen(ConversationsScreen(self.workspace, data_dir() / "exports"), chosen)
 
     async def open_conversation(self, conversation_id: int) -> None:
         """Go on with a saved chat: its messages and branches, system prompt, settings and model (loaded for
@@ -355,19 +362,18 @@ class ChatScreen(Screen):
             from .open_model import OpenModelScreen, server_names
 
             remotes = server_names(self.workspace.config.remotes)
-            self.app.push_screen(OpenModelScreen(self.workspace, remotes, self.session.model),
-                                 lambda name: name and self.loader.load(name))
+            self.app.push_screen(OpenModelScreen(self.workspace, remotes, self.session.model), self.loader.chosen)
             return
         from .models import NAME, ModelsScreen
 
         if not self.app.is_screen_installed(NAME):
             self.app.install_screen(ModelsScreen(self.workspace), NAME)
-        self.app.push_screen(NAME, lambda name: name and self.loader.load(name))
+        self.app.push_screen(NAME, self.loader.chosen)
 
     def action_help(self) -> None:
         from .help import HelpScreen, chat_sections
 
-        self.app.push_screen(HelpScreen(chat_sections(self.BINDINGS)))
+        self.app.push_screen(HelpScreen(chat_sections(self.BINDINGS), self.workspace.config.keys))
 
     @on(MetricsPanel.PriceChosen)
     @on(UserMessage.Edit)

@@ -59,7 +59,7 @@ class ConversationsScreen(ModalScreen[int | None]):
     def __init__(self, workspace: Workspace, exports: Path) -> None:
         super().__init__()
         self.workspace = workspace
-        self.history = workspace.history
+        self.history = workspace.chats  # the chat screen offers saved chats only where the history opened
         self.exports = exports
         self.shown: list[ConversationSummary] = []
         self._delete_asked: tuple[int, float] | None = None
@@ -107,7 +107,7 @@ class ConversationsScreen(ModalScreen[int | None]):
 
     @on(OptionList.OptionSelected)
     def _open(self, event: OptionList.OptionSelected) -> None:
-        self.dismiss(int(event.option.id))
+        self.dismiss(self.shown[event.option_index].id)
 
     def action_rename(self) -> None:
         chosen = self._chosen()

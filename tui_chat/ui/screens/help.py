@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.screen import ModalScreen
@@ -16,7 +16,7 @@ from ..widgets.messages import ChatMessage, ReplyMessage, UserMessage
 from ..widgets.prompt import PromptInput
 from ..widgets.slider import Slider
 
-Section = tuple[str, Sequence[Binding]]
+Section = tuple[str, Sequence[BindingType]]
 
 
 def handled(key: str, what: str) -> Binding:
@@ -24,7 +24,7 @@ def handled(key: str, what: str) -> Binding:
     return Binding(key, "", what)
 
 
-def chat_sections(chat_bindings: Sequence[Binding]) -> list[Section]:
+def chat_sections(chat_bindings: Sequence[BindingType]) -> list[Section]:
     """The chat screen's keys, then those of the screens and widgets it opens."""
     from ..widgets.bias import BiasEntries
     from ..widgets.order import OrderBar
@@ -56,11 +56,16 @@ def chat_sections(chat_bindings: Sequence[Binding]) -> list[Section]:
     ]
 
 
-def key_lines(sections: Sequence[Section], keymap: dict[str, str]) -> list[str]:
+def as_bindings(declared: Iterable[BindingType]) -> list[Binding]:
+    """BINDINGS as Binding objects (Textual allows tuples too), each with its keys as declared."""
+    return [binding if isinstance(binding, Binding) else Binding(*binding) for binding in declared]
+
+
+def key_lines(sections: Sequence[Section], keymap: Mapping[str, str]) -> list[str]:
     lines: list[str] = []
     for title, bindings in sections:
         lines.append(title)
-        for binding in bindings:
+        for binding in as_bindings(bindings):
             keys = keymap.get(binding.id, binding.key) if binding.id else binding.key
             keys = ", ".join(shown_key(key) for key in keys.split(","))
             lines.append(f"  {keys:<22} {binding.tooltip or binding.description}")
@@ -84,11 +89,13 @@ class HelpScreen(ModalScreen[None]):
     }
     """
 
-    def __init__(self, sections: Sequence[Section]) -> None:
+    def __init__(self, sections: Sequence[Section], keymap: Mapping[str, str]) -> None:
+        """`keymap`: the config's rebound keys (binding id to keys)."""
         super().__init__()
         self.sections = sections
+        self.keymap = keymap
 
     def compose(self) -> ComposeResult:
         with VerticalScroll() as scroll:
             scroll.border_title = "Keys"
-            yield Static(Content("\n".join(key_lines(self.sections, self.app.keymap_overrides))))
+            yield Static(Content("\n".join(key_lines(self.sections, self.keymap))))

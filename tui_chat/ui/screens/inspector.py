@@ -220,14 +220,16 @@ class InspectorScreen(ModalScreen[BranchChoice | None]):
     @work(thread=True, group="probe")
     def _recompute(self, kind: str, index: int, text: str) -> None:
         """On a worker thread: the engine answers between two tokens when a reply is being written."""
-        stream = self.probe.xray(index) if kind == "xray" else self.probe.word(index, text)
+        probe = self.probe
+        assert probe is not None, "asked only when _why_not() found no reason"
+        stream = probe.xray(index) if kind == "xray" else probe.word(index, text)
         result = stream.result()
         self.app.call_from_thread(self._answered, kind, index, text, result)
 
     def _answered(self, kind: str, index: int, text: str, result: Event) -> None:
         if not self.is_attached or index != self.index or (kind == "word" and text != self.asked):
             return  # the user moved on
-        if kind == "xray" and self.xray_on:
+        if kind == "xray" and self.xray_on and self.probe is not None:
             shown = self.query_one("#xray", Static)
             token = self.tokens[index]
             note = self.probe.settings(token)[1]

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 from textual.screen import Screen
 
-from ...engine.base import Backend, EngineError, Error, Event, LoadProgress, Loaded, ModelInfo
+from ...engine.base import Backend, EngineError, Error, Event, Loaded, LoadProgress, ModelInfo
 from ...workspace import LoadJob, Workspace
 from ..bridge import EngineBatch, forward_events
 
@@ -16,7 +16,7 @@ from ..bridge import EngineBatch, forward_events
 class ModelLoader:
     """`loaded` and `failed` are the screen's: what it shows when a load ends."""
 
-    def __init__(self, screen: Screen, workspace: Workspace, *, status: Callable[[str], None],
+    def __init__(self, screen: Screen[None], workspace: Workspace, *, status: Callable[[str], None],
                  loaded: Callable[[LoadJob, ModelInfo, Backend | None], Awaitable[None]],
                  failed: Callable[[LoadJob, str], None]) -> None:
         self.screen = screen
@@ -33,11 +33,17 @@ class ModelLoader:
         self.screen.call_after_refresh(self.screen.run_worker, lambda: self._open_and_load(job), thread=True,
                                        group="load", exclusive=True)
 
+    def chosen(self, name: str | None) -> None:
+        """A screen's answer: the model to load, or None (or "") when none was chosen."""
+        if name:
+            self.load(name)
+
     def hold(self, text: str) -> bool:
         """Keep a message for the model being loaded; False when none is on its way or one is already held."""
-        if not self.workspace.hold(text):
+        loading = self.workspace.loading
+        if loading is None or not self.workspace.hold(text):
             return False
-        self._say(f"Loading {self.workspace.loading.shown}…")
+        self._say(f"Loading {loading.shown}…")
         return True
 
     def _say(self, line: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import on, work
@@ -29,6 +30,9 @@ from ...hub.local import LocalModel, import_model, list_local
 from ...safetext import terminal_safe
 from ...units import format_size
 from ...workspace import Removed, Workspace
+
+if TYPE_CHECKING:
+    from ...hub.catalog import RepoListing, RepoSummary
 from ..textual_fixes import Footer
 
 NAME = "models"
@@ -41,9 +45,9 @@ def _cell(text: str) -> Text:
 class _Found(Message):
     """A hub answer for the screen: search results, a repo's files, or the error instead."""
 
-    def __init__(self, kind: str, value: object) -> None:
+    def __init__(self, value: list[RepoSummary] | RepoListing | HubError) -> None:
         super().__init__()
-        self.kind, self.value = kind, value
+        self.value = value
 
 
 class _Downloading(Message):
@@ -130,8 +134,8 @@ class ModelsScreen(Screen[str | None]):
         servers = self.query_one("#servers-table", DataTable)
         servers.add_columns("Name", "URL", "Model")
         for name, profile in sorted(self.workspace.config.remotes.items()):
-            servers.add_row(_cell(remote_spec(name)), _cell(profile.base_url), _cell(profile.model or "the first listed"),
-                            key=remote_spec(name))
+            servers.add_row(_cell(remote_spec(name)), _cell(profile.base_url),
+                            _cell(profile.model or "the first listed"), key=remote_spec(name))
         if not self.workspace.config.remotes:
             servers.add_row(_cell("No servers yet: add a [remotes.NAME] table with base_url to config.toml."), "", "",
                             key="")
@@ -203,7 +207,11 @@ class ModelsScreen(Screen[str | None]):
         question = f"Delete {terminal_safe(name)} ({format_size(model.size)}) from this machine?"
         if name == self.workspace.config.default_model:
             question += "\nIt is the default model: the starter model takes its place at the next launch."
-        self.app.push_screen(ConfirmScreen(question), lambda yes: self._remove(name) if yes else None)
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self._remove(name)
+
+        self.app.push_screen(ConfirmScreen(question), confirmed)
 
     @work(thread=True, group="remove")
     def _remove(self, name: str) -> None:
@@ -285,22 +293,21 @@ class ModelsScreen(Screen[str | None]):
         from ...hub.catalog import list_gguf, search
 
         try:
-            value = search(text, sort) if kind == "search" else list_gguf(text)
+            self.post_message(_Found(search(text, sort) if kind == "search" else list_gguf(text)))
         except HubError as error:
-            value = error
-        self.post_message(_Found(kind, value))
+            self.post_message(_Found(error))
 
     @on(_Found)
     def _found(self, message: _Found) -> None:
-        if isinstance(message.value, HubError):
-            self._hub_status(str(message.value), error=True)
-            return
-        if message.kind == "search":
-            self._show_repos(message.value)
+        value = message.value
+        if isinstance(value, HubError):
+            self._hub_status(str(value), error=True)
+        elif isinstance(value, list):  # a search's
+            self._show_repos(value)
         else:
-            self._show_files(message.value)
+            self._show_files(value)
 
-    def _show_repos(self, repos) -> None:
+    def _show_repos(self, repos: list[RepoSummary]) -> None:
         table = self.query_one("#repos", DataTable)
         table.clear()
         for repo in repos:
@@ -311,7 +318,7 @@ class ModelsScreen(Screen[str | None]):
         if repos:
             table.focus()
 
-    def _show_files(self, listing) -> None:
+    def _show_files(self, listing: RepoListing) -> None:
         from ...hub.machine import fit_text
 
         table = self.query_one("#files", DataTable)
@@ -329,10 +336,12 @@ class ModelsScreen(Screen[str | None]):
         if self.cancel is not None:
             self.notify("A download is running: wait for it or cancel it (c).", timeout=4)
             return
+        name = event.row_key.value
+        assert name is not None, "each file's row is keyed REPO:FILE"
         self.cancel = threading.Event()
         self.query_one("#download").display = True
-        self.query_one("#download-status", Static).update(Content(f"Starting {terminal_safe(event.row_key.value)}…"))
-        self._pull(event.row_key.value, self.cancel)
+        self.query_one("#download-status", Static).update(Content(f"Starting {terminal_safe(name)}…"))
+        self._pull(name, self.cancel)
 
     @work(thread=True, group="download")
     def _pull(self, name: str, cancel: threading.Event) -> None:
@@ -341,7 +350,8 @@ class ModelsScreen(Screen[str | None]):
         try:
             chosen, _ = pull(name, self.models_dir, lambda progress: self.post_message(_Downloading(progress)), cancel)
         except HubError as error:
-            self.post_message(_Downloaded(name, f"{'Cancelled' if isinstance(error, Cancelled) else 'Failed'}: {error}"))
+            verb = "Cancelled" if isinstance(error, Cancelled) else "Failed"
+            self.post_message(_Downloaded(name, f"{verb}: {error}"))
             return
         self.post_message(_Downloaded(str(chosen), None))
 
@@ -349,7 +359,8 @@ class ModelsScreen(Screen[str | None]):
     def _progress(self, message: _Downloading) -> None:
         progress = message.progress
         self.query_one("#download-bar", ProgressBar).update(total=progress.total, progress=progress.done)
-        self.query_one("#download-status", Static).update(Content(f"{terminal_safe(progress.file)} · {progress.line()}"))
+        line = f"{terminal_safe(progress.file)} · {progress.line()}"
+        self.query_one("#download-status", Static).update(Content(line))
 
     @on(_Downloaded)
     def _finished(self, message: _Downloaded) -> None:

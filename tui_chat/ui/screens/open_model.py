@@ -3,6 +3,7 @@ configured server, or any path or name typed; with the context size and GPU laye
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from rich.text import Text
@@ -123,5 +124,5 @@ class OpenModelScreen(ModalScreen[str | None]):
         self.dismiss(name)
 
 
-def server_names(profiles: dict) -> list[str]:
+def server_names(profiles: Mapping[str, object]) -> list[str]:
     return [remote_spec(name) for name in sorted(profiles)]

@@ -5,6 +5,8 @@ the log only decides which of them have widgets."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
@@ -16,7 +18,8 @@ from .messages import ChatMessage, ReplyMessage, UserMessage
 MAX_MOUNTED = 100
 SHOW_MORE = 50
 
-Shown = tuple[Turn, type[ChatMessage]]  # a message as the log shows it: its turn, question or reply
+# a message as the log shows it: its turn, question or reply
+Shown = tuple[Turn, type[UserMessage] | type[ReplyMessage]]
 
 
 def widget_for(shown: Shown) -> ChatMessage:
@@ -39,7 +42,7 @@ class ChatLog(VerticalScroll):
     ChatLog #earlier { width: 1fr; margin: 1 0 0 0; }
     """
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.hidden: list[Shown] = []
 
@@ -79,7 +82,8 @@ class ChatLog(VerticalScroll):
         excess = len(self.messages()) - MAX_MOUNTED
         if excess > 0:
             oldest = shown[:excess]
-            self.hidden += [(widget.turn, type(widget)) for widget in oldest]
+            self.hidden += [(widget.turn, ReplyMessage if isinstance(widget, ReplyMessage) else UserMessage)
+                            for widget in oldest]
             await self.remove_children(oldest)
             self._update_earlier()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from textual import on
 from textual.app import ComposeResult
@@ -26,7 +27,6 @@ from .heatmap import REOPENED_NOTE, band_styles, legend
 from .messages import ReplyMessage, UserMessage
 from .prompt import PromptInput
 
-
 CONFIRM_WITHIN_S = 3.0
 
 
@@ -43,7 +43,8 @@ class ConversationView(Vertical):
         """What the title line and the panel show of the chat changed (its thinking switch)."""
 
     def __init__(self, session: ChatSession, costs: Callable[[], DraftCosts],
-                 backend: Callable[[], Backend | None] = lambda: None, inspector_top: int = 0, **kwargs) -> None:
+                 backend: Callable[[], Backend | None] = lambda: None, inspector_top: int = 0,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.session = session
         self.heatmap = False
@@ -109,6 +110,7 @@ class ConversationView(Vertical):
         """The session started a reply for `turn`: a new turn gets its widgets, an answered one writes
         its new branch in place."""
         writing = self.session.writing
+        assert writing is not None, "called as the session starts the reply"
         widget = self.log_view.reply_of(turn)
         if widget is None:
             if not any(m.turn is turn for m in self.query(UserMessage)):
@@ -205,7 +207,7 @@ class ConversationView(Vertical):
         self.post_message(self.TitleChanged())
         switch = "on" if self.session.thinking else "off"
         backend = self._backend()
-        note = no_thinking_note(backend.info) if backend is not None else None
+        note = no_thinking_note(backend.info) if backend is not None and backend.info is not None else None
         if note:
             self.notify(f"{note}. Kept with the chat: thinking {switch}.", severity="warning", timeout=6, markup=False)
         else:
@@ -269,8 +271,8 @@ class ConversationView(Vertical):
         probe = TokenProbe(self._backend(), self.session.live, widget.turn.reply, self.session.model)
         index = min(event.index, len(reply.tokens) - 1)
         self.post_message(self.InspectorWanted(widget.turn, reply.tokens, reply.text, index,
-                                               self.session.live.snapshot()[1], self.session.why_not_branch(widget.turn),
-                                               probe))
+                                               self.session.live.snapshot()[1],
+                                               self.session.why_not_branch(widget.turn), probe))
 
     @on(ReplyMessage.SwitchBranch)
     async def _switch_branch(self, event: ReplyMessage.SwitchBranch) -> None:

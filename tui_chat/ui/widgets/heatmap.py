@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.segment import Segment
@@ -108,7 +109,7 @@ class HeatBlocks:
         self._taken = 0  # characters of the text its tokens cover
         self._started = False  # past the leading whitespace
         self._styles: Sequence[Style] = ()
-        self._lines: list[tuple[tuple, list[Strip]] | None] = [None]  # per block: (key, its lines)
+        self._lines: list[tuple[tuple[int, int | None], list[Strip]] | None] = [None]  # per block: (key, its lines)
 
     @classmethod
     def kept(cls, blocks: HeatBlocks | None, tokens: Sequence[Token], start: int, text: str | None,
@@ -158,6 +159,7 @@ class HeatBlocks:
         out = Text(no_wrap=False)
         for index, piece in self._blocks[block]:
             token = self.tokens[index]
+            assert token.prob is not None, "a heatmap is drawn for tokens with probabilities (has_probabilities)"
             style = styles[band_of(token.prob)] + Style(meta={"token": index})
             if token.forced:
                 style += CHOSEN_BY_USER
@@ -208,8 +210,8 @@ class HeatBlocks:
         if cached is None or cached[0] != (width, picked):
             options = console.options.update(width=width, height=None, highlight=False)
             rendered = console.render(self.text(block, styles, picked), options)
-            cached = self._lines[block] = (width, picked), [
-                Strip(line) for line in Segment.split_and_crop_lines(rendered, width, include_new_lines=False, pad=False)]
+            lines = Segment.split_and_crop_lines(rendered, width, include_new_lines=False, pad=False)
+            cached = self._lines[block] = (width, picked), [Strip(line) for line in lines]
         return cached[1]
 
 
@@ -232,7 +234,7 @@ class HeatmapView(Widget):
     DEFAULT_CSS = "HeatmapView { height: auto; }"
 
     def __init__(self, heat: HeatBlocks, styles: Sequence[Style], selected: int | None, after: RenderableType,
-                 **kwargs) -> None:
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._heat, self._bands, self._selected, self._after = heat, styles, selected, after
         self._lines: list[Strip] = []
@@ -272,7 +274,7 @@ REOPENED_NOTE = "Replies reopened from the history stay plain: it keeps their te
 def legend(styles: Sequence[Style], reopened: bool = False) -> Text:
     """The bands' colours; `reopened`: the chat has replies with no token records, which it says are plain."""
     out = Text("Heatmap  ", style="dim")
-    for band, style in zip(BANDS, styles):
+    for band, style in zip(BANDS, styles, strict=True):
         out.append(f" {band.label} ", style)
         out.append(" ")
     out.append("←/→ Enter", style="dim")

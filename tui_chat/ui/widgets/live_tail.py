@@ -14,11 +14,14 @@ and keeps its lines until the width changes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from rich.console import RenderableType
 from textual.geometry import Size
+from textual.selection import Selection
 from textual.strip import Strip
 from textual.widget import Widget
-
 
 GROW_LINES = 4
 _FENCE = "```"
@@ -26,13 +29,13 @@ _FENCE = "```"
 
 def blocks(text: str) -> list[str]:
     """The text's top-level blocks, split at blank lines outside code fences; the last one may be unfinished."""
-    parts: list[list] = []
+    parts: list[tuple[str, int]] = []
     for piece in text.split("\n\n"):
         if not parts or parts[-1][1] % 2 == 0:
-            parts.append([piece, piece.count(_FENCE)])
+            parts.append((piece, piece.count(_FENCE)))
         else:  # inside a fence: the blank line belongs to the code
-            parts[-1][0] += "\n\n" + piece
-            parts[-1][1] += piece.count(_FENCE)
+            part, fences = parts[-1]
+            parts[-1] = (part + "\n\n" + piece, fences + piece.count(_FENCE))
     return [part for part, _ in parts]
 
 
@@ -54,7 +57,8 @@ def stepped(lines: int) -> int:
 class LiveTail(Widget):
     DEFAULT_CSS = "LiveTail { height: auto; }"
 
-    def __init__(self, render, render_last, **kwargs) -> None:
+    def __init__(self, render: Callable[[str], RenderableType], render_last: Callable[[str], RenderableType],
+                 **kwargs: Any) -> None:
         """`render(text)` gives the renderable for finished blocks of the tail's text (the reply's Markdown),
         `render_last(text)` for the block being written."""
         super().__init__(**kwargs)
@@ -89,6 +93,10 @@ class LiveTail(Widget):
             self._lines, self._width = self._rendered(width), width
         return self._lines[y] if y < len(self._lines) else Strip.blank(width, self.rich_style)
 
+    def get_selection(self, selection: Selection) -> tuple[str, str] | None:
+        """A selection takes the lines as drawn."""
+        return selection.extract("\n".join(line.text.rstrip() for line in self._lines)), "\n"
+
     def _rendered(self, width: int) -> list[Strip]:
         if width != self._width:
             self._finished = {}
@@ -98,12 +106,13 @@ class LiveTail(Widget):
         for block in finished:
             rendered = cache.get(block)
             if rendered is None:
-                rendered = self._render(self._render_text, block, width)
+                rendered = self._draw(self._render_text, block, width)
             self._finished[block] = rendered
             lines += [*rendered, Strip.blank(width, self.rich_style)] if rendered else []
-        return lines + self._render(self._render_last, last, width)
+        return lines + self._draw(self._render_last, last, width)
 
-    def _render(self, render, text: str, width: int) -> list[Strip]:
+    def _draw(self, render: Callable[[str], RenderableType], text: str, width: int) -> list[Strip]:
+        """Not `_render`: Textual's own, which reads a selected widget's text, would be shadowed."""
         if width <= 0 or not text.strip():
             return []
         renderable: RenderableType = render(text)

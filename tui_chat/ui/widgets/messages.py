@@ -20,9 +20,11 @@ when clicked.
 
 from __future__ import annotations
 
-from rich.console import Console, ConsoleOptions, Group, RenderResult
-from rich.markdown import CodeBlock
-from rich.markdown import Markdown as RichMarkdown
+from typing import Any
+
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.markdown import CodeBlock, Markdown as RichMarkdown
+from rich.style import Style
 from rich.syntax import Syntax
 from rich.text import Text
 from textual import events
@@ -38,8 +40,8 @@ from ...config import data_dir
 from ...safetext import screen_safe
 from ...session import Branch, Reply, Turn, Writing
 from ..clipboard import copy
-from .live_tail import LiveTail, freeze_point
 from .heatmap import HeatBlocks, HeatLines, HeatmapView, band_styles, grammar_line, has_probabilities
+from .live_tail import LiveTail, freeze_point
 from .thinking import ThinkingBlock, thinking_tail, thinking_view
 
 FREEZE_AFTER_CHARS = 3000
@@ -78,7 +80,11 @@ class ChatMessage(Widget):
     ChatMessage:focus { background: $boost; border-left: double $accent; }
     """
     turn: Turn
-    text: str
+
+    @property
+    def text(self) -> str:
+        """What it says: the question (a reply shows its own)."""
+        return self.turn.question
 
     def action_copy(self) -> None:
         """The message as it reads: without the blank lines and spaces a model often leaves around it."""
@@ -102,10 +108,9 @@ class UserMessage(ChatMessage, Static):
             self.turn = turn
             self.delete = delete  # from the history too
 
-    def __init__(self, turn: Turn, **kwargs) -> None:
+    def __init__(self, turn: Turn, **kwargs: Any) -> None:
         super().__init__(Content(screen_safe(turn.question)), **kwargs)
         self.turn = turn
-        self.text = turn.question
 
     def action_edit(self) -> None:
         self.post_message(self.Edit(self.turn))
@@ -155,7 +160,7 @@ class ReplyMessage(ChatMessage, Vertical):
             self.reply = reply
             self.index = index
 
-    def __init__(self, turn: Turn, writing: Writing | None = None, **kwargs) -> None:
+    def __init__(self, turn: Turn, writing: Writing | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         shown = writing if writing is not None else turn.reply
         if shown is None:
@@ -224,13 +229,13 @@ class ReplyMessage(ChatMessage, Vertical):
         self._heat = HeatBlocks.kept(self._heat, self.reply.tokens, self.reply.answer_from, self.text)
         return self._heat
 
-    def _heat_styles(self) -> list:
+    def _heat_styles(self) -> list[Style]:
         return band_styles(self.app.get_css_variables())
 
     def _picked(self) -> int | None:
         return self.selected if self.has_focus else None
 
-    def _thinking_view(self):
+    def _thinking_view(self) -> RenderableType:
         heat = None
         if self.unfolded and self._heat_shown():
             self._thought_heat = HeatBlocks.kept(self._thought_heat, self.reply.tokens, 0, None,

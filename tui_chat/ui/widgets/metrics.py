@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from decimal import Decimal
+from typing import Any
 
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.message import Message
 from textual.content import Content
+from textual.message import Message
 from textual.widgets import Select, Sparkline, Static
 
 from ...engine.base import PREFILL_RATE_MIN_TOKENS, ModelInfo, TurnMetrics, restore_note
@@ -66,7 +67,7 @@ class MetricsPanel(Vertical):
     """
 
     def __init__(self, prices: dict[str, Price], price: str, replies: Callable[[], Iterable[TurnMetrics]],
-                 **kwargs) -> None:
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.replies = replies
         self.prices = prices
@@ -113,7 +114,7 @@ class MetricsPanel(Vertical):
             if metrics.decode_s > seconds and metrics.completion_tokens > tokens:
                 rate = (metrics.completion_tokens - tokens) / (metrics.decode_s - seconds)
                 sparkline = self.query_one(Sparkline)
-                sparkline.data = [*sparkline.data[-59:], rate]
+                sparkline.data = [*(sparkline.data or ())[-59:], rate]
         self._last_sample = (metrics.completion_tokens, metrics.decode_s)
         self.refresh_view()
 
@@ -174,7 +175,8 @@ class MetricsPanel(Vertical):
                 f"Tokens   in {estimated}{m.prompt_tokens:,} · out {m.completion_tokens:,}{_thought(m)}\n"
                 f"KV       {kv_bar(m.context_tokens, n_ctx)}\n"
                 f"         {m.context_tokens:,} / {f'{n_ctx:,}' if n_ctx else 'unknown'}\n"
-                f"Reused   {m.cached_tokens:,} tokens this turn" + (f"\n{restored[0].upper()}{restored[1:]}" if restored else "")
+                f"Reused   {m.cached_tokens:,} tokens this turn"
+                + (f"\n{restored[0].upper()}{restored[1:]}" if restored else "")
             ))
         reply = turn_cost(self.price, m.prompt_tokens, m.cached_tokens, m.completion_tokens)
         session = self.session_cost()

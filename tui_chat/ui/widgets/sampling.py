@@ -10,19 +10,21 @@ changed saying from which token the change applied).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
-from textual.widget import Widget
 from textual.timer import Timer
+from textual.widget import Widget
 from textual.widgets import Button, Checkbox, Collapsible, Input, Static
 
 from ...engine.base import ModelInfo
-from ...workspace import Workspace
 from ...engine.formats import TEXT, OutputFormat
 from ...engine.params import LIST_SPECS, PARAMS, PRESETS, SPECS, InvalidParameter, LiveParams, ParamSpec, SamplingParams
+from ...session import ChatSession
+from ...workspace import Workspace
 from ..keys import shown_key
 from .bias import BiasList
 from .fields import TextField, TickBox
@@ -103,7 +105,7 @@ class SamplingPanel(Vertical):
     SamplingPanel Collapsible .param:first-child { margin: 0; }
     """
 
-    def __init__(self, live: LiveParams, workspace: Workspace, writing: Callable[[], bool], **kwargs) -> None:
+    def __init__(self, live: LiveParams, workspace: Workspace, writing: Callable[[], bool], **kwargs: Any) -> None:
         """`writing`: whether a reply is being written now (the chat screen's one record of it)."""
         super().__init__(**kwargs)
         self.live = live
@@ -138,6 +140,7 @@ class SamplingPanel(Vertical):
     @staticmethod
     def _param_row(spec: ParamSpec, params: SamplingParams) -> Vertical:
         value = getattr(params, spec.name)
+        control: Widget
         if spec.control == "seed":
             control = TextField("" if value < 0 else str(value), placeholder="random", id=spec.name, type="integer",
                                 compact=True)
@@ -156,7 +159,8 @@ class SamplingPanel(Vertical):
             ignored = name in info.ignored_params
             self.query_one(f"#{name}").disabled = ignored
             self.query_one(f"#row-{name}").set_class(ignored, "-ignored")
-            self.query_one(f"#hint-{name}", Static).update(Content("This server ignores it: not sent." if ignored else hint))
+            shown = "This server ignores it: not sent." if ignored else hint
+            self.query_one(f"#hint-{name}", Static).update(Content(shown))
 
     def show_format(self, output: OutputFormat = TEXT) -> None:
         """The conversation's output format (a new chat, a reopened one)."""
@@ -164,7 +168,7 @@ class SamplingPanel(Vertical):
 
     # --- applying a change ---------------------------------------------------------------------
 
-    def _apply(self, row_name: str | None, did: str = "", **changes) -> None:
+    def _apply(self, row_name: str | None, did: str = "", **changes: Any) -> None:
         """Check and apply `changes`; `row_name`: where to say from when it applies (None: nowhere), and
         `did` what a key did there."""
         _, current = self.live.snapshot()
@@ -180,11 +184,12 @@ class SamplingPanel(Vertical):
         if row_name is not None:
             self._note_change(row_name, did)
 
-    def _show(self, params: SamplingParams, changed: dict) -> None:
+    def _show(self, params: SamplingParams, changed: dict[str, Any]) -> None:
         """The controls that read the settings follow them (the order row reads them all)."""
         for name in changed:
             if name in SPECS:
-                self.query_one(f"#label-{name}", Static).update(Content(param_label(SPECS[name], getattr(params, name))))
+                label = param_label(SPECS[name], getattr(params, name))
+                self.query_one(f"#label-{name}", Static).update(Content(label))
         self.query_one(OrderBar).show(params)
         self.query_one(BiasList).show(params.logit_bias)
         self.query_one("#more", Collapsible).title = more_title(params)
@@ -234,33 +239,42 @@ class SamplingPanel(Vertical):
         (a slider dragged is many changes), as a reply's text is saved while it streams."""
         if self._rest is not None:
             self._rest.stop()
-        self._rest = self.set_timer(SETTINGS_SAVED_AFTER_S, lambda: self.workspace.session.keep_settings())
+        self._rest = self.set_timer(SETTINGS_SAVED_AFTER_S, lambda: self._session.keep_settings())
+
+    @property
+    def _session(self) -> ChatSession:
+        session = self.workspace.session
+        assert session is not None, "the panel sits beside a chat"
+        return session
 
     @on(FormatPicker.Chosen)
     def _format_chosen(self, event: FormatPicker.Chosen) -> None:
-        self.workspace.session.output_format = event.output
-        self.workspace.session.keep_settings()
+        self._session.output_format = event.output
+        self._session.keep_settings()
 
     @on(Checkbox.Changed, "#stream")
     def _streaming_chosen(self, event: Checkbox.Changed) -> None:
-        self.workspace.streaming = self.workspace.session.streaming = event.value
+        self.workspace.streaming = self._session.streaming = event.value
 
     # --- the controls --------------------------------------------------------------------------
 
     @on(Slider.Changed)
     def _slider_changed(self, event: Slider.Changed) -> None:
         """A key says what it did, so a stray Home or End does not move a setting unnoticed."""
-        name, spec, key = event.slider.id, SPECS[event.slider.id], event.key and shown_key(event.key)
+        name = event.slider.id
+        assert name is not None, "each setting's slider has the setting's name as its id"
+        spec, key = SPECS[name], event.key and shown_key(event.key)
         did = f"{key[0].upper()}{key[1:]}: {spec.label} → {format_value(spec, event.value)}" if key else ""
         self._apply(name, did, **{name: event.value})
 
     @on(Slider.Entered)
     def _number_typed(self, event: Slider.Entered) -> None:
         """A typed number may lie beyond the slider's end (max tokens): the setting's own range decides."""
-        slider = event.control
-        self._apply(slider.id, **{slider.id: event.text})
+        slider, name = event.control, event.control.id
+        assert name is not None, "each setting's slider has the setting's name as its id"
+        self._apply(name, **{name: event.text})
         with self.prevent(Slider.Changed):
-            slider.value = getattr(self.live.snapshot()[1], slider.id)
+            slider.value = getattr(self.live.snapshot()[1], name)
 
     @on(Input.Submitted, "#seed")
     @on(Input.Blurred, "#seed")
@@ -288,7 +302,7 @@ class SamplingPanel(Vertical):
         self.set_values(PRESETS[name], note_row="presets")
         self.notify(f"Preset: {name}", timeout=2, markup=False)
 
-    def set_values(self, values: dict, note_row: str | None = None) -> None:
+    def set_values(self, values: dict[str, Any], note_row: str | None = None) -> None:
         """Settings from elsewhere (a preset, a reopened conversation): the controls follow them."""
         with self.prevent(Slider.Changed):
             for name, value in values.items():

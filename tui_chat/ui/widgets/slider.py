@@ -96,7 +96,12 @@ class Slider(KeysInTurn, Widget, can_focus=True):
 
         def __init__(self, slider: Slider, text: str) -> None:
             super().__init__(slider)
+            self.slider = slider
             self.text = text
+
+        @property
+        def control(self) -> Slider:
+            return self.slider
 
     def __init__(
         self,

@@ -28,7 +28,7 @@ AHEAD_S = 0.004  # drawing a streaming thought's blocks ahead, per batch
 _drawn: OrderedDict[tuple[str, int], list[list[Segment]]] = OrderedDict()
 
 
-def thinking_view(label: str, reasoning: str, unfolded: bool, heat: Text | None = None) -> RenderableType:
+def thinking_view(label: str, reasoning: str, unfolded: bool, heat: RenderableType | None = None) -> RenderableType:
     """The header line (▸ folded, ▾ unfolded) and, unfolded, the thinking itself or its heatmap."""
     head = Text(f"{'▾' if unfolded else '▸'} {label}", style="dim")
     if not unfolded:
@@ -96,7 +96,7 @@ def thinking_tail(reasoning: str) -> str:
 class ThinkingBlock(Static, can_focus=True):
     """Shown by a `ReplyMessage`, which keeps whether it is unfolded (it outlives redraws of the block)."""
 
-    BINDINGS = [Binding("enter", "toggle", "Unfold/fold", tooltip="Show or hide the model's thinking")]
+    BINDINGS = [Binding("enter", "fold", "Unfold/fold", tooltip="Show or hide the model's thinking")]
     DEFAULT_CSS = """
     ThinkingBlock { height: auto; margin: 0 0 1 0; }
     ThinkingBlock:focus { background: $boost; }
@@ -112,7 +112,7 @@ class ThinkingBlock(Static, can_focus=True):
         if ahead and self.content_size.width:
             draw_ahead(ahead.strip(), self.app.console, self.content_size.width)
 
-    def action_toggle(self) -> None:
+    def action_fold(self) -> None:  # not `toggle`: Textual's DOMNode.action_toggle(attribute) is another action
         self.post_message(self.Toggled())
 
     def on_click(self, event: events.Click) -> None:
