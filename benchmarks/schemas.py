@@ -34,7 +34,6 @@ from pathlib import Path
 import numpy as np
 from llguidance import LLTokenizer
 from llguidance.numpy import allocate_token_bitmask
-
 from shared import bench_model, greedy_settings
 
 from tui_chat.engine.base import Done, Message, Request, Token
