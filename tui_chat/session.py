@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from .engine.base import Candidate, Done, Error, Event, Message, Metrics, PromptProgress, Request, Stream, Token
 from .engine.base import INCOMPLETE_LABEL, STOP_LABELS, StopReason, TurnMetrics, restore_note, stop_label
@@ -22,6 +22,9 @@ from .engine.params import LiveParams
 from .history import Conversation, HistoryError, ReplyWriter, StoredMessage, title_from
 from .recording import SavedChat, Saving
 from .safetext import quoted
+
+if TYPE_CHECKING:
+    from .tools.loop import ToolUse
 
 T = TypeVar("T")
 Generate = Callable[[Request], Stream]
@@ -216,6 +219,7 @@ class ChatSession:
         self.writing: Writing | None = None
         self.saved: SavedChat | None = SavedChat(saving) if saving else None
         self.saved_title = ""  # the title in the history, for a reopened chat (it may have been renamed)
+        self.tools: ToolUse | None = None  # the tools its replies may call, and who consents (tools/loop.py)
 
     # --- what the model sees --------------------------------------------------------------------
 
@@ -373,7 +377,7 @@ class ChatSession:
                           forced_text=tuple(token.piece or token.text for token in forced), continuing=continuing,
                           conversation="" if self.conversation_id is None else str(self.conversation_id),
                           xray=self.xray, format=self.output_format, thinking=self.thinking)
-        stream = generate(request)
+        stream = self.tools.generate(generate, request) if self.tools is not None else generate(request)
         writer = None
         if self.saved is not None and turn.question_id is not None:
             fork_of = turn.reply.message_id if forced and turn.reply else None
