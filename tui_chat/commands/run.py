@@ -274,8 +274,9 @@ def _notes(session: ChatSession, ending: Ending) -> None:
 def _turn_report(prompt: str, done: Done, tokens: list[dict], session: ChatSession) -> dict:
     """`text` is the reply exactly as it entered the conversation (a script rebuilding the chat from it gets
     the same prompt); `reasoning` the thinking before it."""
-    turn: dict[str, object] = {"prompt": prompt, "text": done.text, "reasoning": done.reasoning, "stop_reason": done.stop_reason,
-            "stop_sequence": done.stop_sequence or None, **done.metrics.as_dict()}
+    turn: dict[str, object] = {"prompt": prompt, "text": done.text, "reasoning": done.reasoning,
+                               "stop_reason": done.stop_reason, "stop_sequence": done.stop_sequence or None,
+                               **done.metrics.as_dict()}
     if session.output_format.constrained:
         turn |= {"format": session.output_format.kind, "incomplete": done.incomplete}
     if session.tools is not None:
