@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from .engine.base import (
     INCOMPLETE_LABEL,
@@ -40,6 +40,9 @@ from .engine.params import LiveParams
 from .history import Conversation, HistoryError, ReplyWriter, StoredMessage, title_from
 from .recording import SavedChat, Saving
 from .safetext import quoted
+
+if TYPE_CHECKING:
+    from .tools.loop import ToolUse
 
 T = TypeVar("T")
 Generate = Callable[[Request], Stream]
@@ -234,6 +237,7 @@ class ChatSession:
         self.writing: Writing | None = None
         self.saved: SavedChat | None = SavedChat(saving) if saving else None
         self.saved_title = ""  # the title in the history, for a reopened chat (it may have been renamed)
+        self.tools: ToolUse | None = None  # the tools its replies may call, and who consents (tools/loop.py)
 
     # --- what the model sees --------------------------------------------------------------------
 
@@ -393,7 +397,7 @@ class ChatSession:
                           forced_text=tuple(token.piece or token.text for token in forced), continuing=continuing,
                           conversation="" if self.conversation_id is None else str(self.conversation_id),
                           xray=self.xray, format=self.output_format, thinking=self.thinking)
-        stream = generate(request)
+        stream = self.tools.generate(generate, request) if self.tools is not None else generate(request)
         writer = None
         question_id = turn.question_id
         if self.saved is not None and question_id is not None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import Config, kv_cache_dir, models_dir, save_setting
+from .config import Config, kv_cache_dir, log_dir, models_dir, save_setting
 from .engine.base import Backend, EngineError, Error, Loaded, ModelInfo
 from .engine.factory import BackendOpener
 from .engine.params import LiveParams
@@ -27,6 +27,7 @@ from .session import ChatSession, opened
 if TYPE_CHECKING:
     from .engine.local.kvstore import KvStore
     from .hub.local import LocalModel
+    from .tools.mcp import ToolServers
 
 OpenBackend = Callable[[str | None], Backend]  # a BackendOpener, or a test's own
 
@@ -81,6 +82,16 @@ class Workspace:
         self.price = find_preset(config.prices, config.price)
         self.streaming = True  # for every chat of this run
         self.session: ChatSession | None = None
+        self._tool_servers: ToolServers | None = None
+
+    @property
+    def tool_servers(self) -> ToolServers:
+        """The MCP servers of this run: they live as long as the app, started when a chat first needs one."""
+        if self._tool_servers is None:
+            from .tools.mcp import ToolServers
+
+            self._tool_servers = ToolServers(log_dir())
+        return self._tool_servers
 
     @property
     def backend(self) -> Backend | None:
@@ -108,6 +119,9 @@ class Workspace:
         if self.history is not None:
             self.history.close()
             self.history = None
+        if self._tool_servers is not None:
+            self._tool_servers.close()
+            self._tool_servers = None
 
     # --- chats ----------------------------------------------------------------------------------
 

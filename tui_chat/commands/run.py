@@ -32,6 +32,9 @@ from ..engine.server_params import unsent_settings
 from ..guard import watch
 from ..history import Conversation, History
 from ..session import ChatSession, Writing, no_thinking_note, wait_note
+from ..tools.loop import approve_listed, call_line
+from ..tools.mcp import ToolError
+from ..tools.setup import open_tools, server_specs
 from ..workspace import Workspace
 from .common import INTERRUPTED, RUNTIME_ERROR, add_model_options, fail, one_line, opener_for, writer
 
@@ -67,6 +70,15 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      help=f"with --json: each token's probability and the N likeliest (at most {MAX_TOP_LOGPROBS})")
     run.add_argument("--xray", action="store_true",
                      help="with --json: each token's `stages`, the sampler chain stage by stage (a local model only)")
+    run.add_argument("--mcp", action="append", metavar="COMMAND_OR_NAME",
+                     help="an MCP server whose tools the model may call: a command started over stdio "
+                          "('python -m mcp_server_time') or a name from [mcp.servers] in the config. Repeatable")
+    run.add_argument("--tool-choice", default="auto", metavar="auto|none|required|NAME",
+                     help="auto (default): the model may call a tool; required or a tool's name: its first step is "
+                          "a call (then auto)")
+    run.add_argument("--approve", metavar="all|NAME,…",
+                     help="the tools that may run; without it every call is recorded as not approved, and the "
+                          "model told so")
     run.add_argument("--json", action="store_true", help="print one JSON report at the end instead of the text")
     run.add_argument("--save", action="store_true", help="keep the conversation in the history")
     run.add_argument("--continue", dest="continue_id", type=int, metavar="ID",
@@ -87,6 +99,10 @@ def run_command(args: argparse.Namespace, config: Config) -> int:
     if args.xray and not args.json:
         raise InvalidParameter("--xray needs --json: the stages are part of the JSON report")
     output = _output_format(args)
+    if not args.mcp and (args.approve is not None or args.tool_choice != "auto"):
+        raise InvalidParameter("--tool-choice and --approve need --mcp: the server whose tools the model may call")
+    if args.mcp and output.constrained:
+        raise InvalidParameter("--mcp with an output format is not supported yet: the reply's grammar is its calls'")
     opener, model = opener_for(config, args)
     if args.watched:
         watch(log_dir())
@@ -125,6 +141,13 @@ def _run_opened(workspace: Workspace, args: argparse.Namespace, model: str | Non
         if hasattr(backend, "check_format"):  # a local model: a format it cannot use is the user's to fix
             if note := backend.check_format(session.output_format):
                 print(f"tui-chat: note: {note}", file=sys.stderr)
+        if args.mcp:
+            try:
+                session.tools = open_tools(workspace.tool_servers, server_specs(args.mcp, workspace.config.mcp),
+                                           workspace.config.mcp, backend.info, args.tool_choice,
+                                           approve_listed((args.approve or "").split(",")))
+            except ToolError as error:
+                return fail(error, RUNTIME_ERROR)
         if args.thinking is not None:
             session.set_thinking(args.thinking == "on")
             if note := no_thinking_note(info):
@@ -242,6 +265,8 @@ def _notes(session: ChatSession, done: Done, waited_s: float) -> None:
     """What the reply's text alone does not say, on stderr: turns left out, an incomplete format, the wait."""
     if done.note:
         print(f"tui-chat: note: {done.note}", file=sys.stderr)
+    for call in done.tool_calls:
+        print(f"tui-chat: tool: {call_line(call)}", file=sys.stderr)
     if done.metrics.dropped_turns:
         print(f"tui-chat: note: {left_out(done.metrics.dropped_turns)} to fit the "
               f"{done.metrics.n_ctx}-token context", file=sys.stderr)
@@ -260,6 +285,8 @@ def _turn_report(prompt: str, done: Done, tokens: list[dict[str, Any]], session:
                             **done.metrics.as_dict()}
     if session.output_format.constrained:
         turn |= {"format": session.output_format.kind, "incomplete": done.incomplete}
+    if session.tools is not None:
+        turn["tool_calls"] = [call.as_dict() for call in done.tool_calls]
     if session.top_logprobs or session.xray:
         turn |= {"prompt_ids": list(done.prompt_ids), "tokens": tokens}
     return turn

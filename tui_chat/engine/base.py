@@ -374,6 +374,38 @@ class Done:
     answer_from: int = 0
     note: str = ""  # what the user should check that the reply itself does not say (a server's empty reply)
     stop_sequence: str = ""  # the one it ended on (stop_reason "stop"), where known
+    tool_calls: tuple[ToolCall, ...] = ()  # the tools it called before this answer, in order (tools/loop.py)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call a reply made and what came of it. `approved` False: it did not run (the user said no, or
+    nobody was asked, as in `run` without --approve). `result` is the tool's whole text (terminal escapes made
+    visible); the model read at most its first part, and `cut` says how many characters it did not.
+    `error`: why there is no result (denied, failed, timed out, the tool's own error)."""
+
+    server: str
+    name: str
+    arguments: dict[str, Any]
+    approved: bool = False
+    result: str | None = None
+    error: str | None = None
+    ms: float | None = None  # how long the call took; None: it did not run
+    cut: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """What `run --json` prints for it."""
+        return {"server": self.server, "name": self.name, "arguments": self.arguments, "approved": self.approved,
+                "result": self.result, "error": self.error, "ms": self.ms, "cut": self.cut}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolActivity:
+    """A reply's tool call as it goes: `asked` (the model wrote it; consent is being sought), `running`, then
+    `done` (its `ToolCall` complete). Sessions go on without it; a view shows it."""
+
+    call: ToolCall
+    stage: Literal["asked", "running", "done"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,7 +422,8 @@ def written(final: Done | Error) -> bool:
     return bool((final.text + final.reasoning).strip())
 
 
-Event = LoadProgress | Loaded | PromptProgress | Token | Metrics | Done | Error | XRay | WordProbability
+Event = (LoadProgress | Loaded | PromptProgress | Token | Metrics | Done | Error | XRay | WordProbability
+         | ToolActivity)
 FINAL_EVENTS = (Loaded, Done, Error, XRay, WordProbability)
 
 

@@ -16,8 +16,11 @@ from typing import Any, Literal
 from .params import InvalidParameter
 from .schema import one_line, resolve, walk
 
-FormatKind = Literal["text", "json", "json_schema", "grammar"]
+FormatKind = Literal["text", "json", "json_schema", "grammar", "lark"]
 KINDS: dict[str, str] = {"text": "free text", "json": "JSON", "json_schema": "JSON schema", "grammar": "grammar"}
+# Not a user's choice (not in KINDS): the app's own grammars in LLGuidance's Lark dialect, such as a reply's
+# tool calls (tools/calls.py); a reply is never saved with one.
+LARK_LABEL = "tool call grammar"
 
 MAX_SCHEMA_BYTES = 1 << 20  # JSONSchemaBench's largest real schemas (Kubernetes) are a few hundred KiB
 
@@ -36,7 +39,7 @@ class OutputFormat:
 
     @property
     def label(self) -> str:
-        return KINDS[self.kind]
+        return KINDS.get(self.kind, LARK_LABEL)
 
     @property
     def constrained(self) -> bool:

@@ -79,6 +79,10 @@ class Compiled:
 
 def compile_format(tokenizer: LLTokenizer, output: OutputFormat) -> Compiled:
     """The grammar for a constrained `output`, or a one-line FormatError."""
+    if output.kind == "lark":
+        grammar = llguidance.grammar_from("lark", output.source)
+        _refused(grammar, tokenizer, "the tool call grammar cannot be used")
+        return Compiled(grammar)
     if output.kind == "grammar":
         try:
             grammar = llguidance.grammar_from("gbnf", output.source)
@@ -228,7 +232,7 @@ class Constraint:
         """Whether a finished reply is to be flagged incomplete, and the note that says why: where a JSON
         reply was cut off, or why a complete one does not validate (what the matcher could not enforce)."""
         if not ended and not self.can_end():
-            return True, f"the JSON stopped at {path_at(answer)}" if self.kind != "grammar" else ""
+            return True, f"the JSON stopped at {path_at(answer)}" if self.kind in ("json", "json_schema") else ""
         if self.compiled.schema is not None:
             problem = violation(self.compiled.schema, answer)
             return bool(problem), problem

@@ -1,0 +1,191 @@
+"""A reply that may call tools: the model writes, a call it makes is run (with the user's consent) and its result
+fed back, and the model goes on, until it answers or has made `call_limit` calls.
+
+`ToolUse` wraps a backend's `generate`: the session hands it each request and reads one stream back, as
+from any backend. The steps run on a thread of their own. A step that ends in a call gives the stream
+`ToolActivity` events (asked, running, done) instead of its tokens; the step that answers gives its events as
+a backend would, and its `Done` carries every call made before it (`Done.tool_calls`). While tools can be
+called (`auto`), a step's tokens are held until it ends, since only its end says whether it was a call.
+
+Consent: before a call runs, `consent(call)` is asked on that thread and its Future awaited (a dialog answers
+it later; the headless runner at once); Esc (the stream's cancel) stops the wait. "always" lets that tool run
+in this chat without asking again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from ..engine.base import Done, Error, Event, Request, Stream, Token, ToolActivity, ToolCall
+from ..safetext import terminal_safe
+from .calls import AUTO, NONE, Call, call_format, call_text, find_call, step_messages, with_instructions
+from .mcp import Tool, ToolError, ToolServers
+
+Decision = Literal["once", "always", "deny"]
+Consent = Callable[[ToolCall], "concurrent.futures.Future[Decision]"]
+Generate = Callable[[Request], Stream]
+CONSENT_POLL_S = 0.1
+MIN_RESULT_CHARS = 1_000
+MAX_LINE_ARGUMENTS = 200
+
+
+def decided(decision: Decision) -> concurrent.futures.Future[Decision]:
+    """A consent answered already (the headless runner's)."""
+    future: concurrent.futures.Future[Decision] = concurrent.futures.Future()
+    future.set_result(decision)
+    return future
+
+
+def approve_listed(names: Sequence[str]) -> Consent:
+    """`run --approve all|NAME,…`: the listed tools run, any other call is not approved (nobody is asked)."""
+    allowed = set(names)
+    return lambda call: decided("once" if "all" in allowed or call.name in allowed else "deny")
+
+
+@dataclass(eq=False)
+class ToolUse:
+    """A chat's tools: those on, how the model may call them (`choice`: auto, none, required or a tool's name),
+    who consents, and the limits. `result_chars`: how much of one result the model reads (the rest is cut,
+    and the cut said), from the context's size."""
+
+    servers: ToolServers
+    tools: list[Tool]
+    consent: Consent
+    choice: str = AUTO
+    call_limit: int = 8
+    call_timeout_s: float = 60.0
+    result_chars: int = 4096
+    always: set[str] = field(default_factory=set)  # tools the user let run in this chat without asking
+
+    def generate(self, generate: Generate, request: Request) -> Stream:
+        """The reply to `request`, written with `generate` (the backend's), calling tools as it goes."""
+        if self.choice == NONE or not self.tools:
+            return generate(request)
+        stream = Stream()
+        threading.Thread(target=self._reply, args=(generate, request, stream), name="tool-reply",
+                         daemon=True).start()
+        return stream
+
+    # --- the reply's thread ------------------------------------------------------------------------
+
+    def _reply(self, generate: Generate, request: Request, out: Stream) -> None:
+        try:
+            self._steps(generate, request, out)
+        except Exception as error:  # noqa: BLE001 - the thread boundary: the reply ends with one line
+            out.put(Error(f"tool call failed: {type(error).__name__}: {error}"))
+
+    def _steps(self, generate: Generate, request: Request, out: Stream) -> None:
+        calls: list[ToolCall] = []
+        messages = with_instructions(request.messages, self.tools)
+        choice = self.choice
+        step = replace(request, messages=messages, format=call_format(self.tools, choice))
+        while True:
+            held, final = self._written(generate(step), out, hold=choice != NONE)
+            call = find_call(final.text, self.tools) if isinstance(final, Done) and choice != NONE else None
+            if call is None or out.cancelled.is_set():
+                for event in held:
+                    out.put(event)
+                out.put(replace(final, tool_calls=(*calls, *final.tool_calls)) if isinstance(final, Done)
+                        else final)
+                return
+            if any(made.name == call.tool.name and made.arguments == call.arguments for made in calls):
+                choice = NONE  # the same call again would bring the same result: the model answers instead
+            else:
+                calls.append(self._run(call, out))
+                messages = [*messages, *step_messages(call_text(call), self._seen(calls[-1]))]
+                choice = AUTO if len(calls) < self.call_limit else NONE
+            step = replace(request, messages=messages, format=call_format(self.tools, choice), forced=(),
+                           forced_text=(), continuing=False)
+
+    @staticmethod
+    def _written(stream: Stream, out: Stream, *, hold: bool) -> tuple[list[Event], Done | Error]:
+        """One step's events: the tokens held (`hold`) or passed on, the rest passed on; its final event.
+        A cancel of the reply reaches the step."""
+        held: list[Event] = []
+        final: Done | Error | None = None
+        while final is None:
+            if out.cancelled.is_set():
+                stream.cancel()
+            for event in stream.drain(timeout=CONSENT_POLL_S):
+                if isinstance(event, (Done, Error)):
+                    final = event
+                elif hold and isinstance(event, Token):
+                    held.append(event)
+                else:
+                    out.put(event)
+        return held, final
+
+    def _run(self, call: Call, out: Stream) -> ToolCall:
+        """Ask, then run the call; what came of it (never raises)."""
+        record = ToolCall(call.tool.server, call.tool.name, call.arguments)
+        if call.problem:
+            return self._said(out, replace(record, error=f"the arguments do not match the tool's schema: "
+                                                          f"{call.problem}"))
+        out.put(ToolActivity(record, "asked"))
+        decision = "once" if call.tool.name in self.always else self._ask(record, out)
+        if decision == "deny":
+            return self._said(out, replace(record, error="not approved: the user did not allow this call"))
+        if decision == "always":
+            self.always.add(call.tool.name)
+        record = replace(record, approved=True)
+        out.put(ToolActivity(record, "running"))
+        try:
+            outcome = self.servers.call(call.tool, call.arguments, self.call_timeout_s)
+        except ToolError as error:
+            return self._said(out, replace(record, error=str(error)))
+        text = terminal_safe(outcome.text)
+        cut = max(len(text) - self.result_chars, 0)
+        ms = round(outcome.ms, 1)
+        if outcome.is_error:
+            return self._said(out, replace(record, error=text[: self.result_chars] or "the tool failed", ms=ms,
+                                           cut=cut))
+        return self._said(out, replace(record, result=text, ms=ms, cut=cut))
+
+    def _ask(self, record: ToolCall, out: Stream) -> Decision:
+        """The user's answer; "deny" when the reply is stopped while waiting, or the consent fails."""
+        pending = self.consent(record)
+        while not out.cancelled.is_set():
+            try:
+                return pending.result(timeout=CONSENT_POLL_S)
+            except concurrent.futures.TimeoutError:
+                continue
+            except Exception:  # noqa: BLE001 - a consent that broke is a no
+                return "deny"
+        pending.cancel()
+        return "deny"
+
+    @staticmethod
+    def _said(out: Stream, record: ToolCall) -> ToolCall:
+        out.put(ToolActivity(record, "done"))
+        return record
+
+    def _seen(self, record: ToolCall) -> str:
+        """The result (or the error) as the model reads it: at most `result_chars`, the cut said."""
+        if record.result is None:
+            return f"error: {record.error}"
+        if not record.cut:
+            return record.result
+        return (f"{record.result[: self.result_chars]}\n[cut {record.cut:,} characters of {len(record.result):,}: "
+                "the result was longer than the context can take]")
+
+
+def result_budget(n_ctx: int) -> int:
+    """Characters of one result the model reads: about a quarter of the context (4 characters a token)."""
+    return max(MIN_RESULT_CHARS, n_ctx)
+
+
+def call_line(call: ToolCall) -> str:
+    """One call in one line: `get_current_time {"timezone": "Asia/Tokyo"} → 140 characters in 3 ms`."""
+    arguments = json.dumps(call.arguments, ensure_ascii=False)
+    head = f"{call.server}/{call.name} {terminal_safe(arguments[:MAX_LINE_ARGUMENTS])}"
+    if not call.approved:
+        return f"{head} → {call.error} (not run)"
+    if call.result is None:
+        return f"{head} → error: {terminal_safe(' '.join((call.error or '').split())[:MAX_LINE_ARGUMENTS])}"
+    cut = f", {call.cut:,} cut for the model" if call.cut else ""
+    return f"{head} → {len(call.result):,} characters in {call.ms or 0:,.0f} ms{cut}"

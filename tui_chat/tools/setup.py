@@ -1,0 +1,39 @@
+"""Tools for a chat from what the user named: servers by name (`[mcp.servers.NAME]`) or by command, the tool
+choice checked against what they list, and who consents. The headless runner uses it; the UI will too."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..engine.base import ModelInfo
+from ..engine.params import InvalidParameter
+from .calls import check_choice
+from .loop import Consent, ToolUse, result_budget
+from .mcp import ToolServers
+from .settings import McpSettings, ServerSpec, server_from_command
+
+
+def server_specs(named: Sequence[str], settings: McpSettings) -> list[ServerSpec]:
+    """`--mcp` values: a configured server's name, or a command line. Raises InvalidParameter."""
+    specs: list[ServerSpec] = []
+    for text in named:
+        spec = settings.servers.get(text.strip()) or server_from_command(text, {spec.name for spec in specs})
+        if spec.name in {known.name for known in specs}:
+            raise InvalidParameter(f"--mcp {text!r}: that server is named twice")
+        specs.append(spec)
+    return specs
+
+
+def open_tools(servers: ToolServers, specs: Sequence[ServerSpec], settings: McpSettings, info: ModelInfo | None,
+               choice: str, consent: Consent) -> ToolUse:
+    """Start the servers, list their tools and check `choice` against them. Raises ToolError (a server did
+    not start: one line) or InvalidParameter (a choice naming no tool; a model that cannot call tools yet)."""
+    if info is not None and info.remote_host:
+        raise InvalidParameter("tools work with local models only for now: a server's model gets no tools")
+    tools = [tool for spec in specs for tool in servers.start(spec, settings.start_timeout_s)]
+    names = [tool.name for tool in tools]
+    twice = next((name for name in names if names.count(name) > 1), None)
+    if twice is not None:
+        raise InvalidParameter(f"two servers list a tool named {twice!r}: use one of them")
+    return ToolUse(servers, tools, consent, check_choice(choice, tools), settings.call_limit,
+                   settings.call_timeout_s, result_budget(info.n_ctx if info is not None else 0))
