@@ -7,7 +7,7 @@ import json
 
 from textual.widgets import Input, OptionList, TextArea
 
-from test_ui import SIZE, loaded, make_app, reply_done, said, screen_open, send, wait_for
+from test_ui import SIZE, chat, loaded, make_app, reply_done, said, screen_open, send, wait_for
 from tui_chat.config import data_dir, history_path
 from tui_chat.engine.base import Message
 from tui_chat.engine.params import SamplingParams
@@ -98,10 +98,7 @@ async def test_the_panels_session_cost_comes_back_with_a_reopened_chat(tiny_mode
     app = make_app(str(tiny_model))
     async with app.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
-        await send(pilot, "Hello there")
-        await reply_done(pilot)
-        await send(pilot, "And then?")
-        await reply_done(pilot)
+        await chat(pilot, "Hello there", "And then?")
 
         def session_lines() -> list[str]:
             cost = str(screen.query_one(MetricsPanel).query_one("#cost").render())

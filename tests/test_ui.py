@@ -96,6 +96,13 @@ async def reply_done(pilot, timeout: float = 60.0) -> ReplyMessage:
     return screen.query(ReplyMessage).last()
 
 
+async def chat(pilot, *texts: str) -> None:
+    """Each message sent once the reply to the one before has ended."""
+    for text in texts:
+        await send(pilot, text)
+        await reply_done(pilot)
+
+
 async def focused_slider(pilot, name: str) -> Slider:
     slider = pilot.app.screen.query_one(f"#{name}", Slider)
     slider.focus()
@@ -458,10 +465,7 @@ async def test_panel_costs_match_the_pricing_module(tiny, tiny_model):
     app = make_app(str(tiny_model))
     async with app.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
-        await send(pilot, "Hello there")
-        await reply_done(pilot)
-        await send(pilot, "And then?")
-        await reply_done(pilot)
+        await chat(pilot, "Hello there", "And then?")
         panel = screen.query_one(MetricsPanel)
         first, second = screen.session.spent()
         assert second.cached_tokens > 0

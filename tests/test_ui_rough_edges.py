@@ -17,7 +17,18 @@ from textual.widgets import Input, Select, Sparkline
 
 from conftest import GREEDY, run_cli
 from test_session import finish, new_session
-from test_ui import SIZE, finished_reply, focused_slider, loaded, make_app, reply_done, screen_open, send, wait_for
+from test_ui import (
+    SIZE,
+    chat,
+    finished_reply,
+    focused_slider,
+    loaded,
+    make_app,
+    reply_done,
+    screen_open,
+    send,
+    wait_for,
+)
 from tui_chat.config import history_path
 from tui_chat.engine.base import Candidate, EngineError, Message, TurnMetrics
 from tui_chat.engine.context import fit_context
@@ -97,9 +108,7 @@ async def test_tab_skips_the_messages_and_alt_arrows_walk_them(tiny_model):
     app = make_app(str(tiny_model), sampling=GREEDY.with_changes(max_tokens=4))
     async with app.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
-        for text in ("One", "Two"):
-            await send(pilot, text)
-            await reply_done(pilot)
+        await chat(pilot, "One", "Two")
         box = screen.query_one(PromptInput)
         visited = []
         for _ in range(200):
@@ -414,9 +423,7 @@ async def test_a_deleted_turns_reply_leaves_the_panels_session_cost(tiny_model):
     app = make_app(str(tiny_model), sampling=GREEDY.with_changes(max_tokens=4))
     async with app.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
-        for text in ("One", "Two"):
-            await send(pilot, text)
-            await reply_done(pilot)
+        await chat(pilot, "One", "Two")
         panel = screen.query_one(MetricsPanel)
 
         def session_line() -> str:
