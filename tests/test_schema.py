@@ -13,7 +13,7 @@ from tui_chat.engine.base import Done, Error, Message, Request
 from tui_chat.engine.formats import FormatError, OutputFormat, json_schema
 from tui_chat.engine.local.grammar import check_format, compile_format, new_matcher, tokenizer_for
 from tui_chat.engine.params import LiveParams, SamplingParams
-from tui_chat.engine.schema import path_at, violation
+from tui_chat.engine.schema import STRING_CAP, path_at, violation, writing_schema
 
 # (schema, valid instances, invalid instances): hand-picked after the JSON-Schema-Test-Suite's draft2020-12
 # cases for each keyword the engine claims to enforce while writing.
@@ -74,13 +74,40 @@ def accepts(tokenizer, schema: dict, instance) -> bool:
 
 @pytest.mark.parametrize(("schema", "valid", "invalid"), CASES, ids=[json.dumps(c[0])[:60] for c in CASES])
 def test_the_claimed_keywords_accept_the_valid_and_refuse_the_invalid(tokenizer, schema, valid, invalid):
+    """Valid instances are written whole, but for what the writing narrows on purpose (`writing_schema`: no
+    keys an object does not list, no string past STRING_CAP); invalid ones never."""
     json_schema(json.dumps(schema))  # a schema the suite calls valid passes the checks made when it is chosen
     assert compile_format(tokenizer, OutputFormat("json_schema", json.dumps(schema))).note == ""
+    narrowed = jsonschema.Draft202012Validator(writing_schema(schema))
     for instance in valid:
         jsonschema.validate(instance, schema)  # the case itself is right
-        assert accepts(tokenizer, schema, instance), instance
+        assert accepts(tokenizer, schema, instance) == narrowed.is_valid(instance), instance
     for instance in invalid:
         assert not accepts(tokenizer, schema, instance), instance
+
+
+NARROWED = [  # (schema, what writing_schema makes of it)
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
+     {"type": "object", "properties": {"a": {"type": "string", "maxLength": STRING_CAP}}, "required": ["a"],
+      "additionalProperties": False}),
+    ({"type": "string", "minLength": 600}, {"type": "string", "minLength": 600, "maxLength": 600}),
+    ({"type": "string", "pattern": "a+"}, {"type": "string", "pattern": "a+"}),
+    ({"type": "object", "required": ["b"], "properties": {"a": {}}},  # requires a key it does not list
+     {"type": "object", "required": ["b"], "properties": {"a": {}}}),
+    ({"properties": {"kind": {"enum": [1]}}, "anyOf": [{"properties": {"x": {"type": "integer"}}}]},
+     {"properties": {"kind": {"enum": [1]}}, "anyOf": [{"properties": {"x": {"type": "integer"}}}]}),
+    ({"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]},
+     {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]}),
+    ({"not": {"type": "string"}}, {"not": {"type": "string"}}),
+]
+
+
+@pytest.mark.parametrize(("schema", "narrowed"), NARROWED, ids=[json.dumps(c[0])[:60] for c in NARROWED])
+def test_a_reply_is_written_under_a_narrower_schema_only_where_its_instances_stay_valid(schema, narrowed):
+    """A small model loops in a string with no bound, or writes keys of its own into an object that lists
+    its keys (seen on real schemas); where another part could add keys (anyOf beside properties, allOf) or
+    a narrower part could let more through ("not"), the schema is kept as it is."""
+    assert writing_schema(schema) == narrowed
 
 
 EVERY_KEYWORD = {

@@ -7,6 +7,7 @@ the reply is done, so a reply that ends unflagged always validates. No llama_cpp
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Iterator
@@ -50,6 +51,42 @@ def walk(schema: Any, path: str = "$") -> Iterator[tuple[str, dict[str, Any]]]:
                     else:
                         found.append((where + _key(name), item, depth + 1))
         stack += reversed(found)
+
+
+STRING_CAP = 256  # characters a string takes at most while written, where its schema sets no bound
+# Where one of these appears, a narrower part could let through what the schema refuses (under "not" or an
+# "if"), or clash with a sibling part that adds properties: the schema is written as it is.
+_NEGATING = {"not", "if", "allOf", "unevaluatedProperties", "$dynamicRef", "$recursiveRef"}
+_APPLICATORS = {"anyOf", "oneOf", "$ref", "then", "else", "dependentSchemas", "dependencies"}
+_OBJECT_WORDS = {"properties", "required", "patternProperties", "additionalProperties", "propertyNames",
+                 "minProperties", "maxProperties"}
+_BOUNDED_STRING = {"maxLength", "pattern", "format", "enum", "const", "contentEncoding", "contentMediaType"}
+
+
+def writing_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A narrower schema to write a reply under, so a small model cannot loop where the schema leaves room:
+    a string with no bound of its own takes at most STRING_CAP characters, and an object that lists its
+    properties gets no others. Every instance of it is an instance of `schema` (which the finished reply is
+    still validated against); where that could not be promised (see _NEGATING) it is `schema` itself."""
+    parts = [part for _, part in walk(schema)]
+    if any(part.keys() & _NEGATING for part in parts):
+        return schema
+    closing = not any(part.keys() & _APPLICATORS and part.keys() & _OBJECT_WORDS for part in parts)
+    narrowed: dict[str, Any] = copy.deepcopy(schema)
+    for _, part in walk(narrowed):
+        if part.get("type") == "string" and not part.keys() & _BOUNDED_STRING:
+            least = part.get("minLength")
+            part["maxLength"] = max(STRING_CAP, least if isinstance(least, int) else 0)
+        if closing and _lists_every_property(part):
+            part["additionalProperties"] = False
+    return narrowed
+
+
+def _lists_every_property(part: dict[str, Any]) -> bool:
+    """An object schema whose `properties` name every key it allows or requires."""
+    listed, required = part.get("properties"), part.get("required", [])
+    return (isinstance(listed, dict) and not part.keys() & {"additionalProperties", "patternProperties"}
+            and isinstance(required, list) and all(name in listed for name in required))
 
 
 def locate(schema: dict[str, Any], keyword: str, value: Any = None) -> str:

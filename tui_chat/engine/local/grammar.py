@@ -36,7 +36,7 @@ from llguidance.llamacpp import lltokenizer_from_vocab
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from ..formats import FormatError, OutputFormat
-from ..schema import locate, one_line, path_at, violation
+from ..schema import locate, one_line, path_at, violation, writing_schema
 from .chain import Candidates, Chain
 from .llamacpp import LlamaSession
 
@@ -91,11 +91,12 @@ def compile_format(tokenizer: LLTokenizer, output: OutputFormat) -> Compiled:
         _refused(grammar, tokenizer, "the grammar does not parse")
         return Compiled(grammar)
     schema = json.loads(output.source) if output.kind == "json_schema" else {}
-    grammar = LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    writing = writing_schema(schema)
+    grammar = LLMatcher.grammar_from_json_schema(writing, defaults=JSON_OPTIONS)
     failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
     if not failed:
         return Compiled(grammar, "", schema if output.kind == "json_schema" else None)
-    lenient = LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS, overrides={"lenient": True})
+    lenient = LLMatcher.grammar_from_json_schema(writing, defaults=JSON_OPTIONS, overrides={"lenient": True})
     failed_again, dropped = LLMatcher.validate_grammar_with_warnings(lenient, tokenizer)
     if failed_again:
         raise FormatError(_refusal(schema, messages[0]))
