@@ -5,6 +5,7 @@ folded block in the reply. Greedy decoding with `required`: the model's first st
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import sys
 from functools import partial
@@ -13,12 +14,15 @@ from textual.widgets import Select, Static, Switch
 
 from conftest import GREEDY
 from test_ui import SIZE, loaded, make_app, screen_open, send, wait_for
+from tui_chat.engine.base import ToolCall
+from tui_chat.session import Branch, Turn
 from tui_chat.tools.settings import McpSettings, ServerSpec
 from tui_chat.ui.screens.consent import ConsentScreen, ask_consent
 from tui_chat.ui.screens.help import HelpScreen
 from tui_chat.ui.screens.tools import ToolsScreen
+from tui_chat.ui.widgets.chat_log import ChatLog
 from tui_chat.ui.widgets.messages import ReplyMessage
-from tui_chat.ui.widgets.tool_calls import ToolCallBlock
+from tui_chat.ui.widgets.tool_calls import DRAWN_RESULT, ToolCallBlock
 
 TIME = ServerSpec("time", sys.executable, ("-m", "mcp_server_time"))
 BROKEN = ServerSpec("broken", "tui-chat-no-such-server")
@@ -165,3 +169,32 @@ async def test_f1_lists_the_tools_key_the_call_block_and_the_consent_dialog(tiny
                               ("A reply's tool call", "enter                  Show or hide the call's arguments"),
                               ("Asked to run a tool", "escape                 Deny: the model is told")]:
             assert line in f"\n{text}".split(f"\n{section}\n")[1].split("\n\n")[0], (section, line)
+
+
+async def test_a_call_block_and_the_consent_dialog_show_hostile_text_literally(tiny_model):
+    """Arguments are the model's and results the server's: escapes visible, no markup, a huge result drawn in part."""
+    hostile = {"text": "[b]bold[/b] \x1b]0;owned\x07 \u202egnp.exe"}
+    call = ToolCall("faults", "echo", hostile, approved=True, result="x" * (DRAWN_RESULT + 5), ms=3.0)
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        chat = await loaded(pilot)
+        reply = ReplyMessage(Turn("question", [Branch("answer", "end of text", tool_calls=[call])]))
+        await chat.query_one(ChatLog).mount(reply)
+        await pilot.pause()
+        block = reply.query_one(ToolCallBlock)
+        assert shown(block).startswith("▸ tool faults/echo · 3 ms · 100,005 characters · {")
+        block.focus()
+        await pilot.press("enter")
+        await pilot.pause()
+        unfolded = shown(block)
+        assert '"text": "[b]bold[/b] \\u001b]0;owned\\u0007 \\u202egnp.exe"' in unfolded  # JSON escapes; bidi shown
+        assert unfolded.endswith("… 5 more characters not drawn")
+
+        answer: concurrent.futures.Future[str] = concurrent.futures.Future()
+        app.push_screen(ConsentScreen(call, answer))
+        dialog = await screen_open(pilot, ConsentScreen)
+        assert "\\u001b]0;owned\\u0007 \\u202egnp.exe" in shown(dialog.query_one("#arguments Static", Static))
+        assert pilot.app.focused is dialog.query_one("#deny")  # a stray Enter says no
+        await pilot.press("enter")
+        assert answer.result(timeout=5) == "deny"
+        await screen_open(pilot, type(chat))
