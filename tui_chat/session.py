@@ -28,6 +28,8 @@ from .engine.base import (
     StopReason,
     Stream,
     Token,
+    ToolActivity,
+    ToolCall,
     TurnMetrics,
     restore_note,
     stop_label,
@@ -97,6 +99,8 @@ class Reply(Protocol):
     def footer(self) -> str | None: ...  # how it ended; None while it is written
     @property
     def metrics(self) -> TurnMetrics | None: ...  # the engine's figures (the latest, while it is written)
+    @property
+    def tool_calls(self) -> list[ToolCall]: ...  # the tools it called, in order (the latest state of each)
 
 
 @dataclass(eq=False)
@@ -115,6 +119,7 @@ class Branch:
     thought: str = ""  # `thinking_line` of it
     answer_from: int = 0  # tokens[:answer_from] are the thinking's (the markers included)
     metrics: TurnMetrics | None = None  # its figures, kept (None: cut short, or reopened without them)
+    tool_calls: list[ToolCall] = field(default_factory=list)  # the tools it called before its answer
 
     @property
     def context_tokens(self) -> int:
@@ -153,6 +158,7 @@ class Writing:
     thinking_span: tuple[float, float] | None = None  # the engine's clock at the first and latest of them
     visible: bool = False
     metrics: TurnMetrics | None = None  # the latest figures the engine sent
+    tool_calls: list[ToolCall] = field(default_factory=list)  # as they go: asked, running, done
     started: float = field(default_factory=time.perf_counter)  # the request's time: TTFT is counted from it too
 
     def thinking_figures(self) -> dict[str, Any]:
@@ -201,6 +207,7 @@ class Update:
     status: str | None = None  # prompt-reading progress, "" once text flows
     metrics: TurnMetrics | None = None
     versions: list[tuple[int, int]] = field(default_factory=list)  # (settings version, tokens so far) as it changed
+    tools: bool = False  # a tool call was asked, started or ended
     ending: Ending | None = None
 
     def applied_from(self, version: int) -> int | None:
@@ -426,12 +433,27 @@ class ChatSession:
                 update.status = progress_line(event)
             elif isinstance(event, Metrics):
                 update.metrics = writing.metrics = event.metrics
+            elif isinstance(event, ToolActivity):
+                self._tool_activity(writing, event, update)
             elif isinstance(event, (Done, Error)):
                 self._append(writing, "".join(pending), "".join(thought), update)
                 update.ending = self._finish(writing, event) if isinstance(event, Done) else self._fail(writing, event)
                 return update
         self._append(writing, "".join(pending), "".join(thought), update)
         return update
+
+    @staticmethod
+    def _tool_activity(writing: Writing, event: ToolActivity, update: Update) -> None:
+        """A call asked for, running or done: a new one, or the open one's new state; the status says so."""
+        calls = writing.tool_calls
+        if event.stage != "asked" and calls and calls[-1].result is None and calls[-1].error is None:
+            calls[-1] = event.call
+        else:
+            calls.append(event.call)
+        update.tools = True
+        name = event.call.name
+        update.status = {"asked": f"Waiting for your consent to run {name}…", "running": f"Running {name}…",
+                         "done": f"{name} done: the model goes on…"}[event.stage]
 
     @staticmethod
     def _think(writing: Writing, token: Token) -> None:
@@ -512,7 +534,8 @@ class ChatSession:
         cut = len(writing.forced) - 1 if writing.forced else None
         turn = writing.turn
         turn.branches.append(Branch(text, footer, writing.tokens, cut, writing.writer.id if writing.writer else None,
-                                    stop_reason, prompt_ids, self.model, reasoning, thought, answer_from, metrics))
+                                    stop_reason, prompt_ids, self.model, reasoning, thought, answer_from, metrics,
+                                    list(writing.tool_calls)))
         turn.active = len(turn.branches) - 1
 
     def _take_back(self, writing: Writing) -> Ending:

@@ -27,7 +27,8 @@ from .session import ChatSession, opened
 if TYPE_CHECKING:
     from .engine.local.kvstore import KvStore
     from .hub.local import LocalModel
-    from .tools.mcp import ToolServers
+    from .tools.loop import Consent, ToolUse
+    from .tools.mcp import Tool, ToolServers
 
 OpenBackend = Callable[[str | None], Backend]  # a BackendOpener, or a test's own
 
@@ -92,6 +93,36 @@ class Workspace:
 
             self._tool_servers = ToolServers(log_dir())
         return self._tool_servers
+
+    def start_tool_server(self, name: str) -> list[Tool]:
+        """A configured server's tools, started now if it is not running (blocks up to `start_timeout_s`: off
+        the UI thread). Raises ToolError (one line)."""
+        settings = self.config.mcp
+        return self.tool_servers.start(settings.servers[name], settings.start_timeout_s)
+
+    def use_tools(self, tools: list[Tool], choice: str, consent: Consent) -> None:
+        """The chat's tools from its next reply: those switched on, and how the model may call them (none on:
+        no tools). "Always" answers given in this chat stay. Raises InvalidParameter (a server's model; a
+        choice naming a tool that is off; two tools of one name)."""
+        from .tools.setup import tool_use
+
+        session = self.session
+        if session is None:
+            return
+        previous = session.tools
+        if not tools:
+            session.tools = None
+            return
+        use = tool_use(self.tool_servers, tools, self.config.mcp, self.backend.info if self.backend else None,
+                       choice, consent)
+        if previous is not None:
+            use.always = previous.always
+        session.tools = use
+
+    @property
+    def chat_tools(self) -> ToolUse | None:
+        """The chat's tools (None: it has none on)."""
+        return self.session.tools if self.session is not None else None
 
     @property
     def backend(self) -> Backend | None:

@@ -1,5 +1,5 @@
 """Tools for a chat from what the user named: servers by name (`[mcp.servers.NAME]`) or by command, the tool
-choice checked against what they list, and who consents. The headless runner uses it; the UI will too."""
+choice checked against what they list, and who consents. The headless runner and the chat screen use it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from ..engine.base import ModelInfo
 from ..engine.params import InvalidParameter
 from .calls import check_choice
 from .loop import Consent, ToolUse, result_budget
-from .mcp import ToolServers
+from .mcp import Tool, ToolServers
 from .settings import McpSettings, ServerSpec, server_from_command
 
 
@@ -28,12 +28,25 @@ def open_tools(servers: ToolServers, specs: Sequence[ServerSpec], settings: McpS
                choice: str, consent: Consent) -> ToolUse:
     """Start the servers, list their tools and check `choice` against them. Raises ToolError (a server did
     not start: one line) or InvalidParameter (a choice naming no tool; a model that cannot call tools yet)."""
-    if info is not None and info.remote_host:
-        raise InvalidParameter("tools work with local models only for now: a server's model gets no tools")
+    refuse_remote(info)
     tools = [tool for spec in specs for tool in servers.start(spec, settings.start_timeout_s)]
+    return tool_use(servers, tools, settings, info, choice, consent)
+
+
+def tool_use(servers: ToolServers, tools: list[Tool], settings: McpSettings, info: ModelInfo | None, choice: str,
+             consent: Consent) -> ToolUse:
+    """A chat's tools, from tools its servers listed: the chat screen's switches give them, `run` all of its
+    servers'. Raises InvalidParameter (see open_tools)."""
+    refuse_remote(info)
     names = [tool.name for tool in tools]
     twice = next((name for name in names if names.count(name) > 1), None)
     if twice is not None:
         raise InvalidParameter(f"two servers list a tool named {twice!r}: use one of them")
     return ToolUse(servers, tools, consent, check_choice(choice, tools), settings.call_limit,
                    settings.call_timeout_s, result_budget(info.n_ctx if info is not None else 0))
+
+
+def refuse_remote(info: ModelInfo | None) -> None:
+    """Raises InvalidParameter for a server's model: tools work with local models only for now."""
+    if info is not None and info.remote_host:
+        raise InvalidParameter("tools work with local models only for now: a server's model gets no tools")

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
+from textual import on
 from textual.app import App, SystemCommand
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
@@ -19,7 +20,9 @@ from ..safetext import screen_safe
 from ..workspace import OpenBackend, Workspace
 from .keys import CHAT_KEYS
 from .screens.chat import ChatScreen
+from .screens.consent import ConsentScreen, ConsentWanted, ask_consent
 from .themes import load_themes
+from .widgets.conversation import ConversationView
 from .widgets.sampling import SamplingPanel
 
 DEFAULT_THEME = "tui-chat-dusk"
@@ -37,6 +40,7 @@ class ChatApp(App[None]):
         self._saved_theme: str | None = None
         self.lag = monitor_from_env()  # the event loop's stalls, when TUI_CHAT_LAG_LOG asks for them
         self.crash: str | None = None  # the line to say after the screen is back, when a bug ended the app
+        self.workspace: Workspace | None = None
 
     def on_mount(self) -> None:
         if self.lag is not None:
@@ -54,8 +58,20 @@ class ChatApp(App[None]):
         self.theme = wanted
         self._saved_theme = self.theme
         self.set_keymap(self.keymap_overrides)
-        workspace = Workspace(self.config, self.open_backend)
-        self.push_screen(ChatScreen(workspace, self.model, LiveParams(self.config.sampling)))
+        self.workspace = Workspace(self.config, self.open_backend)
+        self.push_screen(ChatScreen(self.workspace, self.model, LiveParams(self.config.sampling)))
+
+    @on(ConversationView.ToolsWanted)
+    def _tools(self) -> None:
+        from .screens.tools import ToolsScreen
+
+        if self.workspace is not None:
+            self.push_screen(ToolsScreen(self.workspace, partial(ask_consent, self)))
+
+    @on(ConsentWanted)
+    def _consent(self, event: ConsentWanted) -> None:
+        """A reply's tool call waits for the user's yes, over whatever screen is up."""
+        self.push_screen(ConsentScreen(event.call, event.answer))
 
     def on_unmount(self) -> None:
         if self.lag is not None:

@@ -29,6 +29,8 @@ def chat_sections(chat_bindings: Sequence[BindingType]) -> list[Section]:
     from ..widgets.bias import BiasEntries
     from ..widgets.order import OrderBar
     from ..widgets.thinking import ThinkingBlock
+    from ..widgets.tool_calls import ToolCallBlock
+    from .consent import ConsentScreen
     from .conversations import ConversationsScreen
     from .inspector import InspectorScreen
     from .models import ModelsScreen
@@ -41,6 +43,9 @@ def chat_sections(chat_bindings: Sequence[BindingType]) -> list[Section]:
         ("A focused message of yours", UserMessage.BINDINGS),
         ("A focused reply (or click one of its tokens)", ReplyMessage.BINDINGS),
         ("A reply's thinking", ThinkingBlock.BINDINGS),
+        ("A reply's tool call", ToolCallBlock.BINDINGS),
+        ("Asked to run a tool", [handled("tab,enter", "Pick and press Run once, Always for this tool in this chat "
+                                                    "or Deny (focused first)"), *ConsentScreen.BINDINGS]),
         ("Token inspector", [
             *InspectorScreen.BINDINGS,
             handled("up,down", "Pick an alternative"),

@@ -42,6 +42,9 @@ class ConversationView(Vertical):
     class TitleChanged(Message):
         """What the title line and the panel show of the chat changed (its thinking switch)."""
 
+    class ToolsWanted(Message):
+        """F9: the app opens the Tools screen (a widget opens no screen)."""
+
     def __init__(self, session: ChatSession, costs: Callable[[], DraftCosts],
                  backend: Callable[[], Backend | None] = lambda: None, inspector_top: int = 0,
                  **kwargs: Any) -> None:
@@ -136,6 +139,8 @@ class ConversationView(Vertical):
         thinking = writing is not None and writing.tokens and writing.tokens[-1].thinking
         if self.session.streaming and (update.reasoning or thinking):
             await widget.think()
+        if update.tools:
+            await widget.show_calls()
         ending = update.ending
         if update.text and self.session.streaming:
             await widget.append(update.text)
@@ -179,7 +184,7 @@ class ConversationView(Vertical):
     def action_focus_message(self, step: int) -> None:
         """Alt+↑/↓ walk the messages (and a reply's thinking), which Tab skips; from elsewhere Alt+↑ goes to the
         latest, and past the latest both keys come back to the message box."""
-        stops = list(self.log_view.query("ChatMessage, ThinkingBlock"))
+        stops = list(self.log_view.query("ChatMessage, ThinkingBlock, ToolCallBlock"))
         focused = self.screen.focused
         if focused in stops:
             index = stops.index(focused) + step
@@ -201,6 +206,9 @@ class ConversationView(Vertical):
         if self.heatmap and not self.inspector_top:
             self.notify("The inspector is off (inspector_top = 0 in the config): replies carry no probabilities.",
                         severity="warning", timeout=6)
+
+    def action_tools(self) -> None:
+        self.post_message(self.ToolsWanted())
 
     def action_toggle_thinking(self) -> None:
         self.session.set_thinking(not self.session.thinking)

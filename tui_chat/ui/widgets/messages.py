@@ -43,6 +43,7 @@ from ..clipboard import copy
 from .heatmap import HeatBlocks, HeatLines, HeatmapView, band_styles, grammar_line, has_probabilities
 from .live_tail import LiveTail, freeze_point
 from .thinking import ThinkingBlock, thinking_tail, thinking_view
+from .tool_calls import ToolCallBlock, show_calls
 
 FREEZE_AFTER_CHARS = 3000
 
@@ -127,7 +128,8 @@ class ReplyMessage(ChatMessage, Vertical):
     The turn may have sibling branches (regenerated, or branched from a token); one is shown.
     With the heatmap on, the shown branch is drawn token by token, and a token can be picked.
     A reasoning model's thinking is a folded block above the answer (thinking.py); its tokens come first
-    in `tokens`, and can be picked once it is unfolded.
+    in `tokens`, and can be picked once it is unfolded. The tools it called are folded blocks between the
+    two (tool_calls.py).
     """
 
     BINDINGS = [
@@ -198,6 +200,7 @@ class ReplyMessage(ChatMessage, Vertical):
     def compose(self) -> ComposeResult:
         if self.reply.reasoning:
             yield ThinkingBlock(self._thinking_view())
+        yield from (ToolCallBlock(call) for call in self.reply.tool_calls)
         if self.finished:
             yield self._finished_body()
         else:
@@ -256,6 +259,10 @@ class ReplyMessage(ChatMessage, Vertical):
                                   ahead=self.reply.reasoning if self.unfolded and not self.finished else "")
         elif self.is_attached:
             await self.mount(ThinkingBlock(self._thinking_view()), before=self.children[0] if self.children else None)
+
+    async def show_calls(self) -> None:
+        """The reply's tool calls as they go: asked, running, done."""
+        await show_calls(self, self.reply.tool_calls)
 
     async def on_thinking_block_toggled(self, event: ThinkingBlock.Toggled) -> None:
         event.stop()
@@ -341,10 +348,11 @@ class ReplyMessage(ChatMessage, Vertical):
         if not self.finished:
             return
         self._frozen_chars = 0
-        with self.app.batch_update():  # the thinking's block stays: it may have the focus
-            keep = ThinkingBlock if self.reply.reasoning else ()
+        with self.app.batch_update():  # the thinking's and the calls' blocks stay: they may have the focus
+            keep = (ThinkingBlock, ToolCallBlock) if self.reply.reasoning else ToolCallBlock
             await self.remove_children([child for child in self.children if not isinstance(child, keep)])
             await self.think()
+            await self.show_calls()
             await self.mount(self._finished_body())
 
     async def set_heatmap(self, on: bool) -> None:

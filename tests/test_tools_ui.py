@@ -1,0 +1,198 @@
+"""Tools in the chat, driven through Pilot on real parts: the real starter model, the real `mcp-server-time`
+from PyPI, and a server that does not start. The Tools screen (F9) lists the servers and their tools and
+switches them on for the chat; the consent dialog runs a call once, always, or not at all; each call is a
+folded block in the reply. Greedy decoding with `required`: the model's first step is a call."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import sys
+from functools import partial
+
+from textual.widgets import Select, Static, Switch
+
+from conftest import GREEDY
+from test_ui import SIZE, loaded, make_app, screen_open, send, wait_for
+from tui_chat.engine.base import ToolCall
+from tui_chat.session import Branch, Turn
+from tui_chat.tools.settings import McpSettings, ServerSpec
+from tui_chat.ui.screens.consent import ConsentScreen, ask_consent
+from tui_chat.ui.screens.help import HelpScreen
+from tui_chat.ui.screens.tools import ToolsScreen
+from tui_chat.ui.widgets.chat_log import ChatLog
+from tui_chat.ui.widgets.messages import ReplyMessage
+from tui_chat.ui.widgets.tool_calls import DRAWN_RESULT, ToolCallBlock
+
+TIME = ServerSpec("time", sys.executable, ("-m", "mcp_server_time"))
+BROKEN = ServerSpec("broken", "tui-chat-no-such-server")
+QUESTION = "What time is it in Tokyo?"
+
+
+def tools_app(starter_model, *servers: ServerSpec):
+    return make_app(str(starter_model), sampling=GREEDY.with_changes(max_tokens=48),
+                    mcp=McpSettings({spec.name: spec for spec in servers or (TIME,)}))
+
+
+def shown(widget: Static) -> str:
+    return "\n".join("".join(s.text for s in widget.render_line(y)).rstrip() for y in range(widget.size.height))
+
+
+async def time_tools_on(pilot, choice: str = "required") -> None:
+    """The time server's tools on for the chat, as the Tools screen turns them on (started here: a test may
+    wait)."""
+    screen = await loaded(pilot)
+    workspace = screen.workspace
+    tools = workspace.start_tool_server("time")
+    workspace.use_tools(tools, choice, partial(ask_consent, pilot.app))
+
+
+async def answered(pilot, button: str) -> tuple[ReplyMessage, list[str]]:
+    """The reply to QUESTION, every consent it asks for answered with `button`; the dialogs' texts."""
+    chat = pilot.app.screen
+    await send(pilot, QUESTION)
+    asked: list[str] = []
+    while not (chat.reply is None and chat.query(ReplyMessage)):
+        if isinstance(pilot.app.screen, ConsentScreen):
+            dialog = pilot.app.screen
+            await pilot.pause()
+            asked.append(shown(dialog.query_one("#what", Static)))
+            if button == "escape":
+                await pilot.press("escape")
+            else:
+                await pilot.click(f"#{button}")
+            await wait_for(pilot, lambda dialog=dialog: pilot.app.screen is not dialog)
+        await pilot.pause(0.05)
+    await pilot.pause()
+    return chat.query(ReplyMessage).last(), asked
+
+
+async def test_the_tools_screen_lists_the_servers_tools_and_switches_them_on_for_the_chat(starter_model):
+    app = tools_app(starter_model, TIME, BROKEN)
+    async with app.run_test(size=SIZE) as pilot:
+        chat = await loaded(pilot)
+        await pilot.press("f9")
+        screen = await screen_open(pilot, ToolsScreen)
+        await wait_for(pilot, lambda: "tool" in shown(screen.query_one("#state-0", Static))
+                       and "-error" in screen.query_one("#state-1", Static).classes)
+        assert shown(screen.query_one("#state-0", Static)) == "2 tools"
+        failed = " ".join(shown(screen.query_one("#state-1", Static)).split())  # one line, wrapped to the width
+        assert failed.startswith("MCP server 'broken' (tui-chat-no-such-server) did not start: no such program")
+        assert {tool.name for tool in screen.tools.values()} == {"get_current_time", "convert_time"}
+        assert chat.workspace.chat_tools is None  # off until switched on
+
+        await pilot.click("#server-0")  # each switch it turns on posts its own change: waited for, not paused
+        await wait_for(pilot, lambda: all(switch.value for switch in screen.tools) and chat.workspace.chat_tools
+                       and len(chat.workspace.chat_tools.tools) == 2)
+        assert {tool.name for tool in chat.workspace.chat_tools.tools} == {"get_current_time", "convert_time"}
+        screen.query_one("#choice", Select).value = "get_current_time"
+        await wait_for(pilot, lambda: chat.workspace.chat_tools.choice == "get_current_time")
+
+        convert = next(switch for switch, tool in screen.tools.items() if tool.name == "convert_time")
+        await pilot.click(convert)
+        await wait_for(pilot, lambda: [tool.name for tool in chat.workspace.chat_tools.tools] == ["get_current_time"])
+        assert screen.query_one("#server-0", Switch).value  # on while one of its tools is
+        get_time = next(switch for switch in screen.tools if switch is not convert)
+        await pilot.click(get_time)
+        await wait_for(pilot, lambda: chat.workspace.chat_tools is None
+                       and not screen.query_one("#server-0", Switch).value)
+
+        await pilot.press("escape")
+        await screen_open(pilot, type(chat))
+
+
+async def test_run_once_runs_the_call_and_the_reply_shows_it_folded(starter_model):
+    app = tools_app(starter_model)
+    async with app.run_test(size=SIZE) as pilot:
+        await time_tools_on(pilot)
+        reply, asked = await answered(pilot, "once")
+        assert asked and asked[0].splitlines() == ["Server: time", "Tool:   get_current_time"]
+        block = reply.query(ToolCallBlock).first()
+        call = block.call
+        assert call.approved and call.result is not None and call.name == "get_current_time"
+        folded = shown(block)
+        whole = (f"▸ tool time/get_current_time · {call.ms:,.0f} ms · {len(call.result):,} characters · "
+                 f"{json.dumps(call.arguments)}")
+        assert len(folded.splitlines()) == 1 and whole.startswith(folded.removesuffix("…"))  # cut at the width
+        assert folded.startswith(whole[:55])
+        block.focus()
+        await pilot.press("enter")
+        await pilot.pause()
+        unfolded = shown(block)
+        assert unfolded.startswith("▾ tool") and "arguments:" in unfolded
+        assert json.loads(call.result)["datetime"] in unfolded  # the whole result
+        assert reply.reply.tool_calls[0] is call
+
+        _, again = await answered(pilot, "once")
+        assert again  # once is for that call only: the next one asks again
+
+
+async def test_always_asks_once_for_that_tool_in_this_chat(starter_model):
+    app = tools_app(starter_model)
+    async with app.run_test(size=SIZE) as pilot:
+        await time_tools_on(pilot)
+        reply, asked = await answered(pilot, "always")
+        tools = [text.split()[-1] for text in asked]
+        assert tools[0] == "get_current_time" and len(set(tools)) == len(tools)  # each tool asked about once
+        assert all(call.approved for call in reply.reply.tool_calls)
+        assert pilot.app.screen.workspace.chat_tools.always == set(tools)
+        reply, asked = await answered(pilot, "always")
+        assert asked == [] and reply.reply.tool_calls and all(call.approved for call in reply.reply.tool_calls)
+
+
+async def test_deny_and_escape_run_nothing_and_the_reply_goes_on(starter_model):
+    app = tools_app(starter_model)
+    async with app.run_test(size=SIZE) as pilot:
+        await time_tools_on(pilot)
+        for button in ("deny", "escape"):
+            reply, asked = await answered(pilot, button)
+            assert asked
+            calls = reply.reply.tool_calls
+            assert len(calls) == len(asked) == len(reply.query(ToolCallBlock))
+            assert not any(call.approved or call.result is not None for call in calls)
+            call = calls[0]
+            assert "not approved" in (call.error or "")
+            assert shown(reply.query(ToolCallBlock).first()).startswith(f"▸ tool time/{call.name} · not run: not")
+            assert reply.finished
+
+
+async def test_f1_lists_the_tools_key_the_call_block_and_the_consent_dialog(tiny_model):
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("f1")
+        help_screen = await screen_open(pilot, HelpScreen)
+        text = str(help_screen.query_one("Static").render())
+        for section, line in [("Chat", "f9                     Tools"),
+                              ("A reply's tool call", "enter                  Show or hide the call's arguments"),
+                              ("Asked to run a tool", "escape                 Deny: the model is told")]:
+            assert line in f"\n{text}".split(f"\n{section}\n")[1].split("\n\n")[0], (section, line)
+
+
+async def test_a_call_block_and_the_consent_dialog_show_hostile_text_literally(tiny_model):
+    """Arguments are the model's and results the server's: escapes visible, no markup, a huge result drawn in part."""
+    hostile = {"text": "[b]bold[/b] \x1b]0;owned\x07 \u202egnp.exe"}
+    call = ToolCall("faults", "echo", hostile, approved=True, result="x" * (DRAWN_RESULT + 5), ms=3.0)
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        chat = await loaded(pilot)
+        reply = ReplyMessage(Turn("question", [Branch("answer", "end of text", tool_calls=[call])]))
+        await chat.query_one(ChatLog).mount(reply)
+        await pilot.pause()
+        block = reply.query_one(ToolCallBlock)
+        assert shown(block).startswith("▸ tool faults/echo · 3 ms · 100,005 characters · {")
+        block.focus()
+        await pilot.press("enter")
+        await pilot.pause()
+        unfolded = shown(block)
+        assert '"text": "[b]bold[/b] \\u001b]0;owned\\u0007 \\u202egnp.exe"' in unfolded  # JSON escapes; bidi shown
+        assert unfolded.endswith("… 5 more characters not drawn")
+
+        answer: concurrent.futures.Future[str] = concurrent.futures.Future()
+        app.push_screen(ConsentScreen(call, answer))
+        dialog = await screen_open(pilot, ConsentScreen)
+        assert "\\u001b]0;owned\\u0007 \\u202egnp.exe" in shown(dialog.query_one("#arguments Static", Static))
+        assert pilot.app.focused is dialog.query_one("#deny")  # a stray Enter says no
+        await pilot.press("enter")
+        assert answer.result(timeout=5) == "deny"
+        await screen_open(pilot, type(chat))

@@ -1,0 +1,186 @@
+"""F9: the MCP servers of the config and their tools, with this chat's switches: a server on or off (all its
+tools), a tool on or off, and how the model may call them (auto, none, required, or one tool by name).
+
+A server is started when this screen first lists it, each on a thread of its own (a slow one holds up neither
+the UI nor the others); one that does not start is one line. Every change applies to the chat's next reply
+(the Workspace sets `session.tools`). Names and descriptions come from the servers: untrusted, shown literally.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
+from textual.screen import ModalScreen
+from textual.widgets import Select, Static, Switch
+
+from ...config import config_path
+from ...engine.params import InvalidParameter
+from ...safetext import screen_safe
+from ...tools.calls import AUTO, CHOICES
+from ...tools.loop import Consent
+from ...tools.mcp import Tool, ToolError
+from ...workspace import Workspace
+
+DESCRIPTION_CHARS = 70
+
+
+class ToolsScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape", "dismiss", "Close", tooltip="Close (the switches apply already)")]
+    DEFAULT_CSS = """
+    ToolsScreen { align: center middle; }
+    ToolsScreen > Vertical {
+        width: 100; max-width: 100%; height: auto; max-height: 90%;
+        border: round $accent; background: $surface; padding: 0 1;
+    }
+    ToolsScreen #servers { height: auto; max-height: 24; }
+    ToolsScreen Horizontal { height: auto; }
+    ToolsScreen Switch { height: 3; }
+    ToolsScreen .tool { padding: 0 0 0 4; }
+    ToolsScreen .name { padding: 1 1 0 1; width: 1fr; }
+    ToolsScreen .state { padding: 0 0 0 4; color: $text-muted; }
+    ToolsScreen .state.-error { color: $error; }
+    ToolsScreen .hint { color: $text-muted; }
+    ToolsScreen #choice-row { margin: 1 0 0 0; }
+    ToolsScreen #choice-label { padding: 1 1 0 0; width: auto; }
+    ToolsScreen #choice { width: 40; }
+    ToolsScreen #note { color: $error; display: none; }
+    """
+
+    def __init__(self, workspace: Workspace, consent: Consent) -> None:
+        super().__init__()
+        self.workspace = workspace
+        self.consent = consent
+        self.servers = list(workspace.config.mcp.servers)
+        self.tools: dict[Switch, Tool] = {}
+        self.server_switches: dict[str, Switch] = {}
+        use = workspace.chat_tools
+        self.choice = use.choice if use is not None else AUTO  # kept while the tool it names is off
+
+    def compose(self) -> ComposeResult:
+        settings = self.workspace.config.mcp
+        with Vertical() as box:
+            box.border_title = "Tools for this chat"
+            if not self.servers:
+                yield Static(Content(f"No MCP servers are configured: add one as [mcp.servers.NAME] to "
+                                     f"{config_path()} (see the README's Tools section)."), classes="hint")
+            with VerticalScroll(id="servers"):
+                for index, name in enumerate(self.servers):
+                    with Horizontal(classes="server"):
+                        switch = self.server_switches[name] = Switch(disabled=True, id=f"server-{index}")
+                        yield switch
+                        yield Static(Content(screen_safe(f"{name}  ({settings.servers[name].shown})")),
+                                     classes="name")
+                    yield Static(Content("starting…"), classes="state", id=f"state-{index}")
+            with Horizontal(id="choice-row"):
+                yield Static(Content("The model may call them:"), id="choice-label")
+                first = self.choice if self.choice in CHOICES else AUTO  # a tool's name: once it is listed
+                yield Select([(choice, choice) for choice in CHOICES], value=first, allow_blank=False, id="choice")
+            yield Static(id="note")
+            yield Static(Content("auto: when it wants · none: never · required: its first step is a call · a tool's "
+                                 "name: that one first. Applies from the next reply. Esc closes."), classes="hint")
+
+    def on_mount(self) -> None:
+        for name in self.servers:
+            self.run_worker(partial(self._start, name), thread=True, group="start-servers", exit_on_error=False)
+
+    # --- starting the servers (a thread each) ----------------------------------------------------------
+
+    def _start(self, name: str) -> None:
+        try:
+            tools = self.workspace.start_tool_server(name)
+        except ToolError as error:
+            self.app.call_from_thread(self._failed, name, str(error))
+            return
+        self.app.call_from_thread(self._listed, name, tools)
+
+    def _state(self, name: str) -> Static:
+        return self.query_one(f"#state-{self.servers.index(name)}", Static)
+
+    def _failed(self, name: str, message: str) -> None:
+        if self.is_attached:
+            state = self._state(name)
+            state.update(Content(screen_safe(message)))
+            state.add_class("-error")
+
+    def _listed(self, name: str, tools: list[Tool]) -> None:
+        if not self.is_attached:
+            return
+        state = self._state(name)
+        state.update(Content(f"{len(tools)} tool{'s' if len(tools) != 1 else ''}"))
+        on = self._on_now()
+        rows = []
+        for tool in tools:
+            switch = Switch((tool.server, tool.name) in on)
+            self.tools[switch] = tool
+            described = " ".join(tool.description.split())
+            if len(described) > DESCRIPTION_CHARS:
+                described = described[: DESCRIPTION_CHARS - 1] + "…"
+            rows.append(Horizontal(switch, Static(Content(screen_safe(f"{tool.name} · {described}")), classes="name"),
+                                   classes="tool"))
+        self.query_one("#servers").mount_all(rows, after=state)
+        server = self.server_switches[name]
+        server.disabled = not tools
+        self._show_server(name)
+        self._show_choices()
+
+    def _on_now(self) -> set[tuple[str, str]]:
+        use = self.workspace.chat_tools
+        return {(tool.server, tool.name) for tool in use.tools} if use is not None else set()
+
+    # --- the switches --------------------------------------------------------------------------------
+
+    @on(Switch.Changed)
+    def _switched(self, event: Switch.Changed) -> None:
+        server = next((name for name, switch in self.server_switches.items() if switch is event.switch), None)
+        if server is not None:
+            for switch, tool in self.tools.items():
+                if tool.server == server:
+                    with switch.prevent(Switch.Changed):
+                        switch.value = event.value
+        else:
+            self._show_server(self.tools[event.switch].server)
+        self._show_choices()
+        self._apply()
+
+    @on(Select.Changed, "#choice")
+    def _chose(self, event: Select.Changed) -> None:
+        self.choice = str(event.value)
+        self._apply()
+
+    def _show_server(self, name: str) -> None:
+        """A server's switch is on while any of its tools is."""
+        switch = self.server_switches[name]
+        with switch.prevent(Switch.Changed):
+            switch.value = any(switch.value for switch, tool in self.tools.items() if tool.server == name)
+
+    def _show_choices(self) -> None:
+        """The choices: auto, none, required and the tools switched on (a tool switched off falls back to auto)."""
+        select: Select[str] = self.query_one("#choice", Select)
+        shown = (*CHOICES, *(tool.name for switch, tool in self.tools.items() if switch.value))
+        with select.prevent(Select.Changed):
+            select.set_options([(choice, choice) for choice in shown])
+            select.value = self.choice if self.choice in shown else AUTO
+
+    def _apply(self) -> None:
+        """The chat's tools follow the switches; where they cannot (a server's model), the switches go back."""
+        note = self.query_one("#note", Static)
+        chosen = self.query_one("#choice", Select).value
+        try:
+            self.workspace.use_tools([tool for switch, tool in self.tools.items() if switch.value],
+                                     chosen if isinstance(chosen, str) else AUTO, self.consent)
+        except InvalidParameter as error:
+            note.update(Content(screen_safe(str(error))))
+            note.display = True
+            on = self._on_now()
+            for switch, tool in self.tools.items():
+                with switch.prevent(Switch.Changed):
+                    switch.value = (tool.server, tool.name) in on
+            for name in self.servers:
+                self._show_server(name)
+            return
+        note.display = False
