@@ -147,7 +147,7 @@ async def soak(model: Path, turns: int, new_chat_every: int, long_chat: range) -
                     raise RuntimeError(f"turn {turn}: no reply within {TURN_TIMEOUT_S:.0f} s")
                 await pilot.pause(0.01)
             chat_turns += 1
-            footer = screen.query(ReplyMessage).last().footer or ""
+            footer = screen.query(ReplyMessage).last().reply.footer or ""
             if footer.startswith("cut short"):
                 run.errors.append(f"turn {turn}: {footer}")
             if "left out" in footer:

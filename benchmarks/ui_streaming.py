@@ -293,9 +293,15 @@ class Monitor:
             if self.shown_at is None and len(self.widget.text) >= self.chars:
                 self.shown_at = now
             newest = self.screen.query_one("#log").children[-1]
-            frozen = isinstance(newest, ReplyMessage) and newest.footer is not None and newest.size.height > 0
+            frozen = isinstance(newest, ReplyMessage) and newest.finished and newest.size.height > 0
             if self.finished_at is None and self.screen.reply is None and frozen:
                 self.finished_at = now
+
+    def finished(self) -> bool:
+        """Whether the reply is finished on screen; a monitor that failed raises its error here, not a timeout."""
+        if self._task.done():
+            self._task.result()
+        return self.finished_at is not None
 
     def stalls(self, start: float, end: float) -> list[Stall]:
         """Stalls that ended in [start, end] (a stall ending later began before `end`: counted too)."""
@@ -376,7 +382,7 @@ async def run_case(history: int, rate: int, tokens: int, seed: int, mode: str = 
             press(app, char, char)
             await until(lambda expected=typed: prompt.text == expected, 30)
             case.keys_s.append(time.perf_counter() - sent)
-        await until(lambda: monitor.finished_at is not None, 600, poll=0.05)
+        await until(monitor.finished, 600, poll=0.05)
         monitor.stop()
 
     backend.close()
