@@ -13,12 +13,11 @@ from functools import partial
 from textual.widgets import Select, Static, Switch
 
 from conftest import GREEDY
-from test_ui import SIZE, loaded, make_app, screen_open, send, wait_for
+from test_ui import SIZE, assert_help_lists, loaded, make_app, screen_open, send, wait_for
 from tui_chat.engine.base import ToolCall
 from tui_chat.session import Branch, Turn
 from tui_chat.tools.settings import McpSettings, ServerSpec
 from tui_chat.ui.screens.consent import ConsentScreen, ask_consent
-from tui_chat.ui.screens.help import HelpScreen
 from tui_chat.ui.screens.tools import ToolsScreen
 from tui_chat.ui.widgets.chat_log import ChatLog
 from tui_chat.ui.widgets.messages import ReplyMessage
@@ -160,13 +159,11 @@ async def test_f1_lists_the_tools_key_the_call_block_and_the_consent_dialog(tiny
     app = make_app(str(tiny_model))
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
-        await pilot.press("f1")
-        help_screen = await screen_open(pilot, HelpScreen)
-        text = str(help_screen.query_one("Static").render())
-        for section, line in [("Chat", "f9                     Tools"),
-                              ("A reply's tool call", "enter                  Show or hide the call's arguments"),
-                              ("Asked to run a tool", "escape                 Deny: the model is told")]:
-            assert line in f"\n{text}".split(f"\n{section}\n")[1].split("\n\n")[0], (section, line)
+        await assert_help_lists(pilot, [
+            ("Chat", "f9                     Tools"),
+            ("A reply's tool call", "enter                  Show or hide the call's arguments"),
+            ("Asked to run a tool", "escape                 Deny: the model is told"),
+        ])
 
 
 async def test_a_call_block_and_the_consent_dialog_show_hostile_text_literally(tiny_model):

@@ -96,6 +96,15 @@ async def reply_done(pilot, timeout: float = 60.0) -> ReplyMessage:
     return screen.query(ReplyMessage).last()
 
 
+async def assert_help_lists(pilot, rows: list[tuple[str, str]]) -> None:
+    """F1's help holds each (section, line): the line within that section's block."""
+    await pilot.press("f1")
+    help_screen = await screen_open(pilot, HelpScreen)
+    text = str(help_screen.query_one("Static").render())
+    for section, line in rows:
+        assert line in f"\n{text}".split(f"\n{section}\n")[1].split("\n\n")[0], (section, line)
+
+
 async def chat(pilot, *texts: str) -> None:
     """Each message sent once the reply to the one before has ended."""
     for text in texts:
