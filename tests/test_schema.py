@@ -94,6 +94,8 @@ NARROWED = [  # (schema, what writing_schema makes of it)
     ({"type": "string", "pattern": "a+"}, {"type": "string", "pattern": "a+"}),
     ({"type": "object", "required": ["b"], "properties": {"a": {}}},  # requires a key it does not list
      {"type": "object", "required": ["b"], "properties": {"a": {}}}),
+    ({"properties": {"a": {}}, "dependentRequired": {"a": ["b"]}},  # "a" then requires a key it does not list
+     {"properties": {"a": {}}, "dependentRequired": {"a": ["b"]}}),
     ({"properties": {"kind": {"enum": [1]}}, "anyOf": [{"properties": {"x": {"type": "integer"}}}]},
      {"properties": {"kind": {"enum": [1]}}, "anyOf": [{"properties": {"x": {"type": "integer"}}}]}),
     ({"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]},

@@ -83,10 +83,16 @@ def writing_schema(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def _lists_every_property(part: dict[str, Any]) -> bool:
-    """An object schema whose `properties` name every key it allows or requires."""
+    """An object schema whose `properties` name every key it allows or requires (`dependentRequired` too)."""
     listed, required = part.get("properties"), part.get("required", [])
+    depending = part.get("dependentRequired", {})
+    if not isinstance(depending, dict) or not all(isinstance(names, list) for names in depending.values()):
+        return False
+    if not isinstance(required, list):
+        return False
+    named = [*required, *(name for names in depending.values() for name in names)]
     return (isinstance(listed, dict) and not part.keys() & {"additionalProperties", "patternProperties"}
-            and isinstance(required, list) and all(name in listed for name in required))
+            and all(name in listed for name in named))
 
 
 def locate(schema: dict[str, Any], keyword: str, value: Any = None) -> str:
