@@ -86,9 +86,8 @@ def _lists_every_property(part: dict[str, Any]) -> bool:
     """An object schema whose `properties` name every key it allows or requires (`dependentRequired` too)."""
     listed, required = part.get("properties"), part.get("required", [])
     depending = part.get("dependentRequired", {})
-    if not isinstance(depending, dict) or not all(isinstance(names, list) for names in depending.values()):
-        return False
-    if not isinstance(required, list):
+    if not (isinstance(required, list) and isinstance(depending, dict)
+            and all(isinstance(names, list) for names in depending.values())):
         return False
     named = [*required, *(name for names in depending.values() for name in names)]
     return (isinstance(listed, dict) and not part.keys() & {"additionalProperties", "patternProperties"}

@@ -430,10 +430,11 @@ class LlamaSession:
     def logits(self) -> np.ndarray:
         """The last decoded position's logits: a view into llama.cpp's buffer, valid until the next decode.
         The view is kept while llama.cpp keeps the buffer (making one costs ~0.15 ms, a percent of a token)."""
-        address = ctypes.cast(llama_cpp.llama_get_logits_ith(self.ctx, -1), ctypes.c_void_p).value
+        pointer = llama_cpp.llama_get_logits_ith(self.ctx, -1)
+        address = ctypes.cast(pointer, ctypes.c_void_p).value
         kept, view = self._logits_view
         if address != kept or view is None:
-            view = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,))
+            view = np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))
             self._logits_view = (address, view)
         return view
 
