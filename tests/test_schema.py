@@ -13,7 +13,7 @@ from tui_chat.engine.base import Done, Error, Message, Request
 from tui_chat.engine.formats import FormatError, OutputFormat, json_schema
 from tui_chat.engine.local.grammar import check_format, compile_format, new_matcher, tokenizer_for
 from tui_chat.engine.params import LiveParams, SamplingParams
-from tui_chat.engine.schema import STRING_CAP, path_at, violation, writing_schema
+from tui_chat.engine.schema import NUMBER_CAP, STRING_CAP, path_at, violation, writing_schema
 
 # (schema, valid instances, invalid instances): hand-picked after the JSON-Schema-Test-Suite's draft2020-12
 # cases for each keyword the engine claims to enforce while writing.
@@ -91,13 +91,15 @@ NARROWED = [  # (schema, what writing_schema makes of it)
      {"type": "object", "properties": {"a": {"type": "string", "maxLength": STRING_CAP}}, "required": ["a"],
       "additionalProperties": False}),
     ({"type": "string", "minLength": 600}, {"type": "string", "minLength": 600, "maxLength": 600}),
+    ({"type": "integer", "minimum": 0}, {"type": "integer", "minimum": 0, "maximum": NUMBER_CAP}),
+    ({"type": "number", "exclusiveMaximum": 1}, {"type": "number", "exclusiveMaximum": 1, "minimum": -NUMBER_CAP}),
     ({"type": "string", "pattern": "a+"}, {"type": "string", "pattern": "a+"}),
     ({"type": "object", "required": ["b"], "properties": {"a": {}}},  # requires a key it does not list
      {"type": "object", "required": ["b"], "properties": {"a": {}}}),
     ({"properties": {"a": {}}, "dependentRequired": {"a": ["b"]}},  # "a" then requires a key it does not list
      {"properties": {"a": {}}, "dependentRequired": {"a": ["b"]}}),
-    ({"properties": {"kind": {"enum": [1]}}, "anyOf": [{"properties": {"x": {"type": "integer"}}}]},
-     {"properties": {"kind": {"enum": [1]}}, "anyOf": [{"properties": {"x": {"type": "integer"}}}]}),
+    ({"properties": {"kind": {"enum": [1]}}, "anyOf": [{"properties": {"x": {"type": "boolean"}}}]},
+     {"properties": {"kind": {"enum": [1]}}, "anyOf": [{"properties": {"x": {"type": "boolean"}}}]}),
     ({"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]},
      {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]}),
     ({"not": {"type": "string"}}, {"not": {"type": "string"}}),

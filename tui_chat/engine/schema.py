@@ -53,6 +53,7 @@ def walk(schema: Any, path: str = "$") -> Iterator[tuple[str, dict[str, Any]]]:
         stack += reversed(found)
 
 
+NUMBER_CAP = 10**15  # the size a number takes at most while written, where its schema sets no bound
 STRING_CAP = 256  # characters a string takes at most while written, where its schema sets no bound
 # Where one of these appears, a narrower part could let through what the schema refuses (under "not" or an
 # "if"), or clash with a sibling part that adds properties: the schema is written as it is.
@@ -65,9 +66,10 @@ _BOUNDED_STRING = {"maxLength", "pattern", "format", "enum", "const", "contentEn
 
 def writing_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """A narrower schema to write a reply under, so a small model cannot loop where the schema leaves room:
-    a string with no bound of its own takes at most STRING_CAP characters, and an object that lists its
-    properties gets no others. Every instance of it is an instance of `schema` (which the finished reply is
-    still validated against); where that could not be promised (see _NEGATING) it is `schema` itself."""
+    a string with no bound of its own takes at most STRING_CAP characters, a number stays within ±NUMBER_CAP
+    (a model looping in digits stops at 16), and an object that lists its properties gets no others. Every
+    instance of it is an instance of `schema` (which the finished reply is still validated against); where
+    that could not be promised (see _NEGATING) it is `schema` itself."""
     parts = [part for _, part in walk(schema)]
     if any(part.keys() & _NEGATING for part in parts):
         return schema
@@ -77,6 +79,11 @@ def writing_schema(schema: dict[str, Any]) -> dict[str, Any]:
         if part.get("type") == "string" and not part.keys() & _BOUNDED_STRING:
             least = part.get("minLength")
             part["maxLength"] = max(STRING_CAP, least if isinstance(least, int) else 0)
+        if part.get("type") in ("integer", "number"):
+            for bound, exclusive, cap in (("maximum", "exclusiveMaximum", NUMBER_CAP),
+                                          ("minimum", "exclusiveMinimum", -NUMBER_CAP)):
+                if bound not in part and exclusive not in part:
+                    part[bound] = cap
         if closing and _lists_every_property(part):
             part["additionalProperties"] = False
     return narrowed
