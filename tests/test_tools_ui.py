@@ -193,3 +193,17 @@ async def test_a_call_block_and_the_consent_dialog_show_hostile_text_literally(t
         await pilot.press("enter")
         assert answer.result(timeout=5) == "deny"
         await screen_open(pilot, type(chat))
+
+
+async def test_the_first_key_on_the_tools_screen_reaches_the_servers_switch(starter_model):
+    """The switch is disabled while its server starts, so the screen's first focus passes it by; once the
+    server lists its tools the focus moves to it, and Space (a keyboard user's first key) turns it on."""
+    app = tools_app(starter_model)
+    async with app.run_test(size=SIZE) as pilot:
+        chat = await loaded(pilot)
+        await pilot.press("f9")
+        screen = await screen_open(pilot, ToolsScreen)
+        await wait_for(pilot, lambda: screen.focused is screen.query_one("#server-0", Switch))
+        await pilot.press("space")
+        await wait_for(pilot, lambda: chat.workspace.chat_tools is not None
+                       and len(chat.workspace.chat_tools.tools) == 2)

@@ -125,6 +125,9 @@ class ToolsScreen(ModalScreen[None]):
         self.query_one("#servers").mount_all(rows, after=state)
         server = self.server_switches[name]
         server.disabled = not tools
+        choice = self.query_one("#choice", Select)
+        if tools and self.focused in (self.query_one("#servers"), choice) and not choice.expanded:
+            server.focus()  # disabled while its server started, the switch was passed over by the first focus
         self._show_server(name)
         self._show_choices()
 
