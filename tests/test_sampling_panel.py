@@ -325,6 +325,43 @@ async def test_bad_formats_are_one_line_and_nothing_is_lost(tiny_model):
         assert (await reply_done(pilot)).text in ("yes", "no")
 
 
+async def test_what_of_a_schema_is_not_enforced_is_said_where_it_is_chosen(tiny_model):
+    """The engine compiles the schema when it is chosen (off the UI thread): what it only checks when the
+    reply is done, or where it adds no bounds, is one line under the picker; a schema it refuses says why
+    before any reply; one it enforces whole says nothing."""
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        note = screen.query_one("#format-note")
+
+        async def said(schema: dict) -> str:
+            await choose_format(pilot, "json_schema", json.dumps(schema))
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            return str(note.render()) if note.display else ""
+
+        unique = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}
+        assert await said(unique) == ('⚠ Not enforced while writing, checked when the reply is done: '
+                                      '"uniqueItems" at $.tags')
+        assert not note.has_class("-error")
+        assert await said({"allOf": [{"type": "object", "properties": {"name": {"type": "string"}}}]}) == (
+            '⚠ No length bounds added while writing ("allOf" at $): a reply may run to max tokens')
+        assert (await said({"properties": {"code": {"pattern": "(?<!x)y"}}})).startswith(
+            "✗ The JSON schema cannot be enforced: $.code: pattern '(?<!x)y'") and note.has_class("-error")
+        assert await said({"type": "object", "properties": {"name": {"type": "string"}}}) == ""
+        await choose_format(pilot, "json_schema", json.dumps(unique))
+        await send(pilot, "Hello there")  # a chat is saved with its first message
+        await reply_done(pilot)
+        saved = screen.session.conversation_id
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert not note.display
+        await screen.open_conversation(saved)  # a reopened chat's schema is checked again
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert str(note.render()).startswith("⚠ Not enforced while writing")
+
+
 async def test_streaming_off_holds_the_reply_and_compares_the_wait(tiny_model):
     app = make_app(str(tiny_model), sampling=GREEDY.with_changes(max_tokens=3000), n_ctx=4096)
     async with app.run_test(size=SIZE) as pilot:

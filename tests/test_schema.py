@@ -77,7 +77,8 @@ def test_the_claimed_keywords_accept_the_valid_and_refuse_the_invalid(tokenizer,
     """Valid instances are written whole, but for what the writing narrows on purpose (`writing_schema`: no
     keys an object does not list, no string past STRING_CAP); invalid ones never."""
     json_schema(json.dumps(schema))  # a schema the suite calls valid passes the checks made when it is chosen
-    assert compile_format(tokenizer, OutputFormat("json_schema", json.dumps(schema))).note == ""
+    note = compile_format(tokenizer, OutputFormat("json_schema", json.dumps(schema))).note
+    assert "not enforced" not in note  # (an allOf is written without the bounds added elsewhere: said so)
     narrowed = jsonschema.Draft202012Validator(writing_schema(schema))
     for instance in valid:
         jsonschema.validate(instance, schema)  # the case itself is right
@@ -158,7 +159,8 @@ def test_a_schema_with_every_common_keyword_is_enforced_whole(tokenizer):
         ({"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}},
          '"uniqueItems" at $.tags'),
         ({"properties": {"spec": {"properties": {"template": {"if": {"type": "string"}, "then": {"maxLength": 3}}}}}},
-         '"if" and "then" at $.spec.template'),
+         '"if" and "then" at $.spec.template; no length bounds added while writing ("if" at $.spec.template): '
+         'a reply may run to max tokens'),
         ({"type": "array", "items": {"not": {"type": "null"}}}, '"not" at $[*]'),
         ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, '"oneOf" (as "anyOf") at $'),
         ({"properties": {"site": {"type": "string", "format": "hostname-ish"}}}, 'format "hostname-ish" at $.site'),
@@ -167,6 +169,24 @@ def test_a_schema_with_every_common_keyword_is_enforced_whole(tokenizer):
 def test_what_cannot_be_enforced_while_writing_is_said_with_where(tiny, schema, note):
     said = check_format(tiny._session, json_schema(json.dumps(schema)))
     assert said == f"not enforced while writing, checked when the reply is done: {note}"
+
+
+@pytest.mark.parametrize(
+    ("schema", "where"),
+    [
+        ({"allOf": [{"type": "object", "properties": {"name": {"type": "string"}}}]}, '"allOf" at $'),
+        ({"type": "array", "items": {"type": "integer", "allOf": [{"minimum": 0}]}}, '"allOf" at $[*]'),
+    ],
+)
+def test_a_schema_written_without_its_bounds_says_where_and_why(tokenizer, schema, where):
+    """writing_schema keeps such a schema whole (a narrower part could clash with it): the user is told a
+    reply under it may run on, and where the keyword is that kept it whole."""
+    note = compile_format(tokenizer, json_schema(json.dumps(schema))).note
+    assert note == f"no length bounds added while writing ({where}): a reply may run to max tokens"
+
+
+def test_nothing_is_said_of_bounds_where_none_were_needed(tokenizer):
+    assert compile_format(tokenizer, json_schema(json.dumps({"allOf": [{"enum": [1, 2]}]}))).note == ""
 
 
 def write(backend, output, prompt: str = "Hello", params: SamplingParams = GREEDY) -> Done:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from ..config import Config, history_path, log_dir
-from ..engine.base import Backend, Done, EngineError, Token
+from ..engine.base import Backend, Done, EngineError, FormatChecking, Token
 from ..engine.context import left_out
 from ..engine.formats import TEXT, OutputFormat, choose
 from ..engine.params import (
@@ -138,9 +138,9 @@ def _run_opened(workspace: Workspace, args: argparse.Namespace, model: str | Non
         else:
             session = workspace.new_chat(live, output_format=output, **options, **(
                 {} if args.system is None else {"system_prompt": args.system}))
-        if hasattr(backend, "check_format"):  # a local model: a format it cannot use is the user's to fix
-            if note := backend.check_format(session.output_format):
-                print(f"tui-chat: note: {note}", file=sys.stderr)
+        if isinstance(backend, FormatChecking):  # a local model: a format it cannot use is the user's to fix
+            if unchecked := backend.check_format(session.output_format):
+                print(f"tui-chat: note: {unchecked}", file=sys.stderr)
         if args.mcp:
             try:
                 session.tools = open_tools(workspace.tool_servers, server_specs(args.mcp, workspace.config.mcp),

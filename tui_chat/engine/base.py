@@ -485,6 +485,14 @@ class Backend(Protocol):
 
 
 @runtime_checkable
+class FormatChecking(Backend, Protocol):
+    """A backend that enforces output formats itself (the in-process engine): it can refuse one before a
+    reply starts, and say what of one it only checks when the reply is done."""
+
+    def check_format(self, output: OutputFormat) -> str: ...
+
+
+@runtime_checkable
 class Recomputing(Backend, Protocol):
     """A backend that recomputes a position's logits on demand: the in-process engine (no server offers it)."""
 

@@ -70,10 +70,26 @@ def writing_schema(schema: dict[str, Any]) -> dict[str, Any]:
     (a model looping in digits stops at 16), and an object that lists its properties gets no others. Every
     instance of it is an instance of `schema` (which the finished reply is still validated against); where
     that could not be promised (see _NEGATING) it is `schema` itself."""
-    parts = [part for _, part in walk(schema)]
-    if any(part.keys() & _NEGATING for part in parts):
-        return schema
-    closing = not any(part.keys() & _APPLICATORS and part.keys() & _OBJECT_WORDS for part in parts)
+    return schema if _kept_whole(schema) else _narrowed(schema)
+
+
+def unnarrowed(schema: dict[str, Any]) -> str:
+    """What kept writing_schema from bounding a schema that leaves room to loop in, as `"not" at $.tags`,
+    for the user to know a reply may run to max tokens; "" where it bounds it, or nothing needed bounds."""
+    where = _kept_whole(schema)
+    return where if where and _narrowed(schema) != schema else ""
+
+
+def _kept_whole(schema: dict[str, Any]) -> str:
+    """The first keyword of _NEGATING in `schema` and where, as `"not" at $.tags`; "" when none."""
+    for path, part in walk(schema):
+        if found := sorted(part.keys() & _NEGATING):
+            return f'"{found[0]}" at {path}'
+    return ""
+
+
+def _narrowed(schema: dict[str, Any]) -> dict[str, Any]:
+    closing = not any(part.keys() & _APPLICATORS and part.keys() & _OBJECT_WORDS for _, part in walk(schema))
     narrowed: dict[str, Any] = copy.deepcopy(schema)
     for _, part in walk(narrowed):
         if part.get("type") == "string" and not part.keys() & _BOUNDED_STRING:

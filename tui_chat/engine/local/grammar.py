@@ -36,7 +36,7 @@ from llguidance.llamacpp import lltokenizer_from_vocab
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from ..formats import FormatError, OutputFormat
-from ..schema import locate, one_line, path_at, violation, writing_schema
+from ..schema import locate, one_line, path_at, unnarrowed, violation, writing_schema
 from .chain import Candidates, Chain
 from .llamacpp import LlamaSession
 
@@ -70,7 +70,8 @@ def tokenizer_for(session: LlamaSession) -> LLTokenizer:
 @dataclass(frozen=True, slots=True)
 class Compiled:
     """A format as LLGuidance's grammar. `note`: what of a schema is not enforced while writing (checked
-    when the reply is done); `schema`: the schema a finished reply is validated against."""
+    when the reply is done), and where its lengths could not be bounded; `schema`: the schema a finished
+    reply is validated against."""
 
     grammar: str
     note: str = ""
@@ -92,16 +93,19 @@ def compile_format(tokenizer: LLTokenizer, output: OutputFormat) -> Compiled:
         return Compiled(grammar)
     schema = json.loads(output.source) if output.kind == "json_schema" else {}
     writing = writing_schema(schema)
+    unbounded = unnarrowed(schema)
+    bounds = f"no length bounds added while writing ({unbounded}): a reply may run to max tokens" if unbounded else ""
     grammar = LLMatcher.grammar_from_json_schema(writing, defaults=JSON_OPTIONS)
     failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
     if not failed:
-        return Compiled(grammar, "", schema if output.kind == "json_schema" else None)
+        return Compiled(grammar, bounds, schema if output.kind == "json_schema" else None)
     lenient = LLMatcher.grammar_from_json_schema(writing, defaults=JSON_OPTIONS, overrides={"lenient": True})
     failed_again, dropped = LLMatcher.validate_grammar_with_warnings(lenient, tokenizer)
     if failed_again:
         raise FormatError(_refusal(schema, messages[0]))
-    note = "; ".join(dict.fromkeys(_approximation(schema, message) for message in dropped))
-    return Compiled(lenient, f"not enforced while writing, checked when the reply is done: {note}", schema)
+    dropped_note = "; ".join(dict.fromkeys(_approximation(schema, message) for message in dropped))
+    note = f"not enforced while writing, checked when the reply is done: {dropped_note}"
+    return Compiled(lenient, "; ".join(filter(None, (note, bounds))), schema)
 
 
 def _refused(grammar: str, tokenizer: LLTokenizer, prefix: str) -> None:

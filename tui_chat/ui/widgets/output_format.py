@@ -46,6 +46,9 @@ class FormatPicker(Vertical):
     FormatPicker #format-use { width: auto; min-width: 0; }
     FormatPicker #format-state { color: $text-muted; }
     FormatPicker #format-state.-error { color: $error; }
+    FormatPicker #format-note { color: $warning; display: none; }
+    FormatPicker #format-note.-shown { display: block; }
+    FormatPicker #format-note.-error { color: $error; }
     """
 
     class Chosen(ControlMessage):
@@ -65,6 +68,7 @@ class FormatPicker(Vertical):
                              placeholder="paste it here, or type its file path")
             yield Button("Use", compact=True, id="format-use")
         yield Static(id="format-state")
+        yield Static(id="format-note")
 
     def on_mount(self) -> None:
         self.show(self.output)
@@ -77,6 +81,17 @@ class FormatPicker(Vertical):
         self.query_one("#format-source", SourceArea).text = output.source
         self.set_class(output.kind in NEEDS_SOURCE, "-source")
         self._state(f"Replies: {output.label}")
+        self.checked(output, "")
+
+    def checked(self, output: OutputFormat, note: str, refused: bool = False) -> None:
+        """What the model's engine said of `output` (the panel asks it): that it cannot be used, or what of
+        it is not enforced while writing, in one line under the state; nothing when all of it is."""
+        if output != self.output:
+            return  # said of a format since replaced
+        shown = self.query_one("#format-note", Static)
+        shown.update(Content(f"{'✗' if refused else '⚠'} {note[:1].upper()}{note[1:]}" if note else ""))
+        shown.set_class(bool(note), "-shown")
+        shown.set_class(refused, "-error")
 
     def _state(self, text: str, error: bool = False) -> None:
         state = self.query_one("#format-state", Static)
@@ -110,4 +125,5 @@ class FormatPicker(Vertical):
             return
         self.output = output
         self._state(f"Replies: {output.label}, from the next reply")
+        self.checked(output, "")
         self.post_message(self.Chosen(self, output))

@@ -10,6 +10,7 @@ changed saying from which token the change applied).
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from textual import on
@@ -20,8 +21,8 @@ from textual.timer import Timer
 from textual.widget import Widget
 from textual.widgets import Button, Checkbox, Collapsible, Input, Static
 
-from ...engine.base import ModelInfo
-from ...engine.formats import TEXT, OutputFormat
+from ...engine.base import EngineError, FormatChecking, ModelInfo
+from ...engine.formats import TEXT, FormatError, OutputFormat
 from ...engine.params import LIST_SPECS, PARAMS, PRESETS, SPECS, InvalidParameter, LiveParams, ParamSpec, SamplingParams
 from ...session import ChatSession
 from ...workspace import Workspace
@@ -153,7 +154,8 @@ class SamplingPanel(Vertical):
         self.border_title = "Sampling"
 
     def show_backend(self, info: ModelInfo) -> None:
-        """A server may pass on only some settings, and only when a reply starts: say so on each control."""
+        """A server may pass on only some settings, and only when a reply starts: say so on each control; and
+        what the model in use makes of the chat's output format."""
         self.per_token = info.params_per_token
         for name, hint in HINTS.items():
             ignored = name in info.ignored_params
@@ -161,10 +163,27 @@ class SamplingPanel(Vertical):
             self.query_one(f"#row-{name}").set_class(ignored, "-ignored")
             shown = "This server ignores it: not sent." if ignored else hint
             self.query_one(f"#hint-{name}", Static).update(Content(shown))
+        self._check_format(self._session.output_format)
 
     def show_format(self, output: OutputFormat = TEXT) -> None:
         """The conversation's output format (a new chat, a reopened one)."""
         self.query_one(FormatPicker).show(output)
+        self._check_format(output)
+
+    def _check_format(self, output: OutputFormat) -> None:
+        """What the model's engine makes of a schema or grammar, said under the picker: that it cannot be
+        used, or what of it is not enforced while writing. Off the UI thread: the first check of a model
+        builds its tokenizer (1-4 s)."""
+        backend = self.workspace.backend
+        if output.constrained and isinstance(backend, FormatChecking):
+            self.run_worker(partial(self._checked, backend, output), thread=True, group="format", exclusive=True)
+
+    def _checked(self, backend: FormatChecking, output: OutputFormat) -> None:
+        try:
+            note, refused = backend.check_format(output), False
+        except (FormatError, EngineError) as error:
+            note, refused = str(error), True
+        self.app.call_from_thread(self.query_one(FormatPicker).checked, output, note, refused)
 
     # --- applying a change ---------------------------------------------------------------------
 
@@ -251,6 +270,7 @@ class SamplingPanel(Vertical):
     def _format_chosen(self, event: FormatPicker.Chosen) -> None:
         self._session.output_format = event.output
         self._session.keep_settings()
+        self._check_format(event.output)
 
     @on(Checkbox.Changed, "#stream")
     def _streaming_chosen(self, event: Checkbox.Changed) -> None:
