@@ -12,14 +12,21 @@ counted as
 - violated: it ended unflagged and does not validate (the guarantee broken: must stay 0);
 - crashed: the reply ended with an error.
 
+Per split, as the JSONSchemaBench paper's table: `enforced` (compiled with nothing left to check afterwards
+nor a length bound left out: the declared coverage, enforced / schemas) and `valid` (compliant / schemas:
+the empirical coverage). Decode under a schema against free text: each schema's prompt is also decoded
+with no format, in the same run, the two alternating which goes first; the ratio is the decode rate under
+the schema's grammar over the free one (tokens over decode time, summed over the schemas).
+
 The mask's cost: each reply's tokens replayed through a fresh matcher, the whole vocabulary's mask timed
-at every position (mean and p99). Decode under a schema against free text is benchmarks/sampling.py's.
+at every position (mean and p99).
 
     python benchmarks/schemas.py [--schemas FILE.jsonl|DIR] [--split S] [--limit N] [--model PATH]
-                                 [--max-tokens 512] [--json]
+                                 [--max-tokens 512] [--no-free] [--json]
 
 `--limit N` takes the first N schemas of each split (the fixture's order is the draw's), `--split S` one
-split. Beside each split it prints the paper's coverage (arXiv 2501.10868) where this project has it.
+split; `--no-free` skips the free decodes (half the time, no rate ratio). Beside each split it prints the
+paper's coverage (arXiv 2501.10868) where this project has it.
 It prints numbers and asserts nothing.
 """
 
@@ -37,7 +44,7 @@ from llguidance.numpy import allocate_token_bitmask
 from shared import bench_model, greedy_settings
 
 from tui_chat.engine.base import Done, Message, Request, Token
-from tui_chat.engine.formats import FormatError, json_schema
+from tui_chat.engine.formats import TEXT, FormatError, json_schema
 from tui_chat.engine.local.grammar import compile_format, mask_of, new_matcher, tokenizer_for
 from tui_chat.engine.local.llama import LlamaBackend, LlamaSettings
 from tui_chat.engine.params import LiveParams, SamplingParams
@@ -59,6 +66,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int)
     parser.add_argument("--model", type=Path)
     parser.add_argument("--max-tokens", type=int, default=512)
+    parser.add_argument("--no-free", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     model, _ = bench_model(args.model)
@@ -71,21 +79,26 @@ def main() -> None:
     counts: dict[str, Counter[str]] = defaultdict(Counter)
     masks: list[float] = []
     notes: list[dict[str, str]] = []
-    for split, name, text in _schemas(args.schemas, args.split, args.limit):
+    rates = {"schema": [0, 0.0], "free": [0, 0.0]}  # decode steps, decode seconds
+    for index, (split, name, text) in enumerate(_schemas(args.schemas, args.split, args.limit)):
         try:
             output = json_schema(text)
-            backend.check_format(output)
+            unchecked = backend.check_format(output)
         except FormatError as error:
             counts[split]["refused"] += 1
             notes.append({"schema": f"{split}/{name}", "outcome": "refused", "why": str(error)})
             continue
+        counts[split]["enforced"] += not unchecked
         prompt = f"Reply with one JSON object that follows this JSON schema:\n{text[:PROMPT_CHARS]}"
-        request = Request([Message("user", prompt)], LiveParams(params), format=output)
-        tokens, final = [], None
-        for event in backend.generate(request):
-            if isinstance(event, Token):
-                tokens.append(event.token_id)
-            final = event
+        runs = [("schema", output)] + ([] if args.no_free else [("free", TEXT)])
+        for kind, shape in runs[:: -1 if index % 2 else 1]:
+            request = Request([Message("user", prompt)], LiveParams(params), format=shape)
+            ids, done = _decode(backend, request)
+            if isinstance(done, Done) and done.metrics.decode_tok_s:
+                rates[kind][0] += done.metrics.completion_tokens - 1
+                rates[kind][1] += done.metrics.decode_s
+            if kind == "schema":
+                tokens, final = ids, done
         outcome = _outcome(final, json.loads(output.source))
         counts[split][outcome] += 1
         if outcome != "compliant":
@@ -93,7 +106,7 @@ def main() -> None:
             notes.append({"schema": f"{split}/{name}", "outcome": outcome, "why": why})
         masks += _mask_times(tokenizer, compile_format(tokenizer, output).grammar, tokens)
     backend.close()
-    report = _report(counts, masks, notes)
+    report = _report(counts, masks, notes, rates)
     print(json.dumps(report, indent=2) if args.json else _table(report))
 
 
@@ -112,6 +125,16 @@ def _schemas(source: Path, split: str | None, limit: int | None) -> list[tuple[s
             taken[entry[0]] += 1
             chosen.append(entry)
     return chosen
+
+
+def _decode(backend: LlamaBackend, request: Request) -> tuple[list[int], object]:
+    """A reply's token ids and its final event."""
+    tokens, final = [], None
+    for event in backend.generate(request):
+        if isinstance(event, Token):
+            tokens.append(event.token_id)
+        final = event
+    return tokens, final
 
 
 def _outcome(final: object, schema: dict) -> str:
@@ -136,26 +159,36 @@ def _mask_times(tokenizer: LLTokenizer, grammar: str, tokens: list[int]) -> list
     return times
 
 
-def _report(counts: dict[str, Counter[str]], masks: list[float], notes: list[dict[str, str]]) -> dict:
-    splits = {split: {o: c[o] for o in OUTCOMES} | {"schemas": sum(c.values()),
-                                                     "coverage": c["compliant"] / max(1, sum(c.values())),
-                                                     "paper": PAPER.get(split)}
-              for split, c in sorted(counts.items())}
-    total = sum((c for c in counts.values()), Counter())
-    whole = {o: total[o] for o in OUTCOMES} | {"schemas": sum(total.values()),
-                                              "coverage": total["compliant"] / max(1, sum(total.values()))}
+def _report(counts: dict[str, Counter[str]], masks: list[float], notes: list[dict[str, str]],
+            rates: dict[str, list]) -> dict:
+    splits = {split: _row(c) | {"paper": PAPER.get(split)} for split, c in sorted(counts.items())}
     mask = {"positions": len(masks), "mean_us": float(np.mean(masks)) * 1e6 if masks else None,
             "p99_us": float(np.percentile(masks, 99)) * 1e6 if masks else None}
-    return {"splits": splits, "all": whole, "mask": mask, "not_compliant": notes, "paper_note": PAPER_NOTE}
+    tok_s = {kind: steps / seconds if seconds else None for kind, (steps, seconds) in rates.items()}
+    decode = {"schema_tok_s": tok_s["schema"], "free_tok_s": tok_s["free"],
+              "ratio": tok_s["schema"] / tok_s["free"] if tok_s["schema"] and tok_s["free"] else None}
+    return {"splits": splits, "all": _row(sum(counts.values(), Counter())), "mask": mask, "decode": decode,
+            "not_compliant": notes, "paper_note": PAPER_NOTE}
+
+
+def _row(c: Counter[str]) -> dict:
+    schemas = sum(c[o] for o in OUTCOMES)
+    return {o: c[o] for o in OUTCOMES} | {"schemas": schemas, "enforced": c["enforced"],
+                                         "declared": c["enforced"] / max(1, schemas),
+                                         "coverage": c["compliant"] / max(1, schemas)}
 
 
 def _table(report: dict) -> str:
-    lines = [f"{'split':<16}" + "".join(f"{o:>11}" for o in OUTCOMES) + f"{'coverage':>10}"]
+    lines = [f"{'split':<16}" + "".join(f"{o:>11}" for o in OUTCOMES) + f"{'enforced':>10}{'valid':>8}"]
     for split, row in [*report["splits"].items(), ("all", report["all"])]:
         paper = ", ".join(f"{engine} {value:.2f}" for engine, value in (row.get("paper") or {}).items())
-        lines.append(f"{split:<16}" + "".join(f"{row[o]:>11}" for o in OUTCOMES) + f"{row['coverage']:>10.2f}"
-                     + (f"   paper: {paper}" if paper else ""))
+        lines.append(f"{split:<16}" + "".join(f"{row[o]:>11}" for o in OUTCOMES) + f"{row['declared']:>10.2f}"
+                     + f"{row['coverage']:>8.2f}" + (f"   paper: {paper}" if paper else ""))
     lines.append(report["paper_note"])
+    decode = report["decode"]
+    if decode["ratio"]:
+        lines.append(f"decode under the schema {decode['schema_tok_s']:.1f} tok/s, free {decode['free_tok_s']:.1f} "
+                     f"tok/s: {decode['ratio']:.2f} x")
     mask = report["mask"]
     if mask["positions"]:
         lines.append(f"mask over the vocabulary: {mask['mean_us']:.0f} µs mean, {mask['p99_us']:.0f} µs p99 "
