@@ -143,7 +143,7 @@ class TurnMetrics:
     withheld_tokens: int = 0
     # speculative decoding (local/draft.py): the drafter ("" none), the tokens it guessed, those the model kept,
     # and the batches that checked them; plain decoding's time per token as measured with this model
-    draft: str = ""
+    draft_kind: str = ""
     drafted: int = 0
     draft_accepted: int = 0
     verifications: int = 0
@@ -190,7 +190,7 @@ class TurnMetrics:
     def draft_speedup(self) -> float | None:
         """This reply's decode rate against plain decoding's measured with the same model; None without a draft."""
         rate = self.decode_tok_s
-        if not self.draft or not self.plain_ms_per_token or rate is None:
+        if not self.draft_kind or not self.plain_ms_per_token or rate is None:
             return None
         return rate * self.plain_ms_per_token / 1000
 

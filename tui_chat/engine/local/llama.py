@@ -381,6 +381,7 @@ class _Turn:
         self.drafter = NgramDrafter(self.prompt) if drafting else None
         self.control = DraftController(0, backend._plain_ms)
         self.guesses: list[int] = []  # the draft being walked: row i of the batch is drawn against guesses[i]
+        self.kept = 0  # of them, those drawn as guessed so far
         self.cycle_at: float | None = None  # when the last step or verification started
 
     def _fitted_prompt(self) -> tuple[str, list[int], int]:
@@ -502,6 +503,7 @@ class _Turn:
                 self.last_at = now
                 self.drawn += 1
                 guess = self.guesses[session.row] if self.guesses and session.row < len(self.guesses) else None
+                self.kept += token == guess
                 reason = self._take(token, now, version, seen, stages, drafted=token == guess,
                                     rejected=guess if guess is not None and token != guess else None
                                     ) or self._no_room(params)
@@ -545,17 +547,16 @@ class _Turn:
         """Time the step or verification whose rows were just drawn, and drop from the cache the cells of the
         guesses not kept. `now`: the row's draw ended a verification (or a step) the usual way, so it is timed;
         without it, something else cut it short (the reply ended, a setting changed, the thinking's budget)."""
-        kept = self.session.row if self.guesses else 0
         if self.guesses:
-            self.session.truncate(len(self.session.tokens) - len(self.guesses) + kept)
+            self.session.truncate(self._cached())
         if now is not None and self.cycle_at is not None:
             if self.guesses:
-                self.control.verified(len(self.guesses), kept, now - self.cycle_at)
+                self.control.verified(len(self.guesses), self.kept, now - self.cycle_at)
             else:
                 self.control.plain(now - self.cycle_at)
         elif self.guesses:
-            self.control.stopped(len(self.guesses), kept)
-        self.guesses = []
+            self.control.stopped(len(self.guesses), self.kept)
+        self.guesses, self.kept = [], 0
         self.cycle_at = None
 
     def _take(self, token: int, now: float, version: int, seen: Inspection, stages: tuple[Stage, ...] = (), *,
@@ -691,7 +692,7 @@ class _Turn:
             grammar_s=self.constraint.spent_s if self.constraint is not None else 0.0,
             reasoning_tokens=reasoning_tokens,
             thinking_s=thinking_s,
-            draft=self.backend.settings.draft if self.drafter is not None else "",
+            draft_kind=self.backend.settings.draft if self.drafter is not None else "",
             drafted=self.control.drafted,
             draft_accepted=self.control.accepted,
             verifications=self.control.verifications,
