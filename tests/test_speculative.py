@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import GREEDY, collect, open_backend, run_cli
 
+from conftest import GREEDY, collect, open_backend, run_cli
 from tui_chat.engine.base import Done, Message, Request
 from tui_chat.engine.formats import choose
 from tui_chat.engine.local.draft import FIRST_PAUSE, TRIALS, DraftController, NgramDrafter
