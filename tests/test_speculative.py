@@ -68,6 +68,12 @@ def test_the_controller_stops_drafting_that_does_not_pay_and_tries_again_later()
     assert control.next_size() == 4, "after the pause it tries again"
     assert (control.drafted, control.accepted, control.verifications) == (4 + 8 + TRIALS - 2, 6, TRIALS)
     assert DraftController(0).next_size() == 0
+    unmeasured = DraftController(16)
+    for _ in range(TRIALS):
+        unmeasured.verified(4, 4, 0.01)
+    assert unmeasured.next_size() == 0, "a plain step is timed before drafting is judged"
+    unmeasured.plain(0.02)
+    assert unmeasured.next_size() == 8
 
 
 def test_greedy_copy_is_the_same_with_drafting_and_the_counters_add_up(backends):

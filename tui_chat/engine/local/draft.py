@@ -77,8 +77,11 @@ class DraftController:
         self.draft_s = 0.0
 
     def next_size(self) -> int:
-        """The longest draft to ask for now; 0 while drafting is paused (or off)."""
-        return 0 if self.paused or self.limit <= 0 else min(self.size, self.limit)
+        """The longest draft to ask for now; 0 while drafting is paused (or off), and once, after a few
+        verifications, to time a plain step where none was timed yet (a reply that drafts from its first token)."""
+        if self.paused or self.limit <= 0 or (self.plain_ms is None and self.trials >= TRIALS):
+            return 0
+        return min(self.size, self.limit)
 
     def plain(self, seconds: float) -> None:
         """One token decoded without a draft, in `seconds` (from the previous decode to this one)."""
