@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import GREEDY, collect, open_backend, run_cli
-from tui_chat.engine.base import Done, Message, Request
+from tui_chat.engine.base import Done, Message, Request, Token
 from tui_chat.engine.formats import choose
 from tui_chat.engine.local.draft import FIRST_PAUSE, TRIALS, DraftController, NgramDrafter
 from tui_chat.engine.params import LiveParams
@@ -162,3 +162,56 @@ def test_run_json_reports_the_draft(starter_model: Path):
     assert "draft" not in json.loads(off.stdout)["turns"][0]
     refused = run_cli("run", "--draft", "maybe", "-p", "Hi")
     assert refused.returncode == 2 and "invalid choice: 'maybe'" in refused.stderr
+
+
+@pytest.fixture(scope="module")
+def loopers(tmp_path_factory):
+    """A scripted model that thinks "Hmm, Hmm, …" until its budget ends the thinking, drafting off and on: the
+    drafter's guesses are all kept, so every budget, cancel or setting change lands inside a verification."""
+    from thinking_model import template, write_scripted_model
+
+    path = write_scripted_model(tmp_path_factory.mktemp("loop") / "loop.gguf", template("Qwen-Qwen3-0.6B"),
+                                ["\n", "<think>", "Hmm", ",", "Hmm"], also=[["</think>", "Hello", " world"]],
+                                words=["Hi"])
+    plain, drafting = open_backend(path, n_ctx=2048), open_backend(path, n_ctx=2048, draft="ngram")
+    yield plain, drafting
+    plain.close()
+    drafting.close()
+
+
+def test_the_thinking_budget_and_cancel_act_inside_a_verification(loopers):
+    plain, drafting = loopers
+    budget = GREEDY.with_changes(thinking_budget=25, max_tokens=60)
+    runs = [reply(backend, "Hi", budget) for backend in loopers]
+    (off_tokens, off), (on_tokens, on) = runs
+    assert [(t.piece, t.inserted) for t in on_tokens] == [(t.piece, t.inserted) for t in off_tokens]
+    assert on.reasoning == off.reasoning and on.text == off.text and "Hello world" in on.text
+    assert on.metrics.draft_accepted > 10 and on.metrics.context_tokens == off.metrics.context_tokens
+    stream = drafting.generate(Request([Message("user", "Hi")], LiveParams(GREEDY.with_changes(max_tokens=1000))))
+    taken, final = 0, None
+    for event in stream:
+        taken += isinstance(event, Token)
+        if taken == 40:
+            stream.cancel()
+        final = event
+    assert isinstance(final, Done) and final.stop_reason == "cancelled"
+    _, after = reply(drafting, "Hi", budget)
+    assert after.text == off.text and after.reasoning == off.reasoning, "a cancelled draft leaves a clean cache"
+
+
+def test_a_setting_changed_mid_reply_applies_from_the_next_token_under_drafting(loopers):
+    _, drafting = loopers
+    live = LiveParams(GREEDY.with_changes(max_tokens=1500))
+    stream = drafting.generate(Request([Message("user", "Hi")], live))
+    tokens, done = [], None
+    for event in stream:
+        if isinstance(event, Token):
+            tokens.append(event)
+            if len(tokens) == 30:
+                live.update(thinking_budget=0)
+        elif isinstance(event, Done):
+            done = event
+    assert done is not None and done.text.startswith("Hello world") and done.stop_reason == "eos"
+    changed = next(i for i, t in enumerate(tokens) if t.params_version == 1)
+    assert tokens[changed].inserted, "the end of the thinking comes next"
+    assert any(t.drafted for t in tokens[:changed])
