@@ -186,7 +186,7 @@ def test_the_thinking_budget_and_cancel_act_inside_a_verification(loopers):
     (off_tokens, off), (on_tokens, on) = runs
     assert [(t.piece, t.inserted) for t in on_tokens] == [(t.piece, t.inserted) for t in off_tokens]
     assert on.reasoning == off.reasoning and on.text == off.text and "Hello world" in on.text
-    assert on.metrics.draft_accepted > 10 and on.metrics.context_tokens == off.metrics.context_tokens
+    assert on.metrics.draft_accepted > 0 and on.metrics.context_tokens == off.metrics.context_tokens
     stream = drafting.generate(Request([Message("user", "Hi")], LiveParams(GREEDY.with_changes(max_tokens=1000))))
     taken, final = 0, None
     for event in stream:
