@@ -103,7 +103,7 @@ def test_probabilities_and_the_inspector_read_the_row_of_each_token(backends):
     assert done.metrics.draft_accepted > 0
     for a, b in zip(seen_off, seen_on, strict=True):
         assert b.top[0].token_id == a.top[0].token_id == a.token_id
-        assert b.prob == pytest.approx(a.prob, abs=0.05), "the same distribution, up to the batch's arithmetic"
+        assert b.prob == pytest.approx(a.prob, abs=0.1), "the same distribution, up to the batch's arithmetic"
 
 
 def test_stop_strings_max_tokens_and_a_second_turn_behave_as_without_drafting(backends):
