@@ -161,7 +161,34 @@ def test_run_json_reports_the_draft(starter_model: Path):
     off = run_cli("run", "--model", str(starter_model), "--draft", "off", "--json", "-p", "Hi", "--max-tokens", "2")
     assert "draft" not in json.loads(off.stdout)["turns"][0]
     refused = run_cli("run", "--draft", "maybe", "-p", "Hi")
-    assert refused.returncode == 2 and "invalid choice: 'maybe'" in refused.stderr
+    assert refused.returncode == 2
+    assert refused.stderr == ("tui-chat: error: draft must be one of ngram, off or a draft model's .gguf file "
+                              "(got 'maybe')\n")
+
+
+def test_a_draft_model_sharing_the_vocabulary_drafts_and_another_is_refused(tiny_model: Path, starter_model: Path):
+    plain = open_backend(tiny_model, n_ctx=1024)
+    drafting = open_backend(tiny_model, n_ctx=1024, draft=str(tiny_model))
+    try:
+        params = GREEDY.with_changes(max_tokens=40)
+        _, off = reply(plain, "hello there", params)
+        tokens, on = reply(drafting, "hello there", params)
+        assert on.text == off.text and on.metrics.draft_kind == "model"
+        assert on.metrics.draft_accepted == sum(t.drafted for t in tokens) > 0
+        assert on.metrics.draft_accepted == on.metrics.drafted, "a model drafting for itself guesses every token"
+        _, again = reply(drafting, "hello there", params)
+        assert again.text == off.text, "the draft model's cache follows the text across replies"
+    finally:
+        plain.close()
+        drafting.close()
+    from tui_chat.engine.local.llama import LlamaBackend, LlamaSettings
+
+    refused = LlamaBackend(LlamaSettings(starter_model, n_ctx=1024, draft=str(tiny_model)))
+    try:
+        error = refused.load().result()
+        assert getattr(error, "message", "").startswith("the draft model tiny.gguf has another vocabulary (")
+    finally:
+        refused.close()
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from typing import Any
 import platformdirs
 
 from .engine.local.cpu_path import AUTO as AUTO_CPU_PATH, CHOICES as CPU_PATHS
-from .engine.local.draft import KINDS as DRAFT_KINDS
+from .engine.local.draft import check_kind as check_draft
 from .engine.params import InvalidParameter, SamplingParams, check_top_logprobs
 from .engine.templates import AUTO, NAMED_TEMPLATES
 from .pricing import DEFAULT_PRESET, PRESETS, Price, PricingError, find_preset, presets_with
@@ -141,12 +141,6 @@ def check_extra_buffers(choice: Any) -> str:
     if not isinstance(choice, str) or choice not in CPU_PATHS:
         raise InvalidParameter(f"extra_buffers must be one of {', '.join(CPU_PATHS)} (got {choice!r})")
     return choice
-
-
-def check_draft(kind: Any) -> str:
-    if not isinstance(kind, str) or kind not in DRAFT_KINDS:
-        raise InvalidParameter(f"draft must be one of {', '.join(DRAFT_KINDS)} (got {kind!r})")
-    return kind
 
 
 def check_kv_cache_budget(gigabytes: Any) -> float:

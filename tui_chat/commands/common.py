@@ -14,7 +14,6 @@ from ..config import (
     RemoteProfile,
     cache_dir,
     check_context,
-    check_draft,
     check_extra_buffers,
     check_gpu_layers,
     check_threads,
@@ -23,7 +22,7 @@ from ..config import (
     models_dir,
 )
 from ..engine.local.cpu_path import CHOICES as CPU_PATHS
-from ..engine.local.draft import KINDS as DRAFT_KINDS
+from ..engine.local.draft import check_kind as check_draft
 from ..engine.params import InvalidParameter
 from ..safetext import terminal_safe
 
@@ -85,10 +84,11 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extra-buffers", choices=CPU_PATHS,
                         help="llama.cpp's CPU weight layouts: auto (tested once where AMX could crash), all, "
                              "no-amx (repacked, without AMX), none")
-    parser.add_argument("--draft", choices=DRAFT_KINDS,
-                        help="speculative decoding: ngram guesses the next tokens from earlier text (prompt lookup) "
-                             "and the model checks them in one batch: the same text, faster where it repeats "
-                             "(copying, editing, quoting); off (default: draft in the config)")
+    parser.add_argument("--draft", metavar="ngram|MODEL.gguf|off",
+                        help="speculative decoding: ngram guesses the next tokens from earlier text (prompt lookup), "
+                             "a small model sharing the model's vocabulary guesses them itself; the model checks them "
+                             "in one batch: the same text, faster where the guesses hold (default: draft in the "
+                             "config, off)")
     parser.add_argument("--backend", choices=("local", "openai"),
                         help="local: llama.cpp in this process (default); openai: an OpenAI-compatible server")
     parser.add_argument("--base-url", metavar="URL", help="the server's API root, e.g. http://127.0.0.1:8080/v1")

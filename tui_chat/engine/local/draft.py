@@ -10,15 +10,37 @@ second beat plain decoding measured in the same reply, and pauses, retrying late
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
-KINDS = ("ngram", "off")  # the drafters: prompt lookup, or none
+from ..base import EngineError
+from ..params import InvalidParameter
+
+if TYPE_CHECKING:  # the config reads KINDS without loading llama.cpp
+    from .llamacpp import LlamaSession
+
+KINDS = ("ngram", "off")  # the drafters by name: prompt lookup, or none; else a draft model's .gguf file
+VOCAB_SAMPLES = 4096  # tokens compared between a draft model's vocabulary and the target's
 NGRAM_SIZES = (4, 3, 2)  # the longest recent match wins; a lone token's match guesses too poorly to pay
 START_SIZE = 4  # the first draft's length; it doubles while every guess is kept
 TRIALS = 4  # verifications before the controller judges whether drafting pays
 FIRST_PAUSE = 16  # plain tokens before drafting is tried again; doubles each time it did not pay
 LONGEST_PAUSE = 512
 SMOOTHING = 0.3  # weight of the newest figure in the running averages
+
+
+def check_kind(kind: Any) -> str:
+    """`ngram`, `off` or a draft model's .gguf path; one line otherwise."""
+    if isinstance(kind, str) and (kind in KINDS or kind.lower().endswith(".gguf")):
+        return kind
+    raise InvalidParameter(f"draft must be one of {', '.join(KINDS)} or a draft model's .gguf file (got {kind!r})")
+
+
+class Drafter(Protocol):
+    def add(self, token: int) -> None: ...
+
+    def propose(self, limit: int) -> list[int]: ...
 
 
 class NgramDrafter:
@@ -49,6 +71,44 @@ class NgramDrafter:
             if len(tokens) >= n and (start := ends.get(tuple(tokens[-n:]))) is not None:
                 return tokens[start : start + limit]
         return []
+
+
+class ModelDrafter:
+    """A small model sharing the target's vocabulary guesses greedily. Its own KV cache follows the text: each
+    guess first drops what the target rejected (the cache keeps the longest prefix it shares with the text),
+    reads what the target added, then steps through its guesses."""
+
+    def __init__(self, session: LlamaSession, tokens: Iterable[int]) -> None:
+        self.session = session
+        self.tokens = list(tokens)
+
+    def add(self, token: int) -> None:
+        self.tokens.append(token)
+
+    def propose(self, limit: int) -> list[int]:
+        session = self.session
+        keep = session.keep_prefix(self.tokens)
+        session.prefill(self.tokens[keep:], lambda _done: None, lambda: False)
+        guesses: list[int] = []
+        while len(guesses) < limit:
+            guesses.append(int(session.likeliest(1)[0]))
+            if len(guesses) < limit:
+                session.step(guesses[-1])
+        return guesses
+
+
+def check_vocabulary(draft: LlamaSession, target: LlamaSession, path: Path) -> None:
+    """A draft model must write the target's tokens: the same vocabulary size and the same pieces (a sample
+    spread over the whole vocabulary, the ends included)."""
+    if draft.n_vocab != target.n_vocab:
+        raise EngineError(f"the draft model {path.name} has another vocabulary ({draft.n_vocab:,} tokens, the model "
+                          f"{target.n_vocab:,}): it must share the model's")
+    step = max(1, target.n_vocab // VOCAB_SAMPLES)
+    sample: Sequence[int] = [*range(0, target.n_vocab, step), target.n_vocab - 1]
+    differs = next((t for t in sample if draft.piece(t) != target.piece(t)), None)
+    if differs is not None:
+        raise EngineError(f"the draft model {path.name} has another vocabulary (token {differs} is "
+                          f"{draft.piece(differs)!r} there, {target.piece(differs)!r} here): it must share the model's")
 
 
 class DraftController:

@@ -43,7 +43,7 @@ from . import logs
 from .chain import Chain
 from .cpu import ThreadGovernor
 from .cpu_path import AUTO, ProbeResult, choose as choose_cpu_path, run_probe
-from .draft import DraftController, NgramDrafter
+from .draft import KINDS as DRAFTERS, DraftController, Drafter, ModelDrafter, NgramDrafter, check_vocabulary
 from .ggml import build_features, build_version
 from .grammar import Constraint, check_format
 from .kvcache import DiskCache, Restored, open_disk_cache
@@ -68,7 +68,7 @@ class LlamaSettings:
     cache_dir: Path | None = None  # where the CPU path's self-test answer is kept
     kv_dir: Path | None = None  # where KV states are saved after each reply (None: not saved)
     kv_budget_bytes: int = DEFAULT_BUDGET_BYTES  # their total size; the least recently used go first
-    draft: str = "off"  # speculative decoding's drafter: "ngram" (prompt lookup) or "off"
+    draft: str = "off"  # speculative decoding's drafter: "ngram" (prompt lookup), a draft model's .gguf, or "off"
 
     @property
     def resolved_gpu_layers(self) -> int:
@@ -104,6 +104,7 @@ class LlamaBackend:
         # Short jobs (an X-ray, a word's probability) that a reply being written takes between two tokens.
         self._quick: deque[Callable[[], None]] = deque()
         self._session: LlamaSession | None = None
+        self._draft_session: LlamaSession | None = None  # the draft model, with a KV cache of its own
         self._disk: DiskCache | None = None
         self._format: PromptFormat | None = None
         self._markers: dict[int, bytes] = {}  # control tokens of the thinking markers, read as their text
@@ -196,6 +197,7 @@ class LlamaBackend:
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
             job()
+        self._close_draft_model()
         with self._session_lock:
             if self._session is not None:
                 self._session.close()
@@ -209,6 +211,7 @@ class LlamaBackend:
                     self._session.close()
                     self._session = None
             self._disk = None
+            self._close_draft_model()
             header = check_gguf(settings.path)  # read once for the load: the check, the CPU path and the KV key
             cpu_path = choose_cpu_path(settings.extra_buffers, settings.path, header.tensor_types, settings.cache_dir,
                                        build_features(), probe=_announced_probe(stream))
@@ -226,6 +229,7 @@ class LlamaBackend:
             except PromptError:
                 session.close()
                 raise
+            self._open_draft_model(session)
         except (EngineError, PromptError) as error:
             cancelled = stream.cancelled.is_set()
             stream.put(Error(f"loading {settings.path.name} was cancelled" if cancelled else str(error)))
@@ -259,6 +263,37 @@ class LlamaBackend:
         self._last_prompt = ("", [])
         self._plain_ms = None
         stream.put(Loaded(self.info))
+
+    def _open_draft_model(self, session: LlamaSession) -> None:
+        """The draft model named by `draft`, loaded beside the model on the same threads; one that does not share
+        its vocabulary is refused in one line (the model is closed too: the load fails as a whole)."""
+        if self.settings.draft in DRAFTERS:
+            return
+        path = Path(self.settings.draft).expanduser()
+        try:
+            draft = LlamaSession(path, n_ctx=session.n_ctx, gpu_layers=self.settings.resolved_gpu_layers,
+                                 n_batch=PREFILL_CHUNK, threads=self.threads.threads, cpu_path=session.cpu_path)
+        except EngineError as error:
+            session.close()
+            raise EngineError(f"the draft model: {error}") from None
+        try:
+            check_vocabulary(draft, session, path)
+        except EngineError:
+            draft.close()
+            session.close()
+            raise
+        self._draft_session = draft
+
+    def _close_draft_model(self) -> None:
+        if self._draft_session is not None:
+            self._draft_session.close()
+            self._draft_session = None
+
+    def new_drafter(self, tokens: list[int]) -> Drafter | None:
+        """This turn's drafter over the text so far (None: drafting is off)."""
+        if self._draft_session is not None:
+            return ModelDrafter(self._draft_session, tokens)
+        return NgramDrafter(tokens) if self.settings.draft == "ngram" else None
 
     def _generate(self, request: Request, stream: Stream) -> None:
         try:
@@ -377,8 +412,7 @@ class _Turn:
         self.decode_at: float | None = None  # when the reply's first token came due
         self.thought_at: float | None = None  # when its thinking ended
         self.constraint: Constraint | None = None
-        drafting = backend.settings.draft != "off"
-        self.drafter = NgramDrafter(self.prompt) if drafting else None
+        self.drafter = backend.new_drafter(self.prompt)
         self.control = DraftController(0, backend._plain_ms)
         self.guesses: list[int] = []  # the draft being walked: row i of the batch is drawn against guesses[i]
         self.kept = 0  # of them, those drawn as guessed so far
@@ -692,7 +726,7 @@ class _Turn:
             grammar_s=self.constraint.spent_s if self.constraint is not None else 0.0,
             reasoning_tokens=reasoning_tokens,
             thinking_s=thinking_s,
-            draft_kind=self.backend.settings.draft if self.drafter is not None else "",
+            draft_kind=("ngram" if isinstance(self.drafter, NgramDrafter) else "model") if self.drafter else "",
             drafted=self.control.drafted,
             draft_accepted=self.control.accepted,
             verifications=self.control.verifications,
