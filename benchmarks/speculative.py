@@ -8,7 +8,10 @@ built from the same vendored llama.cpp (benchmarks/app_speed.py builds it once) 
 one token at a time. Greedy, so each side's reply is the same every round; the copy's text is checked to be the
 same with drafting on and off. It prints numbers and asserts nothing; --json prints one JSON document instead.
 
-    python benchmarks/speculative.py [--rounds 3] [--threads N] [--draft-max N] [--llama-bench PATH|none] [--json]
+    python benchmarks/speculative.py [--rounds 3] [--threads N] [--draft-max N] [--draft-model PATH]
+                                     [--llama-bench PATH|none] [--json]
+
+--draft-model adds a third side: the same tasks with that model drafting (it must share the model's vocabulary).
 """
 
 from __future__ import annotations
@@ -93,6 +96,7 @@ def main() -> None:
                              "machine)")
     parser.add_argument("--draft-max", type=int, default=16, metavar="N", help="the longest draft, default 16")
     parser.add_argument("--model", type=Path, help="a .gguf file (default: the starter model)")
+    parser.add_argument("--draft-model", type=Path, metavar="PATH", help="also time drafting with this model")
     parser.add_argument("--llama-bench", metavar="PATH|none",
                         help="an existing llama-bench binary; none skips it (default: built once, cached)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the tables")
@@ -110,10 +114,11 @@ def main() -> None:
     print(f"model     {path}\nsettings  greedy, {args.threads} thread(s), draft_max {args.draft_max}, n_ctx {N_CTX}; "
           f"copy and edit stop at a blank line\nlogs      {log_dir}", file=log)
     backends = {}
-    for kind in ("off", "ngram"):
-        backends[kind] = LlamaBackend(LlamaSettings(path, n_ctx=N_CTX, threads=args.threads,
+    kinds = {"off": "off", "ngram": "ngram"} | ({"model": str(args.draft_model)} if args.draft_model else {})
+    for name, kind in kinds.items():
+        backends[name] = LlamaBackend(LlamaSettings(path, n_ctx=N_CTX, threads=args.threads,
                                                     threads_batch=args.threads, draft=kind))
-        if isinstance(loaded := backends[kind].load().result(), Error):
+        if isinstance(loaded := backends[name].load().result(), Error):
             sys.exit(f"cannot load {path}: {loaded.message}")
     params = {task: settings(task, n, args.draft_max) for task, (_, n) in TASKS.items()}
     sides = {f"{task} {kind}": (lambda b=backend, p=prompt, s=params[task]: turn(b, p, s))
@@ -128,18 +133,20 @@ def main() -> None:
     tg = median(runs.get("tg128", []))
     figures: dict[str, dict[str, float | int | bool | None]] = {}
     for task in TASKS:
-        off, on = runs[f"{task} off"], runs[f"{task} ngram"]
-        last = on[-1]
-        figures[task] = {
-            "off_tok_s": median([t.decode_tok_s for t in off]),
-            "ngram_tok_s": median([t.decode_tok_s for t in on]),
-            "ngram/off": median([ratio(a.decode_tok_s, b.decode_tok_s) for a, b in zip(on, off, strict=True)]),
-            "ngram/tg128": ratio(median([t.decode_tok_s for t in on]), tg),
-            "same_text": all(a.text == b.text for a, b in zip(on, off, strict=True)),
-            "tokens": last.tokens, "drafted": last.drafted, "accepted": last.accepted,
-            "verifications": last.verifications,
-            "acceptance": ratio(last.accepted, last.drafted),
-        }
+        off = runs[f"{task} off"]
+        for kind in [name for name in kinds if name != "off"]:
+            on = runs[f"{task} {kind}"]
+            last = on[-1]
+            figures[f"{task} {kind}"] = {
+                "off_tok_s": median([t.decode_tok_s for t in off]),
+                "draft_tok_s": median([t.decode_tok_s for t in on]),
+                "draft/off": median([ratio(a.decode_tok_s, b.decode_tok_s) for a, b in zip(on, off, strict=True)]),
+                "draft/tg128": ratio(median([t.decode_tok_s for t in on]), tg),
+                "same_text": all(a.text == b.text for a, b in zip(on, off, strict=True)),
+                "tokens": last.tokens, "drafted": last.drafted, "accepted": last.accepted,
+                "verifications": last.verifications,
+                "acceptance": ratio(last.accepted, last.drafted),
+            }
     if args.json:
         print(json.dumps({"cpu": cpu_model(), "cores": topology.physical, "llama_cpp_python": version,
                           "model": str(path), "threads": args.threads, "draft_max": args.draft_max, "tg128_tok_s": tg,
@@ -148,14 +155,14 @@ def main() -> None:
         return
     print(f"\n{args.rounds} rounds in {time.perf_counter() - started:.0f} s; decode tok/s, medians; "
           f"llama-bench tg128 {fmt(tg)}")
-    print(f"{'task':<6}{'off':>9}{'ngram':>9}{'ngram/off':>11}{'ngram/tg128':>13}{'same text':>11}{'tokens':>8}"
-          f"{'accepted/drafted':>18}{'verifications':>15}")
+    print(f"{'task drafter':<13}{'off':>9}{'drafting':>10}{'draft/off':>11}{'draft/tg128':>13}{'same text':>11}"
+          f"{'tokens':>8}{'accepted/drafted':>18}{'verifications':>15}")
     for task, f in figures.items():
         kept = f"{f['accepted']}/{f['drafted']}"
-        print(f"{task:<6}{fmt(f['off_tok_s']):>9}{fmt(f['ngram_tok_s']):>9}{fmt(f['ngram/off'], '.2f'):>11}"
-              f"{fmt(f['ngram/tg128'], '.2f'):>13}{'yes' if f['same_text'] else 'NO':>11}{f['tokens']:>8}"
+        print(f"{task:<13}{fmt(f['off_tok_s']):>9}{fmt(f['draft_tok_s']):>10}{fmt(f['draft/off'], '.2f'):>11}"
+              f"{fmt(f['draft/tg128'], '.2f'):>13}{'yes' if f['same_text'] else 'NO':>11}{f['tokens']:>8}"
               f"{kept:>18}{f['verifications']:>15}")
-    print(f"targets: copy ngram/off >= 1.8 (done when >= 1.5) and above tg128; chat ngram/off >= 0.95; "
+    print(f"targets (ngram): copy draft/off >= 1.8 (done when >= 1.5) and above tg128; chat >= 0.95; "
           f"load avg {os.getloadavg()[0]:.2f}")
 
 
