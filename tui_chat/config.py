@@ -13,6 +13,7 @@ from typing import Any
 import platformdirs
 
 from .engine.local.cpu_path import AUTO as AUTO_CPU_PATH, CHOICES as CPU_PATHS
+from .engine.local.draft import check_kind as check_draft
 from .engine.params import InvalidParameter, SamplingParams, check_top_logprobs
 from .engine.templates import AUTO, NAMED_TEMPLATES
 from .pricing import DEFAULT_PRESET, PRESETS, Price, PricingError, find_preset, presets_with
@@ -104,6 +105,7 @@ class Config:
     threads_batch: int | None = None  # prompt-reading threads; likewise
     extra_buffers: str = AUTO_CPU_PATH  # llama.cpp's CPU weight layouts: auto, all, no-amx, none
     kv_cache_budget_gb: float = DEFAULT_KV_CACHE_BUDGET_GB  # saved KV caches on disk in all; 0 saves none
+    draft: str = "off"  # speculative decoding's drafter: ngram (prompt lookup) or off; [sampling] draft_max its length
     thinking: bool = True  # new chats let reasoning models think (each chat keeps and switches its own)
     mcp: McpSettings = field(default_factory=McpSettings)  # [mcp]: tool servers by name, and the calls' limits
 
@@ -174,7 +176,7 @@ def load_config(path: Path | None = None) -> Config:
 _TOP_LEVEL = {
     "default_model", "chat_template", "n_ctx", "gpu_layers", "sampling", "theme", "keys", "price", "prices",
     "inspector_top", "system_prompt", "remotes", "threads", "threads_batch", "extra_buffers", "kv_cache_budget_gb",
-    "thinking", "mcp",
+    "thinking", "mcp", "draft",
 }
 
 
@@ -224,6 +226,7 @@ def _parse(raw: dict[str, Any]) -> Config:
         extra_buffers=check_extra_buffers(raw.get("extra_buffers", AUTO_CPU_PATH)),
         kv_cache_budget_gb=check_kv_cache_budget(raw.get("kv_cache_budget_gb", DEFAULT_KV_CACHE_BUDGET_GB)),
         thinking=thinking,
+        draft=check_draft(raw.get("draft", "off")),
         mcp=parse_mcp(raw.get("mcp", {})),
     )
 

@@ -22,6 +22,7 @@ from ..config import (
     models_dir,
 )
 from ..engine.local.cpu_path import CHOICES as CPU_PATHS
+from ..engine.local.draft import check_kind as check_draft
 from ..engine.params import InvalidParameter
 from ..safetext import terminal_safe
 
@@ -83,6 +84,11 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extra-buffers", choices=CPU_PATHS,
                         help="llama.cpp's CPU weight layouts: auto (tested once where AMX could crash), all, "
                              "no-amx (repacked, without AMX), none")
+    parser.add_argument("--draft", metavar="ngram|MODEL.gguf|off",
+                        help="speculative decoding: ngram guesses the next tokens from earlier text (prompt lookup), "
+                             "a small model sharing the model's vocabulary guesses them itself; the model checks them "
+                             "in one batch: the same text, faster where the guesses hold (default: draft in the "
+                             "config, off)")
     parser.add_argument("--backend", choices=("local", "openai"),
                         help="local: llama.cpp in this process (default); openai: an OpenAI-compatible server")
     parser.add_argument("--base-url", metavar="URL", help="the server's API root, e.g. http://127.0.0.1:8080/v1")
@@ -106,7 +112,7 @@ def opener_for(config: Config, args: argparse.Namespace | None = None) -> tuple[
         default_model=config.default_model, models_dir=models_dir(), log_dir=log_dir(), n_ctx=config.n_ctx,
         gpu_layers=config.gpu_layers, chat_template=config.chat_template, threads=config.threads,
         threads_batch=config.threads_batch, extra_buffers=config.extra_buffers, cache_dir=cache_dir(),
-        kv_dir=kv_cache_dir(), kv_budget_bytes=config.kv_cache_budget_bytes,
+        kv_dir=kv_cache_dir(), kv_budget_bytes=config.kv_cache_budget_bytes, draft=config.draft,
     )
     model = getattr(args, "model", None)
     if remote is not None:
@@ -117,7 +123,7 @@ def opener_for(config: Config, args: argparse.Namespace | None = None) -> tuple[
 
 
 def with_model_flags(config: Config, args: argparse.Namespace | None) -> Config:
-    """The config with --n-ctx, --gpu-layers, --threads, --threads-batch and --extra-buffers laid over it."""
+    """The config with --n-ctx, --gpu-layers, --threads, --threads-batch, --extra-buffers and --draft laid over it."""
     changes: dict[str, Any] = {}
 
     def given(name: str) -> Any:
@@ -131,10 +137,12 @@ def with_model_flags(config: Config, args: argparse.Namespace | None) -> Config:
             changes[name] = check_threads(given(name), f"--{name.replace('_', '-')}")
     if given("extra_buffers") is not None:
         changes["extra_buffers"] = check_extra_buffers(given("extra_buffers"))
+    if given("draft") is not None:
+        changes["draft"] = check_draft(given("draft"))
     return replace(config, **changes)
 
 
-LOCAL_FLAGS = ("n_ctx", "gpu_layers", "threads", "threads_batch", "extra_buffers")  # how llama.cpp runs here
+LOCAL_FLAGS = ("n_ctx", "gpu_layers", "threads", "threads_batch", "extra_buffers", "draft")  # how llama.cpp runs here
 
 
 def _refuse_local_flags(args: argparse.Namespace) -> None:

@@ -283,6 +283,10 @@ def _turn_report(prompt: str, done: Done, tokens: list[dict[str, Any]], session:
     turn: dict[str, Any] = {"prompt": prompt, "text": done.text, "reasoning": done.reasoning,
                             "stop_reason": done.stop_reason, "stop_sequence": done.stop_sequence or None,
                             **done.metrics.as_dict()}
+    metrics = done.metrics
+    if metrics.draft_kind:
+        turn["draft"] = {"kind": metrics.draft_kind, "drafted": metrics.drafted, "accepted": metrics.draft_accepted,
+                         "acceptance": metrics.acceptance, "verifications": metrics.verifications}
     if session.output_format.constrained:
         turn |= {"format": session.output_format.kind, "incomplete": done.incomplete}
     if session.tools is not None:
@@ -309,6 +313,8 @@ def _token_entry(token: Token) -> dict[str, Any]:
                             "forced": token.grammar.forced}
     if token.stages:
         entry["stages"] = [stage.as_dict() for stage in token.stages]
+    if token.drafted or token.rejected:
+        entry["draft"] = "accepted" if token.drafted else "correction"
     return entry
 
 

@@ -141,6 +141,13 @@ class TurnMetrics:
     prompt_estimated: bool = False
     # of completion_tokens, those a server wrote but never sent (the stop sequence it ended on): not timed here
     withheld_tokens: int = 0
+    # speculative decoding (local/draft.py): the drafter ("" none), the tokens it guessed, those the model kept,
+    # and the batches that checked them; plain decoding's time per token as measured with this model
+    draft_kind: str = ""
+    drafted: int = 0
+    draft_accepted: int = 0
+    verifications: int = 0
+    plain_ms_per_token: float | None = None
 
     @property
     def answer_tokens(self) -> int:
@@ -168,6 +175,24 @@ class TurnMetrics:
         tokens that time covers: a server's withheld ones came after the last one timed."""
         steps = self.completion_tokens - self.withheld_tokens - 1
         return steps / self.decode_s if self.decode_s > 0 and steps > 0 else None
+
+    @property
+    def acceptance(self) -> float | None:
+        """The share of the drafted tokens the model kept; None where nothing was drafted."""
+        return self.draft_accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_verification(self) -> float | None:
+        """Tokens each verification batch gave: the guesses kept and the one drawn after them."""
+        return (self.draft_accepted + self.verifications) / self.verifications if self.verifications else None
+
+    @property
+    def draft_speedup(self) -> float | None:
+        """This reply's decode rate against plain decoding's measured with the same model; None without a draft."""
+        rate = self.decode_tok_s
+        if not self.draft_kind or not self.plain_ms_per_token or rate is None:
+            return None
+        return rate * self.plain_ms_per_token / 1000
 
     def as_dict(self) -> dict[str, float | int | None]:
         """Every field, and the rates a stored reply's footer reads: what the history and `run --json` keep."""
@@ -324,6 +349,8 @@ class Token:
     `Done.answer_from`). A `special` one is no text (its `piece` is empty): its name is for the inspector.
     An `inserted` token was written by the engine, not drawn: the end of the thinking,
     once its budget was spent (its probabilities, when recorded, are what the model gave it there).
+    With speculative decoding, a `drafted` token was guessed and then drawn by the model all the same (so
+    it is exactly what it would have been); `rejected` names the guess a correction replaced.
     A backend whose server sends the thinking apart (`reasoning_content`) emits the same: tokens with
     `reasoning` and `thinking` set, then the answer's."""
 
@@ -342,6 +369,8 @@ class Token:
     thinking: bool = False
     inserted: bool = False
     special: str = ""  # a token that is not text (end of text, a control or media token): its name, e.g. <eos>
+    drafted: bool = False  # speculative decoding guessed it and the model's own draw kept it
+    rejected: str = ""  # the guess the model's draw replaced here (this token is the correction)
 
     def is_candidate(self, candidate: Candidate) -> bool:
         """Whether `candidate` is this token: by id, or by text where a server sent no ids (-1)."""

@@ -39,6 +39,7 @@ class LocalOptions:
     cache_dir: Path | None = None
     kv_dir: Path | None = None  # KV states saved after each reply, restored later (None: none saved)
     kv_budget_bytes: int = 0  # their total size (0: none saved)
+    draft: str = "off"  # speculative decoding's drafter (local/draft.py)
 
 
 class ServerProfile(Protocol):
@@ -88,7 +89,7 @@ class BackendOpener:
         settings = LlamaSettings(path, n_ctx=local.n_ctx, gpu_layers=local.gpu_layers,
                                  chat_template=local.chat_template, extra_buffers=local.extra_buffers,
                                  threads=local.threads, threads_batch=local.threads_batch, cache_dir=local.cache_dir,
-                                 kv_dir=local.kv_dir, kv_budget_bytes=local.kv_budget_bytes)
+                                 kv_dir=local.kv_dir, kv_budget_bytes=local.kv_budget_bytes, draft=local.draft)
         return LlamaBackend(settings, name=shown)
 
     def _open_server(self, name: str) -> Backend:

@@ -105,6 +105,9 @@ PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("thinking_budget", "Think budget", int, -1, 131072, 1, -1,
               "A thinking model may think this many tokens; then its thinking is ended for it and it answers. "
               "-1: no limit.", slider_maximum=8192, below_zero="no limit"),
+    ParamSpec("draft_max", "Draft max", int, 0, 64, 1, 16,
+              "With speculative decoding on (draft = ngram): the most tokens guessed ahead and checked in one batch; "
+              "the text is the same, only faster. 0 turns drafting off.", slider_maximum=32),
 )
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -254,6 +257,7 @@ class SamplingParams:
     seed: int = SPECS["seed"].default
     max_tokens: int = SPECS["max_tokens"].default
     thinking_budget: int = SPECS["thinking_budget"].default
+    draft_max: int = SPECS["draft_max"].default
     stop: tuple[str, ...] = ()
     logit_bias: tuple[tuple[str, float], ...] = ()
     sampler_order: tuple[str, ...] = DEFAULT_ORDER

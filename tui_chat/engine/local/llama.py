@@ -43,6 +43,7 @@ from . import logs
 from .chain import Chain
 from .cpu import ThreadGovernor
 from .cpu_path import AUTO, ProbeResult, choose as choose_cpu_path, run_probe
+from .draft import KINDS as DRAFTERS, DraftController, Drafter, ModelDrafter, NgramDrafter, check_vocabulary
 from .ggml import build_features, build_version
 from .grammar import Constraint, check_format
 from .kvcache import DiskCache, Restored, open_disk_cache
@@ -67,6 +68,7 @@ class LlamaSettings:
     cache_dir: Path | None = None  # where the CPU path's self-test answer is kept
     kv_dir: Path | None = None  # where KV states are saved after each reply (None: not saved)
     kv_budget_bytes: int = DEFAULT_BUDGET_BYTES  # their total size; the least recently used go first
+    draft: str = "off"  # speculative decoding's drafter: "ngram" (prompt lookup), a draft model's .gguf, or "off"
 
     @property
     def resolved_gpu_layers(self) -> int:
@@ -102,6 +104,7 @@ class LlamaBackend:
         # Short jobs (an X-ray, a word's probability) that a reply being written takes between two tokens.
         self._quick: deque[Callable[[], None]] = deque()
         self._session: LlamaSession | None = None
+        self._draft_session: LlamaSession | None = None  # the draft model, with a KV cache of its own
         self._disk: DiskCache | None = None
         self._format: PromptFormat | None = None
         self._markers: dict[int, bytes] = {}  # control tokens of the thinking markers, read as their text
@@ -109,6 +112,7 @@ class LlamaBackend:
         self._history_text = ""
         self._history_tokens: list[int] = []
         self._last_prompt: tuple[str, list[int]] = ("", [])
+        self._plain_ms: float | None = None  # plain decoding's time per token, as last measured with this model
         self._session_lock = threading.Lock()
         self.threads = ThreadGovernor(settings.threads, settings.threads_batch)
         self._worker = threading.Thread(target=self._run, name="llama-worker", daemon=True)
@@ -193,6 +197,7 @@ class LlamaBackend:
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
             job()
+        self._close_draft_model()
         with self._session_lock:
             if self._session is not None:
                 self._session.close()
@@ -206,6 +211,7 @@ class LlamaBackend:
                     self._session.close()
                     self._session = None
             self._disk = None
+            self._close_draft_model()
             header = check_gguf(settings.path)  # read once for the load: the check, the CPU path and the KV key
             cpu_path = choose_cpu_path(settings.extra_buffers, settings.path, header.tensor_types, settings.cache_dir,
                                        build_features(), probe=_announced_probe(stream))
@@ -223,6 +229,7 @@ class LlamaBackend:
             except PromptError:
                 session.close()
                 raise
+            self._open_draft_model(session)
         except (EngineError, PromptError) as error:
             cancelled = stream.cancelled.is_set()
             stream.put(Error(f"loading {settings.path.name} was cancelled" if cancelled else str(error)))
@@ -254,7 +261,39 @@ class LlamaBackend:
         self._end_thinking = session.continuation(prompt_format.thinking.close)
         self._history_text, self._history_tokens = "", []
         self._last_prompt = ("", [])
+        self._plain_ms = None
         stream.put(Loaded(self.info))
+
+    def _open_draft_model(self, session: LlamaSession) -> None:
+        """The draft model named by `draft`, loaded beside the model on the same threads; one that does not share
+        its vocabulary is refused in one line (the model is closed too: the load fails as a whole)."""
+        if self.settings.draft in DRAFTERS:
+            return
+        path = Path(self.settings.draft).expanduser()
+        try:
+            draft = LlamaSession(path, n_ctx=session.n_ctx, gpu_layers=self.settings.resolved_gpu_layers,
+                                 n_batch=PREFILL_CHUNK, threads=self.threads.threads, cpu_path=session.cpu_path)
+        except EngineError as error:
+            session.close()
+            raise EngineError(f"the draft model: {error}") from None
+        try:
+            check_vocabulary(draft, session, path)
+        except EngineError:
+            draft.close()
+            session.close()
+            raise
+        self._draft_session = draft
+
+    def _close_draft_model(self) -> None:
+        if self._draft_session is not None:
+            self._draft_session.close()
+            self._draft_session = None
+
+    def new_drafter(self, tokens: list[int]) -> Drafter | None:
+        """This turn's drafter over the text so far (None: drafting is off)."""
+        if self._draft_session is not None:
+            return ModelDrafter(self._draft_session, tokens)
+        return NgramDrafter(tokens) if self.settings.draft == "ngram" else None
 
     def _generate(self, request: Request, stream: Stream) -> None:
         try:
@@ -327,6 +366,8 @@ class _TokenFacts(TypedDict):
     stages: tuple[Stage, ...]
     grammar: GrammarMask | None
     inserted: bool
+    drafted: bool
+    rejected: str
 
 
 class _Turn:
@@ -335,6 +376,13 @@ class _Turn:
     A reasoning model's thinking is split from its answer as the tokens come (`ReplyText`); once it has
     thought for its budget, the engine writes the end of the thinking itself and the model answers. An
     output format's grammar governs the answer only: the thinking is drawn free of it.
+
+    Speculative decoding (draft.py): instead of one step, the token just drawn and a draft of the tokens
+    guessed to follow it are decoded in one batch; the loop then draws row by row, exactly as it would
+    have drawn each token alone, keeping the guesses it draws and stopping at the first it does not (that
+    draw is the correction). So every token is a true draw of the target, a seeded reply draws the same
+    random numbers, and stops, the grammar, the thinking budget, live settings and Esc act token by token
+    as without a draft. The cells of the guesses not kept are dropped from the cache (`_settle`).
     """
 
     def __init__(self, backend: LlamaBackend, session: LlamaSession, prompt_format: PromptFormat, request: Request,
@@ -364,6 +412,11 @@ class _Turn:
         self.decode_at: float | None = None  # when the reply's first token came due
         self.thought_at: float | None = None  # when its thinking ended
         self.constraint: Constraint | None = None
+        self.drafter = backend.new_drafter(self.prompt)
+        self.control = DraftController(0, backend._plain_ms)
+        self.guesses: list[int] = []  # the draft being walked: row i of the batch is drawn against guesses[i]
+        self.kept = 0  # of them, those drawn as guessed so far
+        self.cycle_at: float | None = None  # when the last step or verification started
 
     def _fitted_prompt(self) -> tuple[str, list[int], int]:
         """The prompt's text and tokens, the oldest turns left out if the conversation outgrew the context."""
@@ -461,7 +514,10 @@ class _Turn:
                 if stream.cancelled.is_set():
                     return "cancelled"
                 if live.version != version or sampler is None:
+                    self._settle()
                     version, params = live.snapshot()
+                    if self.drafter is not None:
+                        self.control.limit = params.draft_max
                     if sampler is not None:
                         session.free_sampler(sampler)
                     seed = params.seed if params.seed >= 0 else random.getrandbits(32)
@@ -470,6 +526,7 @@ class _Turn:
                 if len(self.generated) >= params.max_tokens + self.allowance:
                     return "length"
                 if self._budget_spent(params):
+                    self._settle()
                     reason = self._end_thinking(sampler, version, params)
                     if reason is not None:
                         return reason
@@ -479,27 +536,74 @@ class _Turn:
                 self.first_at = self.first_at or now
                 self.last_at = now
                 self.drawn += 1
-                reason = self._take(token, now, version, seen, stages) or self._no_room(params)
+                guess = self.guesses[session.row] if self.guesses and session.row < len(self.guesses) else None
+                self.kept += token == guess
+                reason = self._take(token, now, version, seen, stages, drafted=token == guess,
+                                    rejected=guess if guess is not None and token != guess else None
+                                    ) or self._no_room(params)
                 if reason is not None:
                     return reason
+                if token == guess:  # kept: it is in the cache already, and the batch has the next row
+                    session.row += 1
+                    continue
+                self._settle(now)
                 if quick:
                     self.backend._run_quick()
-                session.step(token)
+                self._advance(token, params)
                 if now >= next_metrics:
                     stream.put(Metrics(self.metrics()))
                     next_metrics = now + METRICS_INTERVAL_S
                 if time.monotonic() >= governor.next_check:
                     self.retune_threads()
         finally:
+            self._settle()
+            if self.control.plain_ms is not None:
+                self.backend._plain_ms = self.control.plain_ms
             if sampler is not None:
                 session.free_sampler(sampler)
 
+    def _advance(self, token: int, params: SamplingParams) -> None:
+        """Put the token just drawn into the cache: with a draft of what follows it where the drafter has one
+        and the controller says drafting pays now (one batch), else alone (one step)."""
+        session = self.session
+        room = min(session.n_ctx - len(session.tokens) - 2,
+                   params.max_tokens + self.allowance - len(self.generated))
+        size = min(self.control.next_size(), room)
+        self.cycle_at = time.perf_counter()
+        draft = self.drafter.propose(size) if self.drafter is not None and size > 0 else []
+        if draft:
+            session.verify([token, *draft])
+            self.guesses = draft
+        else:
+            session.step(token)
+
+    def _settle(self, now: float | None = None) -> None:
+        """Time the step or verification whose rows were just drawn, and drop from the cache the cells of the
+        guesses not kept. `now`: the row's draw ended a verification (or a step) the usual way, so it is timed;
+        without it, something else cut it short (the reply ended, a setting changed, the thinking's budget)."""
+        if self.guesses:
+            self.session.truncate(self._cached())
+        if now is not None and self.cycle_at is not None:
+            if self.guesses:
+                self.control.verified(len(self.guesses), self.kept, now - self.cycle_at)
+            else:
+                self.control.plain(now - self.cycle_at)
+        elif self.guesses:
+            self.control.stopped(len(self.guesses), self.kept)
+        self.guesses, self.kept = [], 0
+        self.cycle_at = None
+
     def _take(self, token: int, now: float, version: int, seen: Inspection, stages: tuple[Stage, ...] = (), *,
-              forced: bool = False, inserted: bool = False) -> StopReason | None:
+              forced: bool = False, inserted: bool = False, drafted: bool = False,
+              rejected: int | None = None) -> StopReason | None:
         """A token joins the reply: its text, split into thinking and answer, and its event. Returns why the
-        reply ends with it, if it does."""
+        reply ends with it, if it does. `drafted`: a guess of the draft, kept; `rejected`: the guess this token
+        replaced (a correction)."""
         self.generated.append(token)
-        events: _TokenFacts = {"forced": forced, "stages": stages, "grammar": seen.mask, "inserted": inserted}
+        if self.drafter is not None:
+            self.drafter.add(token)
+        events: _TokenFacts = {"forced": forced, "stages": stages, "grammar": seen.mask, "inserted": inserted,
+                               "drafted": drafted, "rejected": "" if rejected is None else self._guess_text(rejected)}
         named = self.shown or forced  # the token's own text (or a special token's name) goes with it
         if self.session.is_end_of_generation(token):
             self.text.add_end()
@@ -519,6 +623,9 @@ class _Turn:
                               **events))
         return "stop" if self.text.scanner.stopped else None
 
+    def _guess_text(self, token: int) -> str:
+        return self._piece(token).decode("utf-8", errors="replace") or self.session.special_text(token)
+
     def _thinking(self) -> bool:
         """Whether the token just taken belongs to the thinking, as far as is known now."""
         splitter = self.text.splitter
@@ -527,9 +634,14 @@ class _Turn:
     def _no_room(self, params: SamplingParams) -> StopReason | None:
         if len(self.generated) >= params.max_tokens + self.allowance:
             return "length"
-        if len(self.session.tokens) + 1 >= self.session.n_ctx:
+        if self._cached() + 1 >= self.session.n_ctx:
             return "context"
         return None
+
+    def _cached(self) -> int:
+        """Cache cells up to the row being drawn from: those of a draft's guesses past it are not the reply's yet."""
+        session = self.session
+        return len(session.tokens) - len(self.guesses) + session.row if self.guesses else len(session.tokens)
 
     def _budget_spent(self, params: SamplingParams) -> bool:
         """Thinking off (or a budget) and the model is thinking past it, and the engine has not ended it yet.
@@ -604,7 +716,7 @@ class _Turn:
             ttft_s=None if first is None else first - self.request.submitted_at,
             prefill_s=self.prefill_s,
             decode_s=0.0 if self.first_at is None or self.last_at is None else self.last_at - self.first_at,
-            context_tokens=len(self.session.tokens),
+            context_tokens=self._cached(),
             n_ctx=self.session.n_ctx,
             dropped_turns=self.dropped_turns,
             threads=self.session.threads.decode,
@@ -614,4 +726,9 @@ class _Turn:
             grammar_s=self.constraint.spent_s if self.constraint is not None else 0.0,
             reasoning_tokens=reasoning_tokens,
             thinking_s=thinking_s,
+            draft_kind=("ngram" if isinstance(self.drafter, NgramDrafter) else "model") if self.drafter else "",
+            drafted=self.control.drafted,
+            draft_accepted=self.control.accepted,
+            verifications=self.control.verifications,
+            plain_ms_per_token=self.control.plain_ms,
         )

@@ -6,6 +6,9 @@ token's probabilities come from this step's logits alone. Use from a single thre
 
 The context holds two sequences: 0 is the conversation; 1 is a scratch copy that shares its cached
 prefix, where a past position's logits are recomputed on demand (the X-ray, word probabilities).
+
+A speculative draft is verified in one batch with logits on every row (`verify`); `row` then says which
+row the sampler, the shortlist and the inspector read, and `truncate` drops the cells of rejected tokens.
 """
 
 from __future__ import annotations
@@ -151,7 +154,8 @@ class LlamaSession:
         self._probs = np.empty(self.n_vocab, dtype=np.float32)
         self._logits_view: tuple[int | None, np.ndarray | None] = (None, None)
         self._decodes = 0  # counts llama_decode calls: what a shortlist of the last logits is valid for
-        self._shortlist: tuple[int, int, np.ndarray] | None = None
+        self._shortlist: tuple[tuple[int, int], int, np.ndarray] | None = None
+        self.row = -1  # the output row `logits` reads: -1 the last; after `verify`, the row being walked
         self._abort = llama_cpp.ggml_abort_callback(lambda _data: self._abort_requested())
         self._abort_requested: Callable[[], bool] = lambda: False
         self.chains = ChainBuilder(self.vocab, self.n_vocab, self.n_ctx, self.continuation)
@@ -282,10 +286,37 @@ class LlamaSession:
         batch.pos[0] = len(self.tokens)
         batch.logits[0] = 1
         self._decodes += 1
+        self.row = -1
         status = llama_cpp.llama_decode(self.ctx, batch)
         if status != 0:
             raise EngineError(_decode_failure(status))
         self.tokens.append(token)
+
+    def verify(self, tokens: Sequence[int]) -> None:
+        """Add `tokens` (a sampled token, then a draft) to the cache in one batch with logits on every row:
+        row i is what `step` would have given after `tokens[i]`. `row` starts at 0; `truncate` drops what
+        the walk rejects."""
+        n_past = len(self.tokens)
+        batch = self._batch
+        batch.n_tokens = len(tokens)
+        for i, token in enumerate(tokens):
+            batch.token[i] = token
+            batch.pos[i] = n_past + i
+            batch.logits[i] = 1
+        self._decodes += 1
+        status = llama_cpp.llama_decode(self.ctx, batch)
+        if status != 0:
+            llama_cpp.llama_memory_seq_rm(self.memory, 0, n_past, -1)
+            raise EngineError(_decode_failure(status))
+        self.tokens.extend(tokens)
+        self.row = 0
+
+    def truncate(self, keep: int) -> None:
+        """Drop the cached tokens after the first `keep` (a rejected draft's cells); the logits of the last
+        decode stay readable."""
+        if keep < len(self.tokens):
+            llama_cpp.llama_memory_seq_rm(self.memory, 0, keep, -1)
+            del self.tokens[keep:]
 
     def _decode(self, chunk: Sequence[int], *, want_logits: bool) -> None:
         n_past = len(self.tokens)
@@ -338,6 +369,7 @@ class LlamaSession:
         self.tokens = []
         logs.take_errors()
         self._decodes += 1
+        self.row = -1
         if not _set_state(self.ctx, body, start):
             llama_cpp.llama_memory_clear(self.memory, True)
             raise StateRefused(_last_error("llama.cpp could not restore it"))
@@ -356,6 +388,7 @@ class LlamaSession:
             batch.seq_id[i][0] = seq
         batch.logits[len(chunk) - 1] = int(want_logits)
         self._decodes += 1
+        self.row = -1
         try:
             status: int = llama_cpp.llama_decode(self.ctx, batch)
             return status
@@ -417,7 +450,7 @@ class LlamaSession:
     def sample(self, chain: Chain) -> int:
         """The next token from the last decoded logits; over a shortlist where the chain allows one."""
         if chain.shortlist is None:
-            return chain.sample(self.ctx)
+            return chain.sample(self.ctx, self.row)
         return chain.draw(self.logits(), self.likeliest(chain.shortlist))
 
     @property
@@ -428,9 +461,10 @@ class LlamaSession:
         return self._stage_reader
 
     def logits(self) -> np.ndarray:
-        """The last decoded position's logits: a view into llama.cpp's buffer, valid until the next decode.
-        The view is kept while llama.cpp keeps the buffer (making one costs ~0.15 ms, a percent of a token)."""
-        pointer = llama_cpp.llama_get_logits_ith(self.ctx, -1)
+        """The logits of `row` of the last decode (its last position unless a draft is being walked): a view into
+        llama.cpp's buffer, valid until the next decode. The view is kept while llama.cpp keeps the buffer
+        (making one costs ~0.15 ms, a percent of a token)."""
+        pointer = llama_cpp.llama_get_logits_ith(self.ctx, self.row)
         address = ctypes.cast(pointer, ctypes.c_void_p).value
         kept, view = self._logits_view
         if address != kept or view is None:
@@ -439,11 +473,12 @@ class LlamaSession:
         return view
 
     def likeliest(self, k: int) -> np.ndarray:
-        """`pool.likeliest` of the last logits, found once per decode and narrowed for a smaller `k`: the
-        sampler and the inspector share it."""
+        """`pool.likeliest` of the logits `logits` reads, found once per decode and row and narrowed for a smaller
+        `k`: the sampler and the inspector share it."""
         logits = self.logits()
-        if self._shortlist is None or self._shortlist[0] != self._decodes or self._shortlist[1] < k:
-            self._shortlist = (self._decodes, k, likeliest(logits, k))
+        key = (self._decodes, self.row)
+        if self._shortlist is None or self._shortlist[0] != key or self._shortlist[1] < k:
+            self._shortlist = (key, k, likeliest(logits, k))
         _, found, ids = self._shortlist
         return ids if found == k else ids[np.argpartition(logits[ids], -k)[-k:]]
 

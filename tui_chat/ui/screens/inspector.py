@@ -131,6 +131,11 @@ class InspectorScreen(ModalScreen[BranchChoice | None]):
                                             " under the model's raw distribution (before any setting)"))
         if token.forced:
             facts.append(" · chosen by you: the branch starts here", style="italic")
+        if token.drafted:
+            facts.append(" · drafted: guessed ahead, and the model's own draw kept it", style="italic")
+        elif token.rejected:
+            facts.append(f" · the correction: the draft guessed {quoted(token.rejected)}, the model drew this",
+                         style="italic")
         facts.append_text(grammar_text(token.grammar))
         self.query_one("#facts", Static).update(facts)
         candidates = self.query_one(OptionList)

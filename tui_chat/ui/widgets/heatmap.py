@@ -4,6 +4,7 @@ Colours come from the theme in force (success, warning, error blended into the b
 the text on them is black or white, whichever has the higher WCAG contrast: at least 4.5:1 on any
 fill, so every theme stays legible. Under an output format, a token its grammar forced (left one
 choice) is drawn in italics, and the picked token's line says how much probability the grammar removed.
+With speculative decoding, a token the draft guessed and the model kept is underlined.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ SELECTED = Style(reverse=True, underline=True)
 BLACK, WHITE = Color(0, 0, 0), Color(255, 255, 255)
 CHOSEN_BY_USER = Style(bold=True, underline=True)
 FORCED_BY_FORMAT = Style(italic=True)
+DRAFTED = Style(underline=True)  # speculative decoding guessed it, and the model's own draw kept it
 BLOCK_CHARS = 1000  # a heatmap block's size: drawn in a few ms
 WARM_S = 0.004  # drawing ahead per batch while a reply streams: a block or two
 
@@ -165,6 +167,8 @@ class HeatBlocks:
                 style += CHOSEN_BY_USER
             if token.grammar is not None and token.grammar.forced:
                 style += FORCED_BY_FORMAT
+            if token.drafted:
+                style += DRAFTED
             if index == selected:
                 style += SELECTED
             out.append(piece or ("·" if index == selected else ""), style)

@@ -1,0 +1,178 @@
+"""Speculative decoding's guesses and when they pay: the n-gram (prompt lookup) drafter and the controller
+that sizes its drafts from what this reply measures.
+
+A draft is checked by the target itself (llama.py's decode loop draws each row of one verification batch
+as it would have drawn that token alone), so a guess changes only the speed, never the text. A guess is
+not free: each row of the batch costs the output layer once more (on the starter, a 262,144-token
+vocabulary, a 2-token batch costs ~1.8 steps), so the controller drafts only while the tokens kept per
+second beat plain decoding measured in the same reply, and pauses, retrying later, when they do not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..base import EngineError
+from ..params import InvalidParameter
+
+if TYPE_CHECKING:  # the config reads KINDS without loading llama.cpp
+    from .llamacpp import LlamaSession
+
+KINDS = ("ngram", "off")  # the drafters by name: prompt lookup, or none; else a draft model's .gguf file
+VOCAB_SAMPLES = 4096  # tokens compared between a draft model's vocabulary and the target's
+NGRAM_SIZES = (4, 3, 2)  # the longest recent match wins; a lone token's match guesses too poorly to pay
+START_SIZE = 4  # the first draft's length; it doubles while every guess is kept
+TRIALS = 4  # verifications before the controller judges whether drafting pays
+FIRST_PAUSE = 16  # plain tokens before drafting is tried again; doubles each time it did not pay
+LONGEST_PAUSE = 512
+SMOOTHING = 0.3  # weight of the newest figure in the running averages
+
+
+def check_kind(kind: Any) -> str:
+    """`ngram`, `off` or a draft model's .gguf path; one line otherwise."""
+    if isinstance(kind, str) and (kind in KINDS or kind.lower().endswith(".gguf")):
+        return kind
+    raise InvalidParameter(f"draft must be one of {', '.join(KINDS)} or a draft model's .gguf file (got {kind!r})")
+
+
+class Drafter(Protocol):
+    def add(self, token: int) -> None: ...
+
+    def propose(self, limit: int) -> list[int]: ...
+
+
+class NgramDrafter:
+    """Proposes the continuation of the most recent earlier occurrence of the text's last few tokens (prompt
+    lookup decoding): a reply that copies, quotes or edits its prompt is mostly such continuations.
+
+    An index per n-gram size maps each n-gram to where its latest occurrence with a known continuation ends;
+    adding a token updates it in O(sizes), so a guess costs a few dict lookups."""
+
+    def __init__(self, tokens: Iterable[int]) -> None:
+        self.tokens: list[int] = []
+        self._ends: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in NGRAM_SIZES}
+        for token in tokens:
+            self.add(token)
+
+    def add(self, token: int) -> None:
+        tokens = self.tokens
+        tokens.append(token)
+        end = len(tokens) - 1  # the n-grams ending before `token` now have a continuation: it
+        for n, ends in self._ends.items():
+            if end >= n:
+                ends[tuple(tokens[end - n : end])] = end
+
+    def propose(self, limit: int) -> list[int]:
+        """Up to `limit` tokens that followed the longest n-gram the text ends with, the last time it occurred."""
+        tokens = self.tokens
+        for n, ends in self._ends.items():
+            if len(tokens) >= n and (start := ends.get(tuple(tokens[-n:]))) is not None:
+                return tokens[start : start + limit]
+        return []
+
+
+class ModelDrafter:
+    """A small model sharing the target's vocabulary guesses greedily. Its own KV cache follows the text: each
+    guess first drops what the target rejected (the cache keeps the longest prefix it shares with the text),
+    reads what the target added, then steps through its guesses."""
+
+    def __init__(self, session: LlamaSession, tokens: Iterable[int]) -> None:
+        self.session = session
+        self.tokens = list(tokens)
+
+    def add(self, token: int) -> None:
+        self.tokens.append(token)
+
+    def propose(self, limit: int) -> list[int]:
+        session = self.session
+        keep = session.keep_prefix(self.tokens)
+        session.prefill(self.tokens[keep:], lambda _done: None, lambda: False)
+        guesses: list[int] = []
+        while len(guesses) < limit:
+            guesses.append(int(session.likeliest(1)[0]))
+            if len(guesses) < limit:
+                session.step(guesses[-1])
+        return guesses
+
+
+def check_vocabulary(draft: LlamaSession, target: LlamaSession, path: Path) -> None:
+    """A draft model must write the target's tokens: the same vocabulary size and the same pieces (a sample
+    spread over the whole vocabulary, the ends included)."""
+    if draft.n_vocab != target.n_vocab:
+        raise EngineError(f"the draft model {path.name} has another vocabulary ({draft.n_vocab:,} tokens, the model "
+                          f"{target.n_vocab:,}): it must share the model's")
+    step = max(1, target.n_vocab // VOCAB_SAMPLES)
+    sample: Sequence[int] = [*range(0, target.n_vocab, step), target.n_vocab - 1]
+    differs = next((t for t in sample if draft.piece(t) != target.piece(t)), None)
+    if differs is not None:
+        raise EngineError(f"the draft model {path.name} has another vocabulary (token {differs} is "
+                          f"{draft.piece(differs)!r} there, {target.piece(differs)!r} here): it must share the model's")
+
+
+class DraftController:
+    """How long the next draft may be (0: do not draft now), from what the reply measures: how many guesses the
+    target keeps, and the time per kept token drafting against plain decoding.
+
+    The draft grows while every guess is kept and shrinks to what was kept last; after a few verifications
+    the measured time per kept token decides whether drafting goes on or pauses for a while (the pause
+    doubling each time it did not pay). `plain_ms`: plain decoding's time per token, carried over from
+    earlier replies of this model so the first judgement has something to go on."""
+
+    def __init__(self, limit: int, plain_ms: float | None = None) -> None:
+        self.limit = limit
+        self.size = START_SIZE
+        self.plain_ms = plain_ms
+        self.draft_ms: float | None = None
+        self.trials = 0
+        self.paused = 0
+        self.pause = FIRST_PAUSE
+        self.drafted = 0
+        self.accepted = 0
+        self.verifications = 0
+        self.plain_tokens = 0
+        self.plain_s = 0.0
+        self.draft_tokens = 0  # tokens kept from verifications: the accepted and the one drawn after them
+        self.draft_s = 0.0
+
+    def next_size(self) -> int:
+        """The longest draft to ask for now; 0 while drafting is paused (or off), and once, after a few
+        verifications, to time a plain step where none was timed yet (a reply that drafts from its first token)."""
+        if self.paused or self.limit <= 0 or (self.plain_ms is None and self.trials >= TRIALS):
+            return 0
+        return min(self.size, self.limit)
+
+    def plain(self, seconds: float) -> None:
+        """One token decoded without a draft, in `seconds` (from the previous decode to this one)."""
+        self.plain_tokens += 1
+        self.plain_s += seconds
+        self.plain_ms = _average(self.plain_ms, seconds * 1000)
+        if self.paused:
+            self.paused -= 1
+
+    def verified(self, drafted: int, accepted: int, seconds: float) -> None:
+        """One verification: `drafted` guesses, the first `accepted` of them kept, then one token drawn after
+        them; `seconds` from the decode before it to the next."""
+        self.drafted += drafted
+        self.accepted += accepted
+        self.verifications += 1
+        self.draft_tokens += accepted + 1
+        self.draft_s += seconds
+        self.draft_ms = _average(self.draft_ms, seconds * 1000 / (accepted + 1))
+        self.size = min(self.limit, drafted * 2) if accepted == drafted else max(1, accepted)
+        self.trials += 1
+        if self.trials >= TRIALS and self.plain_ms is not None and self.draft_ms >= self.plain_ms:
+            self.paused, self.pause = self.pause, min(LONGEST_PAUSE, self.pause * 2)
+            self.trials, self.draft_ms, self.size = 0, None, START_SIZE
+
+    def stopped(self, drafted: int, accepted: int) -> None:
+        """A verification the reply ended (or a setting changed) in the middle of: its guesses count, untimed."""
+        self.drafted += drafted
+        self.accepted += accepted
+        self.verifications += 1
+        self.draft_tokens += accepted
+
+
+def _average(mean: float | None, value: float) -> float:
+    return value if mean is None else mean + SMOOTHING * (value - mean)
