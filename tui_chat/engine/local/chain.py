@@ -95,9 +95,10 @@ class Chain:
         self.shortlist = shortlist(stages, params)
         self._candidates: Candidates | None = None
 
-    def sample(self, ctx: llama_cpp.llama_context_p) -> int:
-        """Draw from the last decoded logits; llama.cpp also records the token for the penalties."""
-        token: int = llama_cpp.llama_sampler_sample(self.pointer, ctx, -1)
+    def sample(self, ctx: llama_cpp.llama_context_p, row: int = -1) -> int:
+        """Draw from the last decoded logits (of batch row `row`); llama.cpp also records the token for the
+        penalties."""
+        token: int = llama_cpp.llama_sampler_sample(self.pointer, ctx, row)
         self.recent.append(token)
         return token
 

@@ -35,7 +35,7 @@ from ..base import (
 from ..context import fit_context
 from ..formats import FormatError, OutputFormat
 from ..models import check_gguf
-from ..params import SamplingParams
+from ..params import LiveParams, SamplingParams
 from ..prompts import PromptError, PromptFormat, ThinkingSyntax, choose_format, opens_thinking
 from ..reasoning import ReplyText, ThinkingSplitter
 from ..stops import StopScanner
@@ -124,6 +124,13 @@ class LlamaBackend:
     def generate(self, request: Request) -> Stream:
         stream = Stream()
         self._jobs.put(lambda: self._guarded(stream, lambda: self._generate(request, stream)))
+        return stream
+
+    def compare(self, request: Request, columns: Sequence[LiveParams]) -> Stream:
+        """The sampling lab (lab.py): a reply for each column of settings, decoded together over one read of
+        the prompt. Each column's events come as `ColumnEvent`s, then one `LabDone` (or an `Error`)."""
+        stream = Stream()
+        self._jobs.put(lambda: self._guarded(stream, lambda: self._generate(request, stream, tuple(columns))))
         return stream
 
     def xray(self, context: Sequence[int], token: int, params: SamplingParams) -> Stream:
@@ -256,18 +263,23 @@ class LlamaBackend:
         self._last_prompt = ("", [])
         stream.put(Loaded(self.info))
 
-    def _generate(self, request: Request, stream: Stream) -> None:
+    def _generate(self, request: Request, stream: Stream, columns: tuple[LiveParams, ...] = ()) -> None:
+        from .lab import LabTurn  # lab.py builds on _Turn
+
         try:
             session, prompt_format = self._session, self._format
             if session is None or prompt_format is None:
                 raise EngineError("no model is loaded")
             if self._disk is not None:
                 self._disk.start_turn()
-            _Turn(self, session, prompt_format, request, stream).run()
+            if columns:
+                LabTurn(self, session, prompt_format, request, stream, columns).run()
+            else:
+                _Turn(self, session, prompt_format, request, stream).run()
         except (EngineError, PromptError, FormatError) as error:
             stream.put(Error(str(error)))
             return
-        if self._disk is not None:
+        if self._disk is not None and not columns:  # a lab leaves the conversation's cache at its prompt
             # after Done: the reply is not kept waiting
             self._disk.save(session, request.conversation, (self._history_text, self._history_tokens),
                             self._last_prompt)
@@ -338,7 +350,7 @@ class _Turn:
     """
 
     def __init__(self, backend: LlamaBackend, session: LlamaSession, prompt_format: PromptFormat, request: Request,
-                 stream: Stream) -> None:
+                 stream: Stream, fitted: tuple[str, list[int], int] | None = None) -> None:
         self.backend = backend
         self.session = session
         self.format = prompt_format
@@ -348,7 +360,8 @@ class _Turn:
         self.shown = bool(request.top_logprobs or request.xray)  # each token's own text goes with it
         self.forced = list(request.forced)
         self.allowance = len(self.forced) if request.continuing else 0  # tokens beyond max tokens
-        self.prompt_text, self.prompt, self.dropped_turns = self._fitted_prompt()
+        # the prompt's text, tokens and turns left out: a lab's columns take the lab's
+        self.prompt_text, self.prompt, self.dropped_turns = fitted or self._fitted_prompt()
         self.inside = opens_thinking(self.prompt_text, prompt_format.thinking)  # the prompt opened the thinking
         self.context = self.prompt + self.forced  # all the model reads before its first new token
         self.cached = 0
@@ -578,11 +591,15 @@ class _Turn:
         self.backend._history_text = self.prompt_text + text.raw[: text.ends[kept - 1]] if kept else self.prompt_text
         self.backend._history_tokens = self.prompt + self.generated[:kept]
         self.backend._last_prompt = (self.prompt_text, self.prompt)
-        metrics = self.metrics()
+        self.stream.put(self._done(reason))
+
+    def _done(self, reason: StopReason) -> Done:
+        """The reply's last event, once its text is finished."""
+        text = self.text
         constraint = self.constraint
         incomplete, note = constraint.verdict(reason == "eos", text.scanner.visible) if constraint else (False, "")
-        self.stream.put(Done(reason, text.scanner.visible, metrics, tuple(self.prompt), incomplete,
-                             text.reasoning, text.answer_from(), note, stop_sequence=text.scanner.matched))
+        return Done(reason, text.scanner.visible, self.metrics(), tuple(self.prompt), incomplete,
+                    text.reasoning, text.answer_from(), note, stop_sequence=text.scanner.matched)
 
     def _thinking_figures(self) -> tuple[int, float | None]:
         """The tokens the model drew while thinking, and how long it thought (None: it did not)."""

@@ -4,8 +4,9 @@ We drive llama.cpp directly rather than through `llama_cpp.Llama` so that each t
 `llama_decode` of a preallocated batch, the sampler chain can change between tokens, and the next
 token's probabilities come from this step's logits alone. Use from a single thread.
 
-The context holds two sequences: 0 is the conversation; 1 is a scratch copy that shares its cached
-prefix, where a past position's logits are recomputed on demand (the X-ray, word probabilities).
+The context holds several sequences: 0 is the conversation; 1 is a scratch copy that shares its cached
+prefix, where a past position's logits are recomputed on demand (the X-ray, word probabilities); from
+FIRST_COLUMN_SEQ on, the sampling lab's columns, which share the prompt's cells (lab.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from .cpu import Threads
 from .cpu_path import CpuPath, deny_amx
 
 SCRATCH_SEQ = 1
+MAX_COLUMNS = 4  # the sampling lab's columns: sequences FIRST_COLUMN_SEQ … FIRST_COLUMN_SEQ + MAX_COLUMNS - 1
+FIRST_COLUMN_SEQ = 2
 # A user-defined token that stands for media, e.g. <start_of_image>, <image_soft_token>, [multimodal], <|vision_start|>
 _MEDIA_PLACEHOLDER = re.compile(rb"[<\[]\|?[\w|]*(?:image|audio|video|vision|multimodal)[\w|]*\|?[>\]]")
 POOL_SCAN = 1024  # with top-k off, the pool cut is counted among this many likeliest tokens
@@ -123,9 +126,9 @@ class LlamaSession:
         context_params.n_threads = threads.decode
         context_params.n_threads_batch = threads.batch
         context_params.swa_full = True  # sliding-window models keep every position, so earlier turns stay reusable
-        # One cache for both sequences: the scratch one tags the cells it shares instead of copying
-        # them, and the conversation keeps the whole context.
-        context_params.n_seq_max = 2
+        # One cache for every sequence: the scratch one and the lab's columns tag the cells they share
+        # instead of copying them, and the conversation keeps the whole context.
+        context_params.n_seq_max = FIRST_COLUMN_SEQ + MAX_COLUMNS
         context_params.kv_unified = True
         context_params.no_perf = False
         self.kv_types = (context_params.type_k, context_params.type_v)
@@ -151,7 +154,8 @@ class LlamaSession:
         self._probs = np.empty(self.n_vocab, dtype=np.float32)
         self._logits_view: tuple[int | None, np.ndarray | None] = (None, None)
         self._decodes = 0  # counts llama_decode calls: what a shortlist of the last logits is valid for
-        self._shortlist: tuple[int, int, np.ndarray] | None = None
+        self._shortlist: tuple[tuple[int, int], int, np.ndarray] | None = None
+        self.row = -1  # the batch row whose logits `logits`, `likeliest`, `sample` and `inspect` read: -1 the last
         self._abort = llama_cpp.ggml_abort_callback(lambda _data: self._abort_requested())
         self._abort_requested: Callable[[], bool] = lambda: False
         self.chains = ChainBuilder(self.vocab, self.n_vocab, self.n_ctx, self.continuation)
@@ -399,6 +403,32 @@ class LlamaSession:
             llama_cpp.llama_memory_seq_rm(self.memory, SCRATCH_SEQ, -1, -1)
         return len(chunk) / (time.perf_counter() - started)
 
+    def share_prompt(self, seq: int) -> None:
+        """Sequence `seq` starts as the conversation's cached tokens: llama.cpp tags their cells, copies nothing."""
+        llama_cpp.llama_memory_seq_cp(self.memory, 0, seq, -1, -1)
+
+    def drop_sequence(self, seq: int) -> None:
+        """Free the cells only `seq` holds (the ones it shares stay with the others)."""
+        llama_cpp.llama_memory_seq_rm(self.memory, seq, -1, -1)
+
+    def step_rows(self, rows: Sequence[tuple[int, int, int]]) -> None:
+        """One `llama_decode` of one token per sequence, each (token, position, sequence), with logits for
+        every row: `row = i` reads row i's. The sequence ids go back to 0 afterwards, as `step` needs."""
+        batch = self._batch
+        batch.n_tokens = len(rows)
+        for i, (token, position, seq) in enumerate(rows):
+            batch.token[i] = token
+            batch.pos[i] = position
+            batch.seq_id[i][0] = seq
+            batch.logits[i] = 1
+        self._decodes += 1
+        try:
+            status = llama_cpp.llama_decode(self.ctx, batch)
+        finally:
+            for i in range(len(rows)):
+                batch.seq_id[i][0] = 0
+        self._check(status)
+
     @staticmethod
     def _check(status: int) -> None:
         if status != 0:
@@ -417,7 +447,7 @@ class LlamaSession:
     def sample(self, chain: Chain) -> int:
         """The next token from the last decoded logits; over a shortlist where the chain allows one."""
         if chain.shortlist is None:
-            return chain.sample(self.ctx)
+            return chain.sample(self.ctx, self.row)
         return chain.draw(self.logits(), self.likeliest(chain.shortlist))
 
     @property
@@ -428,9 +458,10 @@ class LlamaSession:
         return self._stage_reader
 
     def logits(self) -> np.ndarray:
-        """The last decoded position's logits: a view into llama.cpp's buffer, valid until the next decode.
-        The view is kept while llama.cpp keeps the buffer (making one costs ~0.15 ms, a percent of a token)."""
-        pointer = llama_cpp.llama_get_logits_ith(self.ctx, -1)
+        """The logits of the last decoded position (of batch row `row`): a view into llama.cpp's buffer, valid
+        until the next decode. The view is kept while llama.cpp keeps the buffer (making one costs ~0.15 ms, a
+        percent of a token)."""
+        pointer = llama_cpp.llama_get_logits_ith(self.ctx, self.row)
         address = ctypes.cast(pointer, ctypes.c_void_p).value
         kept, view = self._logits_view
         if address != kept or view is None:
@@ -442,8 +473,8 @@ class LlamaSession:
         """`pool.likeliest` of the last logits, found once per decode and narrowed for a smaller `k`: the
         sampler and the inspector share it."""
         logits = self.logits()
-        if self._shortlist is None or self._shortlist[0] != self._decodes or self._shortlist[1] < k:
-            self._shortlist = (self._decodes, k, likeliest(logits, k))
+        if self._shortlist is None or self._shortlist[0] != (self._decodes, self.row) or self._shortlist[1] < k:
+            self._shortlist = ((self._decodes, self.row), k, likeliest(logits, k))
         _, found, ids = self._shortlist
         return ids if found == k else ids[np.argpartition(logits[ids], -k)[-k:]]
 
