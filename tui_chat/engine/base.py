@@ -504,6 +504,13 @@ class Backend(Protocol):
 
 
 @runtime_checkable
+class Comparing(Backend, Protocol):
+    """A backend that decodes several sampling settings over one read of a prompt: the sampling lab."""
+
+    def compare(self, request: Request, columns: Sequence[LiveParams]) -> Stream: ...
+
+
+@runtime_checkable
 class Recomputing(Backend, Protocol):
     """A backend that recomputes a position's logits on demand: the in-process engine (no server offers it)."""
 

@@ -31,12 +31,13 @@ from ..base import (
     Token,
     TurnMetrics,
 )
+from ..compare import MAX_COLUMNS
 from ..params import LiveParams, SamplingParams
 from ..prompts import PromptFormat
 from .chain import Chain
 from .grammar import Constraint
 from .llama import METRICS_INTERVAL_S, LlamaBackend, _Turn
-from .llamacpp import FIRST_COLUMN_SEQ, MAX_COLUMNS, Inspection, LlamaSession
+from .llamacpp import FIRST_COLUMN_SEQ, Inspection, LlamaSession
 
 
 class _ColumnStream(Stream):
@@ -145,6 +146,7 @@ class _Column(_Turn):
                          _ColumnStream(lab.stream, index), (lab.prompt_text, lab.prompt, lab.dropped_turns))
         self.lab = lab
         self.seq = FIRST_COLUMN_SEQ + index
+        self.shown = True  # each token's own text goes with it: the lab shows where columns part
         self.sampler: Chain | None = None
         self.version = -1
         self.params = live.snapshot()[1]

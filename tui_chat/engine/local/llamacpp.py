@@ -24,6 +24,7 @@ import llama_cpp
 import numpy as np
 
 from ..base import Candidate, EngineError, GrammarMask, PoolCut
+from ..compare import MAX_COLUMNS
 from ..models import check_gguf
 from ..params import SamplingParams
 from ..pool import likeliest, pool_cut
@@ -34,8 +35,7 @@ from .cpu import Threads
 from .cpu_path import CpuPath, deny_amx
 
 SCRATCH_SEQ = 1
-MAX_COLUMNS = 4  # the sampling lab's columns: sequences FIRST_COLUMN_SEQ … FIRST_COLUMN_SEQ + MAX_COLUMNS - 1
-FIRST_COLUMN_SEQ = 2
+FIRST_COLUMN_SEQ = 2  # the sampling lab's columns: sequences FIRST_COLUMN_SEQ … FIRST_COLUMN_SEQ + MAX_COLUMNS - 1
 # A user-defined token that stands for media, e.g. <start_of_image>, <image_soft_token>, [multimodal], <|vision_start|>
 _MEDIA_PLACEHOLDER = re.compile(rb"[<\[]\|?[\w|]*(?:image|audio|video|vision|multimodal)[\w|]*\|?[>\]]")
 POOL_SCAN = 1024  # with top-k off, the pool cut is counted among this many likeliest tokens
