@@ -9,9 +9,11 @@ import json
 
 import pytest
 
-from conftest import GREEDY, open_backend, run_cli
-from tui_chat.engine.base import ColumnEvent, Done, Error, LabDone, Message, Request, Token
+from conftest import GREEDY, run_cli
+from tui_chat.engine.base import ColumnEvent, Done, Error, LabDone, Loaded, Message, Request, Token
 from tui_chat.engine.compare import divergence
+from tui_chat.engine.local.lab import LlamaLab
+from tui_chat.engine.local.llama import LlamaSettings
 from tui_chat.engine.params import InvalidParameter, LiveParams, SamplingParams, parse_settings
 
 PROMPT = [Message("user", "Hello there, tell me about Paris")]
@@ -42,11 +44,24 @@ def single(backend, params: SamplingParams, messages=PROMPT, **request) -> tuple
     return done, tokens
 
 
+def open_lab(path, **settings) -> LlamaLab:
+    backend = LlamaLab(LlamaSettings(path, **settings))
+    assert isinstance(backend.load().result(), Loaded)
+    return backend
+
+
 @pytest.fixture
+def tiny(tiny_model):
+    backend = open_lab(tiny_model, n_ctx=1024)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module")
 def pinned(starter_model):
     """The starter on fixed threads: a thread count the governor changes between two runs may change the last
     digits of a logit, and a greedy pick at a near-tie with it."""
-    backend = open_backend(starter_model, n_ctx=2048, threads=2, threads_batch=2)
+    backend = open_lab(starter_model, n_ctx=2048, threads=2, threads_batch=2)
     yield backend
     backend.close()
 
@@ -130,9 +145,9 @@ def test_past_the_sliding_window_a_column_decodes_as_a_single_reply(pinned):
     assert final.columns[0].metrics.cached_tokens == final.columns[0].metrics.prompt_tokens - 1  # its prompt kept
 
 
-def test_cancelled_mid_lab_every_column_stops_and_the_chat_goes_on(starter):
+def test_cancelled_mid_lab_every_column_stops_and_the_chat_goes_on(pinned):
     params = GREEDY.with_changes(max_tokens=400)
-    stream = starter.compare(Request(PROMPT, LiveParams(params)), [LiveParams(params), LiveParams(params)])
+    stream = pinned.compare(Request(PROMPT, LiveParams(params)), [LiveParams(params), LiveParams(params)])
     final = None
     for event in stream:
         if isinstance(event, ColumnEvent) and isinstance(event.event, Token):
@@ -141,12 +156,12 @@ def test_cancelled_mid_lab_every_column_stops_and_the_chat_goes_on(starter):
             final = event
     assert final is not None and [d.stop_reason for d in final.columns] == ["cancelled", "cancelled"]
     assert all(d.metrics.completion_tokens < 50 for d in final.columns)
-    after, _ = single(starter, GREEDY.with_changes(max_tokens=8))
+    after, _ = single(pinned, GREEDY.with_changes(max_tokens=8))
     assert after.stop_reason == "length" and after.metrics.cached_tokens == after.metrics.prompt_tokens - 1
 
 
 def test_a_context_too_small_for_the_columns_is_one_line_before_anything_is_read(tiny_model):
-    backend = open_backend(tiny_model, n_ctx=256)
+    backend = open_lab(tiny_model, n_ctx=256)
     try:
         first, _ = single(backend, GREEDY.with_changes(max_tokens=8))
         final, tokens = lab(backend, [GREEDY.with_changes(max_tokens=120)] * 2)

@@ -14,6 +14,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 
@@ -38,6 +39,18 @@ from .chain import Chain
 from .grammar import Constraint
 from .llama import METRICS_INTERVAL_S, LlamaBackend, _Turn
 from .llamacpp import FIRST_COLUMN_SEQ, Inspection, LlamaSession
+
+
+class LlamaLab(LlamaBackend):
+    """The in-process backend with the sampling lab (`Comparing`)."""
+
+    def compare(self, request: Request, columns: Sequence[LiveParams]) -> Stream:
+        """A reply for each column of settings, decoded together over one read of the prompt. Each column's
+        events come as `ColumnEvent`s, then one `LabDone` (or an `Error`)."""
+        stream = Stream()
+        make = partial(LabTurn, columns=tuple(columns))
+        self._jobs.put(lambda: self._guarded(stream, lambda: self._generate(request, stream, make)))
+        return stream
 
 
 class _ColumnStream(Stream):
@@ -113,7 +126,8 @@ class LabTurn(_Turn):
                 live = [column for column, _ in drawn]
                 if not live:
                     break
-                if quick:
+                if quick:  # an X-ray between two steps: it reads its own logits, in the scratch sequence
+                    session.row = -1
                     self.backend._run_quick()
                 session.step_rows([(token, column.position, column.seq) for column, token in drawn])
                 stepped = True

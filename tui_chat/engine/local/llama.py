@@ -35,7 +35,7 @@ from ..base import (
 from ..context import fit_context
 from ..formats import FormatError, OutputFormat
 from ..models import check_gguf
-from ..params import LiveParams, SamplingParams
+from ..params import SamplingParams
 from ..prompts import PromptError, PromptFormat, ThinkingSyntax, choose_format, opens_thinking
 from ..reasoning import ReplyText, ThinkingSplitter
 from ..stops import StopScanner
@@ -124,13 +124,6 @@ class LlamaBackend:
     def generate(self, request: Request) -> Stream:
         stream = Stream()
         self._jobs.put(lambda: self._guarded(stream, lambda: self._generate(request, stream)))
-        return stream
-
-    def compare(self, request: Request, columns: Sequence[LiveParams]) -> Stream:
-        """The sampling lab (lab.py): a reply for each column of settings, decoded together over one read of
-        the prompt. Each column's events come as `ColumnEvent`s, then one `LabDone` (or an `Error`)."""
-        stream = Stream()
-        self._jobs.put(lambda: self._guarded(stream, lambda: self._generate(request, stream, tuple(columns))))
         return stream
 
     def xray(self, context: Sequence[int], token: int, params: SamplingParams) -> Stream:
@@ -263,23 +256,19 @@ class LlamaBackend:
         self._last_prompt = ("", [])
         stream.put(Loaded(self.info))
 
-    def _generate(self, request: Request, stream: Stream, columns: tuple[LiveParams, ...] = ()) -> None:
-        from .lab import LabTurn  # lab.py builds on _Turn
-
+    def _generate(self, request: Request, stream: Stream, turn: TurnMaker | None = None) -> None:
+        """A reply; or, with `turn`, a turn of another shape that builds on the reply's (the lab's)."""
         try:
             session, prompt_format = self._session, self._format
             if session is None or prompt_format is None:
                 raise EngineError("no model is loaded")
             if self._disk is not None:
                 self._disk.start_turn()
-            if columns:
-                LabTurn(self, session, prompt_format, request, stream, columns).run()
-            else:
-                _Turn(self, session, prompt_format, request, stream).run()
+            (turn or _Turn)(self, session, prompt_format, request, stream).run()
         except (EngineError, PromptError, FormatError) as error:
             stream.put(Error(str(error)))
             return
-        if self._disk is not None and not columns:  # a lab leaves the conversation's cache at its prompt
+        if self._disk is not None and turn is None:  # a lab leaves the conversation's cache at its prompt
             # after Done: the reply is not kept waiting
             self._disk.save(session, request.conversation, (self._history_text, self._history_tokens),
                             self._last_prompt)
@@ -332,6 +321,9 @@ def _marker_pieces(session: LlamaSession, syntax: ThinkingSyntax) -> dict[int, b
             if not session.piece(token) and (text := session.special_text(token)):
                 pieces[token] = text.encode("utf-8")
     return pieces
+
+
+TurnMaker = Callable[[LlamaBackend, LlamaSession, PromptFormat, Request, Stream], "_Turn"]
 
 
 class _TokenFacts(TypedDict):
