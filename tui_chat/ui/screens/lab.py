@@ -56,11 +56,15 @@ class LabColumn(Vertical):
 
     def show(self, column: Column, styles: list[Style], parted: Divergence | None, figures: str) -> None:
         text = Text()
+        started = False  # the leading whitespace is left out, as the chat does
         for position, token in enumerate(column.tokens):
             style = styles[band_of(token.prob)] if token.prob is not None else Style()
             if parted is not None and position == parted.position:
                 style += SELECTED
-            text.append(screen_safe(token.piece or token.text), style)
+            piece = screen_safe(token.piece or token.text)
+            piece = piece if started else piece.lstrip()
+            started = started or bool(piece)
+            text.append(piece, style)
         self.query_one(".lab-text", Static).update(text)
         self.query_one(".lab-figures", Static).update(Text(figures))
 
@@ -210,7 +214,8 @@ class LabScreen(Screen[int | None]):
         for widget in self._columns()[: len(ended.columns)]:
             widget.query_one(Button).disabled = False
         metrics = ended.columns[0].metrics
-        self._status(f"Prompt: {metrics.prompt_tokens:,} tokens, read {ended.prompt_reads} time for "
+        reads = "once" if ended.prompt_reads == 1 else f"{ended.prompt_reads} times"
+        self._status(f"Prompt: {metrics.prompt_tokens:,} tokens, read {reads} for "
                      f"{len(ended.columns)} columns ({metrics.cached_tokens:,} from the cache) · Keep puts a column "
                      "into the chat as the reply; the others stay as its branches")
 
