@@ -10,7 +10,18 @@ import json
 import pytest
 
 from conftest import GREEDY, run_cli
-from tui_chat.engine.base import ColumnEvent, Done, Error, LabDone, Loaded, Message, Request, Token
+from tui_chat.engine.base import (
+    ColumnEvent,
+    Done,
+    Error,
+    LabDone,
+    Loaded,
+    Message,
+    PromptProgress,
+    Request,
+    Token,
+    XRay,
+)
 from tui_chat.engine.compare import divergence
 from tui_chat.engine.local.lab import LlamaLab
 from tui_chat.engine.local.llama import LlamaSettings
@@ -222,3 +233,26 @@ def test_run_compare_json_gives_each_column_and_the_prompt_once(tiny_model):
 def test_run_compare_refuses_what_it_cannot_do_in_one_line(tiny_model, extra):
     result = run_cli("run", "--model", str(tiny_model), "-p", "Hello", *extra)
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+
+
+
+def test_an_xray_asked_mid_lab_is_answered_between_two_steps(pinned):
+    """The X-ray reads its own logits in the scratch sequence, not a column's row of the batch."""
+    params = GREEDY.with_changes(max_tokens=40)
+    stream = pinned.compare(Request(PROMPT, LiveParams(params)), [LiveParams(params), LiveParams(params)])
+    prompt: tuple[int, ...] = ()
+    drawn: list[Token] = []
+    xray = final = None
+    for event in stream:
+        if isinstance(event, PromptProgress) and event.prompt_ids:
+            prompt = event.prompt_ids
+        elif isinstance(event, ColumnEvent) and event.column == 0 and isinstance(event.event, Token):
+            drawn.append(event.event)
+            if len(drawn) == 4:  # past the first step, where every column reads the prompt's logits
+                xray = pinned.xray(prompt + tuple(t.token_id for t in drawn[:3]), drawn[3].token_id, params)
+        elif isinstance(event, LabDone):
+            final = event
+    assert isinstance(final, LabDone) and final.columns[0].text == final.columns[1].text
+    answer = xray.result()
+    assert isinstance(answer, XRay), answer
+    assert answer.token_id == drawn[3].token_id and answer.prob == pytest.approx(drawn[3].prob, abs=1e-6)
