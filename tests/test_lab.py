@@ -256,3 +256,21 @@ def test_an_xray_asked_mid_lab_is_answered_between_two_steps(pinned):
     answer = xray.result()
     assert isinstance(answer, XRay), answer
     assert answer.token_id == drawn[3].token_id and answer.prob == pytest.approx(drawn[3].prob, abs=1e-6)
+
+
+def test_a_columns_thinking_budget_ends_its_thinking_while_the_other_thinks_on(thinker_model):
+    """A column past its budget writes the end of the thinking a token a step, as a reply does; the other
+    column, with no budget, goes on thinking in the same steps."""
+    backend = open_lab(thinker_model, n_ctx=512)
+    try:
+        final, tokens = lab(backend, [GREEDY.with_changes(thinking_budget=3), GREEDY], [Message("user", "Hi")])
+        single_done, single_tokens = single(backend, GREEDY.with_changes(thinking_budget=3),
+                                            [Message("user", "Hi")])
+    finally:
+        backend.close()
+    budgeted, free = final.columns
+    assert [t.token_id for t in tokens[0]] == [t.token_id for t in single_tokens]
+    assert [t.inserted for t in tokens[0]] == [t.inserted for t in single_tokens]
+    assert (budgeted.reasoning, budgeted.text) == (single_done.reasoning, single_done.text) == ("Hmm,", "Hello world ")
+    assert budgeted.metrics.completion_tokens == single_done.metrics.completion_tokens
+    assert free.reasoning == "Hmm, let me" and free.text == "Hello world "

@@ -166,6 +166,7 @@ class _Column(_Turn):
         self.params = live.snapshot()[1]
         self.room = self.params.max_tokens  # the cells the lab set aside for it
         self.done: Done | None = None
+        self.ending: list[int] = []  # the end of a thinking past its budget, still to write: a token a step
 
     @property
     def position(self) -> int:
@@ -193,26 +194,42 @@ class _Column(_Turn):
         if len(self.generated) >= self.params.max_tokens:
             self.end("length")
             return None
-        token, seen, stages = self._draw(self.sampler, self.params)
-        now = time.perf_counter()
-        self.first_at = self.first_at or now
-        self.last_at = now
-        self.drawn += 1
-        reason = self._take(token, now, self.version, seen, stages) or self._no_room(self.params)
+        if self._budget_spent(self.params):
+            self.ending = list(self.backend._end_thinking)
+        inserted = bool(self.ending)
+        stages: tuple[Stage, ...] = ()
+        if inserted:  # as `_end_thinking` writes it, a token a step: the other columns go on meanwhile
+            token = self.ending.pop(0)
+            seen = self._seen(token, self.params)
+            self.sampler.accept(token)
+            self.inserted += 1
+        else:
+            token, seen, stages = self._draw(self.sampler, self.params)
+            self.first_at = self.first_at or time.perf_counter()
+            self.drawn += 1
+        now = self.last_at = time.perf_counter()
+        reason = self._take(token, now, self.version, seen, stages, inserted=inserted) or self._no_room(self.params)
         if reason is not None:
             self.end(reason)
             return None
         return token
 
     def _draw(self, sampler: Chain, params: SamplingParams) -> tuple[int, Inspection, tuple[Stage, ...]]:
-        """The reply's draw; with the inspector off, the token's probability still (one softmax, as `inspect`'s)."""
+        """The reply's draw; with the inspector off, the token's probability still."""
         token, seen, stages = super()._draw(sampler, params)
-        if seen.prob is None:
-            logits, probs = self.session.logits(), self.lab.probs
-            np.subtract(logits, logits.max(), out=probs)
-            np.exp(probs, out=probs)
-            seen = replace(seen, prob=float(probs[token]) * (1.0 / float(probs.sum())))
-        return token, seen, stages
+        return token, seen if seen.prob is not None else replace(seen, prob=self._prob(token)), stages
+
+    def _seen(self, token: int, params: SamplingParams) -> Inspection:
+        """What the inspector records of a token the engine writes: what the model gave it there."""
+        top_n = self.request.top_logprobs
+        return self.session.inspect(token, top_n, params) if top_n else Inspection(self._prob(token), (), None)
+
+    def _prob(self, token: int) -> float:
+        """`token`'s probability under this row's raw distribution: one softmax, as `inspect` computes it."""
+        logits, probs = self.session.logits(), self.lab.probs
+        np.subtract(logits, logits.max(), out=probs)
+        np.exp(probs, out=probs)
+        return float(probs[token]) * (1.0 / float(probs.sum()))
 
     def _no_room(self, params: SamplingParams) -> StopReason | None:
         """Max tokens raised mid-reply past what the lab set aside: the column's context is full."""
