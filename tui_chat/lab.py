@@ -91,4 +91,5 @@ class Lab:
                 "completion_tokens": metrics.completion_tokens, "decode_tok_s": metrics.decode_tok_s,
                 "decode_s": metrics.decode_s, "stop_reason": column.done.stop_reason if column.done else None,
                 "stop_sequence": column.done.stop_sequence or None if column.done else None,
+                "incomplete": column.done.incomplete if column.done else False,
                 "diverges_at": found.as_dict() if found else None, "mean_surprise": self.surprise(index)}

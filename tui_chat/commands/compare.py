@@ -9,7 +9,7 @@ import json
 import sys
 from typing import Any, TextIO
 
-from ..engine.base import Comparing, EngineError, Error, Message, Stream, stop_label
+from ..engine.base import INCOMPLETE_LABEL, Comparing, EngineError, Error, Message, Stream, stop_label
 from ..engine.compare import MAX_COLUMNS
 from ..engine.formats import OutputFormat
 from ..engine.params import InvalidParameter, SamplingParams
@@ -95,6 +95,8 @@ def _print(lab: Lab, write: Any) -> None:
         if report["decode_tok_s"]:
             figures.append(f"{report['decode_tok_s']:.1f} tok/s")
         figures.append(stop_label(report["stop_reason"], report["stop_sequence"] or ""))
+        if report["incomplete"]:
+            figures.append(INCOMPLETE_LABEL)
         if report["mean_surprise"] is not None:
             figures.append(f"surprise {report['mean_surprise']:.2f}")
         found = lab.divergence(index)
