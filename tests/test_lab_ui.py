@@ -47,7 +47,8 @@ async def test_the_lab_runs_the_last_prompt_side_by_side_and_keeps_a_column_as_a
         assert figures[1].startswith("12 tokens") and "max tokens" in figures[1]
         assert lab.lab.divergence(1) is not None and "parted from column 1 at token" in figures[1]
         assert "same tokens as column 1" in figures[2]
-        assert "read once for 3 columns" in str(lab.query_one("#lab-status", Static).render())
+        status = str(lab.query_one("#lab-status", Static).render())
+        assert "read once for 3 columns" in status and "× a token of the chat's last reply" in status
         kept_text = lab.lab.columns[1].text
         await pilot.click(list(lab.query(LabColumn))[1].query_one(Button))
         await wait_for(pilot, lambda: isinstance(pilot.app.screen, ChatScreen))

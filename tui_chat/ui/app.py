@@ -96,8 +96,9 @@ class ChatApp(App[None]):
                 chat.view.prompt.clear()
             await chat.view.show(session)
 
+        spent = session.spent()
         lab_screen = LabScreen(backend, session.lab_messages(question), question, session.live.snapshot()[1],
-                               session.top_logprobs)
+                               session.top_logprobs, spent[-1].decode_tok_s if spent else None)
         self.push_screen(lab_screen, kept)
 
     @on(ConsentWanted)

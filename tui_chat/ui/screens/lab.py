@@ -86,13 +86,15 @@ class LabScreen(Screen[int | None]):
     """
 
     def __init__(self, backend: Comparing, messages: list[Message], question: str, base: SamplingParams,
-                 top_logprobs: int = 0) -> None:
+                 top_logprobs: int = 0, reply_tok_s: float | None = None) -> None:
+        """`reply_tok_s`: the chat's latest reply's decode rate, what a step of the columns is set against."""
         super().__init__()
         self.backend = backend
         self.messages = messages
         self.question = question
         self.base = base
         self.top_logprobs = top_logprobs
+        self.reply_tok_s = reply_tok_s
         self.lab: Lab | None = None
         self._stream: Stream | None = None
 
@@ -215,9 +217,19 @@ class LabScreen(Screen[int | None]):
             widget.query_one(Button).disabled = False
         metrics = ended.columns[0].metrics
         reads = "once" if ended.prompt_reads == 1 else f"{ended.prompt_reads} times"
-        self._status(f"Prompt: {metrics.prompt_tokens:,} tokens, read {reads} for "
-                     f"{len(ended.columns)} columns ({metrics.cached_tokens:,} from the cache) · Keep puts a column "
+        self._status(f"Prompt: {metrics.prompt_tokens:,} tokens, read {reads} for {len(ended.columns)} columns "
+                     f"({metrics.cached_tokens:,} from the cache){self._step_cost(ended)} · Keep puts a column "
                      "into the chat as the reply; the others stay as its branches")
+
+    def _step_cost(self, ended: LabDone) -> str:
+        """What a step of every column cost, against a token of the chat's latest reply: the extra columns' price."""
+        rate = ended.columns[0].metrics.decode_tok_s  # the first column stepped with the others while it went on
+        if not rate:
+            return ""
+        line = f" · a step of the columns took {1000 / rate:.0f} ms"
+        if self.reply_tok_s:
+            line += f", {self.reply_tok_s / rate:.2f} × a token of the chat's last reply"
+        return line
 
     @on(Button.Pressed, ".lab-keep")
     def _keep(self, event: Button.Pressed) -> None:
