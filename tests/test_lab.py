@@ -28,6 +28,7 @@ from tui_chat.engine.local.llama import LlamaSettings
 from tui_chat.engine.params import InvalidParameter, LiveParams, SamplingParams, parse_settings
 
 PROMPT = [Message("user", "Hello there, tell me about Paris")]
+COUNTING = [Message("user", "Count from 1 to 100, separated by commas.")]  # the starter runs on to max tokens
 
 
 def lab(backend, columns: list[SamplingParams], messages=PROMPT, **request):
@@ -116,9 +117,10 @@ def test_a_seeded_column_reproduces_itself_and_seeds_differ(tiny):
     assert first.columns[0].text != first.columns[1].text
 
 
-def test_a_setting_changed_mid_lab_applies_to_its_column_only(tiny):
-    lives = [LiveParams(GREEDY.with_changes(max_tokens=30)) for _ in range(2)]
-    stream = tiny.compare(Request(PROMPT, LiveParams(GREEDY)), lives)
+@pytest.mark.starter
+def test_a_setting_changed_mid_lab_applies_to_its_column_only(pinned):
+    lives = [LiveParams(GREEDY.with_changes(max_tokens=60)) for _ in range(2)]
+    stream = pinned.compare(Request(COUNTING, LiveParams(GREEDY)), lives)
     final = None
     for event in stream:
         if isinstance(event, ColumnEvent) and event.column == 1 and isinstance(event.event, Token):
@@ -126,24 +128,26 @@ def test_a_setting_changed_mid_lab_applies_to_its_column_only(tiny):
         if isinstance(event, LabDone):
             final = event
     assert final is not None
-    assert final.columns[0].metrics.completion_tokens == 30
-    assert final.columns[1].metrics.completion_tokens == 5
+    assert (final.columns[0].stop_reason, final.columns[0].metrics.completion_tokens) == ("length", 60)
+    assert final.columns[1].stop_reason == "length" and final.columns[1].metrics.completion_tokens < 60
 
 
+@pytest.mark.starter
 def test_a_greedy_column_is_the_greedy_reply_with_the_inspectors_probabilities(pinned):
     params = GREEDY.with_changes(max_tokens=24)
     reference, reference_tokens = single(pinned, params, top_logprobs=3)
     final, tokens = lab(pinned, [params, params.with_changes(temperature=1.0, seed=3)])
     assert final.columns[0].text == reference.text
     assert [t.token_id for t in tokens[0]] == [t.token_id for t in reference_tokens]
-    for mine, theirs in zip(tokens[0], reference_tokens, strict=True):
-        assert mine.prob == pytest.approx(theirs.prob, abs=1e-6)
+    for mine, theirs in zip(tokens[0], reference_tokens, strict=True):  # a batch's rows may round otherwise
+        assert mine.prob == pytest.approx(theirs.prob, abs=1e-4)
     # where the sampled column parted from the greedy one, both tokens' probabilities are the same position's
     found = divergence(tokens[0], tokens[1])
     if found is not None:
-        assert found.first.prob == reference_tokens[found.position].prob
+        assert found.first.prob == pytest.approx(reference_tokens[found.position].prob, abs=1e-4)
 
 
+@pytest.mark.starter
 def test_past_the_sliding_window_a_column_decodes_as_a_single_reply(pinned):
     """The starter attends to its last 512 positions in most layers: a ~560-token prompt puts every column
     token past that window, over cells the columns share."""
@@ -156,9 +160,10 @@ def test_past_the_sliding_window_a_column_decodes_as_a_single_reply(pinned):
     assert final.columns[0].metrics.cached_tokens == final.columns[0].metrics.prompt_tokens - 1  # its prompt kept
 
 
+@pytest.mark.starter
 def test_cancelled_mid_lab_every_column_stops_and_the_chat_goes_on(pinned):
     params = GREEDY.with_changes(max_tokens=400)
-    stream = pinned.compare(Request(PROMPT, LiveParams(params)), [LiveParams(params), LiveParams(params)])
+    stream = pinned.compare(Request(COUNTING, LiveParams(params)), [LiveParams(params), LiveParams(params)])
     final = None
     for event in stream:
         if isinstance(event, ColumnEvent) and isinstance(event.event, Token):
@@ -167,7 +172,7 @@ def test_cancelled_mid_lab_every_column_stops_and_the_chat_goes_on(pinned):
             final = event
     assert final is not None and [d.stop_reason for d in final.columns] == ["cancelled", "cancelled"]
     assert all(d.metrics.completion_tokens < 50 for d in final.columns)
-    after, _ = single(pinned, GREEDY.with_changes(max_tokens=8))
+    after, _ = single(pinned, GREEDY.with_changes(max_tokens=8), COUNTING)
     assert after.stop_reason == "length" and after.metrics.cached_tokens == after.metrics.prompt_tokens - 1
 
 
@@ -236,6 +241,7 @@ def test_run_compare_refuses_what_it_cannot_do_in_one_line(tiny_model, extra):
 
 
 
+@pytest.mark.starter
 def test_an_xray_asked_mid_lab_is_answered_between_two_steps(pinned):
     """The X-ray reads its own logits in the scratch sequence, not a column's row of the batch."""
     params = GREEDY.with_changes(max_tokens=40)
@@ -255,7 +261,7 @@ def test_an_xray_asked_mid_lab_is_answered_between_two_steps(pinned):
     assert isinstance(final, LabDone) and final.columns[0].text == final.columns[1].text
     answer = xray.result()
     assert isinstance(answer, XRay), answer
-    assert answer.token_id == drawn[3].token_id and answer.prob == pytest.approx(drawn[3].prob, abs=1e-6)
+    assert answer.token_id == drawn[3].token_id and answer.prob == pytest.approx(drawn[3].prob, abs=1e-4)
 
 
 def test_a_columns_thinking_budget_ends_its_thinking_while_the_other_thinks_on(thinker_model):
