@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from ..engine.base import INCOMPLETE_LABEL, Comparing, EngineError, Error, Message, Stream, stop_label
@@ -86,7 +87,7 @@ def _turn(lab: Lab, prompt: str) -> dict[str, Any]:
             "columns": [lab.report(index) for index in range(len(lab.columns))]}
 
 
-def _print(lab: Lab, write: Any) -> None:
+def _print(lab: Lab, write: Callable[[str], None]) -> None:
     """Each column: a header with its settings, its text, and a line of its figures."""
     for index, column in enumerate(lab.columns):
         report = lab.report(index)
