@@ -9,8 +9,9 @@ the backend's events come back through `take`, which updates the conversation an
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from .engine.base import (
@@ -44,6 +45,7 @@ from .recording import SavedChat, Saving
 from .safetext import quoted
 
 if TYPE_CHECKING:
+    from .lab import Column
     from .tools.loop import ToolUse
 
 T = TypeVar("T")
@@ -283,12 +285,55 @@ class ChatSession:
 
     def ask(self, text: str, generate: Generate) -> Turn:
         """A new turn: the question is saved, its reply starts."""
+        turn = self._new_turn(text)
+        self._start(turn, generate)
+        return turn
+
+    def _new_turn(self, text: str) -> Turn:
         turn = Turn(text, parent_id=self.saved.last_id if self.saved else None)
         turn.question_id = self._save(lambda saved: saved.add_user(text, self.model, self.system_prompt,
                                                                    self.live.snapshot()[1], self.output_format,
                                                                    self.thinking))
         self.turns.append(turn)
-        self._start(turn, generate)
+        return turn
+
+    def lab_messages(self, question: str) -> list[Message]:
+        """What the sampling lab's columns answer: the chat up to `question` (the last turn's, or a new one)."""
+        last = self.turns[-1] if self.turns else None
+        if last is not None and last.question == question:
+            return self.messages(answering=last)
+        return [*self.messages(), Message("user", question)]
+
+    def keep_lab(self, question: str, columns: Sequence[Column], kept: int) -> Turn:
+        """A lab's columns as the replies to `question`: the last turn's when it asked it (its replies so far
+        stay), else a new turn. Each is a branch, saved, its footer naming its settings; the chat goes on from
+        column `kept`, whose settings become the chat's (the screen's controls follow `live`)."""
+        assert self.writing is None, "the lab opens between replies"
+        last = self.turns[-1] if self.turns else None
+        turn = last if last is not None and last.question == question else None
+        self.live.update(**columns[kept].live.snapshot()[1].as_dict())
+        if turn is None:
+            turn = self._new_turn(question)
+        else:
+            self.keep_settings()
+        question_id = turn.question_id
+        shown = None
+        for index, column in enumerate(columns):
+            done = column.done
+            if done is None:
+                continue
+            writer = self._save(partial(SavedChat.start_reply, parent_id=question_id)) if question_id else None
+            if writer is not None:
+                self._save(partial(SavedChat.end_reply, reply=writer, final=done))
+            footer = f"lab: {column.label} · " + reply_footer(done.stop_reason, done.metrics.as_dict() | {
+                "stop_sequence": done.stop_sequence, "incomplete": done.incomplete})
+            turn.branches.append(Branch(done.text, footer, list(column.tokens), None, writer.id if writer else None,
+                                        done.stop_reason, done.prompt_ids, self.model, done.reasoning,
+                                        thinking_line(done.metrics.as_dict()), done.answer_from, done.metrics))
+            if index == kept:
+                shown = len(turn.branches) - 1
+        if shown is not None:
+            self.switch(shown)
         return turn
 
     def keep_settings(self) -> None:

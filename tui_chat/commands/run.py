@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from ..config import Config, history_path, log_dir
 from ..engine.base import Backend, Done, EngineError, FormatChecking, Token
+from ..engine.compare import MAX_COLUMNS
 from ..engine.context import left_out
 from ..engine.formats import TEXT, OutputFormat, choose
 from ..engine.params import (
@@ -37,6 +38,7 @@ from ..tools.mcp import ToolError
 from ..tools.setup import open_tools, server_specs
 from ..workspace import Workspace
 from .common import INTERRUPTED, RUNTIME_ERROR, add_model_options, fail, one_line, opener_for, writer
+from .compare import lab_columns, run_lab
 
 MODEL_FLAGS = ("model", "backend", "base_url", "remote")  # any of these opens another model than a continued chat's
 LIST_METAVARS = {"stop": "STR", "logit_bias": "TEXT=BIAS", "sampler_order": "A,B,C"}
@@ -79,6 +81,10 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("--approve", metavar="all|NAME,…",
                      help="the tools that may run; without it every call is recorded as not approved, and the "
                           "model told so")
+    run.add_argument("--compare", action="append", metavar="SETTINGS",
+                     help="the sampling lab: answer the prompt once for each of these settings (over the other flags), "
+                          "e.g. 'temperature=1.0,top_p=0.9,seed=7', decoded together over one read of the prompt; "
+                          f"repeat for each column (at most {MAX_COLUMNS}; a local model)")
     run.add_argument("--json", action="store_true", help="print one JSON report at the end instead of the text")
     run.add_argument("--save", action="store_true", help="keep the conversation in the history")
     run.add_argument("--continue", dest="continue_id", type=int, metavar="ID",
@@ -113,6 +119,8 @@ def run_command(args: argparse.Namespace, config: Config) -> int:
         if continued is not None and not any(getattr(args, flag, None) for flag in MODEL_FLAGS):
             model = continued.model or model
         params = (continued.sampling if continued else config.sampling).with_changes(**given)
+        if args.compare:
+            return run_lab(workspace, args, model, lab_columns(args, params), output)
         return _run_opened(workspace, args, model, continued, LiveParams(params), output)
     finally:
         workspace.close()

@@ -407,6 +407,24 @@ class Done:
 
 
 @dataclass(frozen=True, slots=True)
+class ColumnEvent:
+    """One column's `Token`, `Metrics` or `Done` in the sampling lab (`column`: its place among the settings
+    compared). A lab's tokens carry their probability under the raw distribution (`prob`) even with the
+    inspector off: the lab marks where columns diverge and how surprised each was by what it drew."""
+
+    column: int
+    event: Token | Metrics | Done
+
+
+@dataclass(frozen=True, slots=True)
+class LabDone:
+    """The end of a lab: each column's `Done`, in order, and how many times the prompt they share was read."""
+
+    columns: tuple[Done, ...]
+    prompt_reads: int
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCall:
     """One tool call a reply made and what came of it. `approved` False: it did not run (the user said no, or
     nobody was asked, as in `run` without --approve). `result` is the tool's whole text (terminal escapes made
@@ -452,8 +470,8 @@ def written(final: Done | Error) -> bool:
 
 
 Event = (LoadProgress | Loaded | PromptProgress | Token | Metrics | Done | Error | XRay | WordProbability
-         | ToolActivity)
-FINAL_EVENTS = (Loaded, Done, Error, XRay, WordProbability)
+         | ToolActivity | ColumnEvent | LabDone)
+FINAL_EVENTS = (Loaded, Done, Error, XRay, WordProbability, LabDone)
 
 
 class Stream:
@@ -490,7 +508,8 @@ class Stream:
             yield from self.drain(timeout=None)
 
     def result(self) -> Event:
-        """Block until the job ends; returns its final event (Loaded, Done, XRay, WordProbability or Error)."""
+        """Block until the job ends; returns its final event (Loaded, Done, XRay, WordProbability, LabDone or
+        Error)."""
         final: Event | None = None
         for event in self:
             if isinstance(event, FINAL_EVENTS):
@@ -519,6 +538,13 @@ class FormatChecking(Backend, Protocol):
     reply starts, and say what of one it only checks when the reply is done."""
 
     def check_format(self, output: OutputFormat) -> str: ...
+
+
+@runtime_checkable
+class Comparing(Backend, Protocol):
+    """A backend that decodes several sampling settings over one read of a prompt: the sampling lab."""
+
+    def compare(self, request: Request, columns: Sequence[LiveParams]) -> Stream: ...
 
 
 @runtime_checkable

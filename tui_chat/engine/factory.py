@@ -79,7 +79,8 @@ class BackendOpener:
     def _open_local(self, name: str | None) -> Backend:
         from ..hub.local import mark_used
         from .local import logs
-        from .local.llama import LlamaBackend, LlamaSettings
+        from .local.lab import LlamaLab
+        from .local.llama import LlamaSettings
 
         local = self.local
         path = model_file(name, local.default_model, local.models_dir)
@@ -90,7 +91,7 @@ class BackendOpener:
                                  chat_template=local.chat_template, extra_buffers=local.extra_buffers,
                                  threads=local.threads, threads_batch=local.threads_batch, cache_dir=local.cache_dir,
                                  kv_dir=local.kv_dir, kv_budget_bytes=local.kv_budget_bytes, draft=local.draft)
-        return LlamaBackend(settings, name=shown)
+        return LlamaLab(settings, name=shown)
 
     def _open_server(self, name: str) -> Backend:
         from .openai import OpenAIBackend, RemoteSettings

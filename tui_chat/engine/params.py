@@ -235,6 +235,31 @@ def label(name: str) -> str:
     return (SPECS.get(name) or LIST_SPECS[name]).label
 
 
+def parse_settings(text: str) -> dict[str, Any]:
+    """`temperature=1.0,top_p=0.9,seed=7` as changes for `SamplingParams.with_changes`. A part without `=` goes on
+    the value before it (`sampler_order=top_k,temperature`); a repeatable list (`stop`, `logit_bias`) may be given
+    more than once; `logit_bias=Paris=-inf` splits at its first `=`."""
+    changes: dict[str, Any] = {}
+    name = ""
+    for part in text.split(","):
+        key, equals, value = part.partition("=")
+        if equals and key.strip():
+            name = key.strip().replace("-", "_")
+            if name not in SPECS and name not in LIST_SPECS:
+                raise InvalidParameter(f"unknown sampling parameter {name!r} in {text!r}")
+            listed = LIST_SPECS.get(name)
+            if listed is not None and listed.repeatable:
+                changes.setdefault(name, []).append(listed.parse(value))
+            else:
+                changes[name] = value.strip()
+        elif name and not (name in LIST_SPECS and LIST_SPECS[name].repeatable):
+            changes[name] += "," + part
+        else:
+            raise InvalidParameter(f"settings are NAME=VALUE separated by commas, e.g. temperature=1.0,seed=7 "
+                                   f"(got {text!r})")
+    return changes
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     temperature: float = SPECS["temperature"].default

@@ -13,6 +13,7 @@ from textual.screen import Screen
 from textual.widgets import Select
 
 from ..config import Config, config_dir, config_path, log_dir, save_setting
+from ..engine.base import Comparing
 from ..engine.params import PRESETS, LiveParams
 from ..guard import LOG_NAME, exception_line
 from ..lag import monitor_from_env
@@ -67,6 +68,38 @@ class ChatApp(App[None]):
 
         if self.workspace is not None:
             self.push_screen(ToolsScreen(self.workspace, partial(ask_consent, self)))
+
+    def action_lab(self) -> None:
+        """F10: the sampling lab over the chat's last prompt, or the draft in the box. Keep puts a column into
+        the chat as the reply, with its settings: the panel follows them."""
+        from .screens.lab import LabScreen
+
+        chat = self.screen
+        backend = self.workspace.backend if self.workspace is not None else None
+        if not isinstance(chat, ChatScreen):
+            return
+        session = chat.session
+        draft = chat.view.prompt.text.strip()
+        question = draft or (session.turns[-1].question if session.turns else "")
+        if chat.reply is not None or not question or not isinstance(backend, Comparing):
+            self.notify("A reply is still being written: Esc stops it." if chat.reply is not None else
+                        "Write a message first: the lab answers it, or the last one." if not question else
+                        "The lab needs a local model: a server is asked one reply at a time.", timeout=4)
+            return
+
+        async def kept(index: int | None) -> None:
+            if index is None or lab_screen.lab is None:
+                return
+            session.keep_lab(question, lab_screen.lab.columns, index)
+            chat.query_one(SamplingPanel).set_values(session.live.snapshot()[1].as_dict())
+            if draft:
+                chat.view.prompt.clear()
+            await chat.view.show(session)
+
+        spent = session.spent()
+        lab_screen = LabScreen(backend, session.lab_messages(question), question, session.live.snapshot()[1],
+                               session.top_logprobs, spent[-1].decode_tok_s if spent else None)
+        self.push_screen(lab_screen, kept)
 
     @on(ConsentWanted)
     def _consent(self, event: ConsentWanted) -> None:

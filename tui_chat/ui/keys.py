@@ -45,6 +45,8 @@ CHAT_KEYS = [  # in the footer in this order: what a newcomer needs first, as fa
                tooltip="Let a reasoning model think before it answers, or not (this chat, from the next reply)"),
     everywhere("f9", "view('tools')", "Tools", id="tools", show=False,
                tooltip="Tools: the MCP servers and their tools, switched on or off for this chat"),
+    everywhere("f10", "app.lab", "Lab", id="lab", show=False,
+               tooltip="Sampling lab: 2–4 settings side by side on one prompt"),
     everywhere("alt+up", "view('focus_message', -1)", "Earlier message", id="previous_message", show=False,
                tooltip="Focus the message above (from the box: the latest)"),
     everywhere("alt+down", "view('focus_message', 1)", "Later message", id="next_message", show=False,

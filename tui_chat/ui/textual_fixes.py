@@ -27,6 +27,8 @@ class Footer(textual.widgets.Footer):
     _shown: tuple[object, ...] | None = None
 
     async def recompose(self) -> None:
+        if not self.is_attached:  # its screen was dismissed while the recompose waited
+            return
         shown = tuple((binding, enabled, tooltip) for _, binding, enabled, tooltip
                       in self.screen.active_bindings.values() if binding.show)
         if shown != self._shown:

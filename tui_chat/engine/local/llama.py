@@ -295,18 +295,19 @@ class LlamaBackend:
             return ModelDrafter(self._draft_session, tokens)
         return NgramDrafter(tokens) if self.settings.draft == "ngram" else None
 
-    def _generate(self, request: Request, stream: Stream) -> None:
+    def _generate(self, request: Request, stream: Stream, turn: TurnMaker | None = None) -> None:
+        """A reply; or, with `turn`, a turn of another shape that builds on the reply's (the lab's)."""
         try:
             session, prompt_format = self._session, self._format
             if session is None or prompt_format is None:
                 raise EngineError("no model is loaded")
             if self._disk is not None:
                 self._disk.start_turn()
-            _Turn(self, session, prompt_format, request, stream).run()
+            (turn or _Turn)(self, session, prompt_format, request, stream).run()
         except (EngineError, PromptError, FormatError) as error:
             stream.put(Error(str(error)))
             return
-        if self._disk is not None:
+        if self._disk is not None and turn is None:  # a lab leaves the conversation's cache at its prompt
             # after Done: the reply is not kept waiting
             self._disk.save(session, request.conversation, (self._history_text, self._history_tokens),
                             self._last_prompt)
@@ -361,6 +362,9 @@ def _marker_pieces(session: LlamaSession, syntax: ThinkingSyntax) -> dict[int, b
     return pieces
 
 
+TurnMaker = Callable[[LlamaBackend, LlamaSession, PromptFormat, Request, Stream], "_Turn"]
+
+
 class _TokenFacts(TypedDict):
     forced: bool
     stages: tuple[Stage, ...]
@@ -386,7 +390,7 @@ class _Turn:
     """
 
     def __init__(self, backend: LlamaBackend, session: LlamaSession, prompt_format: PromptFormat, request: Request,
-                 stream: Stream) -> None:
+                 stream: Stream, fitted: tuple[str, list[int], int] | None = None) -> None:
         self.backend = backend
         self.session = session
         self.format = prompt_format
@@ -396,7 +400,8 @@ class _Turn:
         self.shown = bool(request.top_logprobs or request.xray)  # each token's own text goes with it
         self.forced = list(request.forced)
         self.allowance = len(self.forced) if request.continuing else 0  # tokens beyond max tokens
-        self.prompt_text, self.prompt, self.dropped_turns = self._fitted_prompt()
+        # the prompt's text, tokens and turns left out: a lab's columns take the lab's
+        self.prompt_text, self.prompt, self.dropped_turns = fitted or self._fitted_prompt()
         self.inside = opens_thinking(self.prompt_text, prompt_format.thinking)  # the prompt opened the thinking
         self.context = self.prompt + self.forced  # all the model reads before its first new token
         self.cached = 0
@@ -690,11 +695,15 @@ class _Turn:
         self.backend._history_text = self.prompt_text + text.raw[: text.ends[kept - 1]] if kept else self.prompt_text
         self.backend._history_tokens = self.prompt + self.generated[:kept]
         self.backend._last_prompt = (self.prompt_text, self.prompt)
-        metrics = self.metrics()
+        self.stream.put(self._done(reason))
+
+    def _done(self, reason: StopReason) -> Done:
+        """The reply's last event, once its text is finished."""
+        text = self.text
         constraint = self.constraint
         incomplete, note = constraint.verdict(reason == "eos", text.scanner.visible) if constraint else (False, "")
-        self.stream.put(Done(reason, text.scanner.visible, metrics, tuple(self.prompt), incomplete,
-                             text.reasoning, text.answer_from(), note, stop_sequence=text.scanner.matched))
+        return Done(reason, text.scanner.visible, self.metrics(), tuple(self.prompt), incomplete,
+                    text.reasoning, text.answer_from(), note, stop_sequence=text.scanner.matched)
 
     def _thinking_figures(self) -> tuple[int, float | None]:
         """The tokens the model drew while thinking, and how long it thought (None: it did not)."""

@@ -4,8 +4,9 @@ We drive llama.cpp directly rather than through `llama_cpp.Llama` so that each t
 `llama_decode` of a preallocated batch, the sampler chain can change between tokens, and the next
 token's probabilities come from this step's logits alone. Use from a single thread.
 
-The context holds two sequences: 0 is the conversation; 1 is a scratch copy that shares its cached
-prefix, where a past position's logits are recomputed on demand (the X-ray, word probabilities).
+The context holds several sequences: 0 is the conversation; 1 is a scratch copy that shares its cached
+prefix, where a past position's logits are recomputed on demand (the X-ray, word probabilities); from
+FIRST_COLUMN_SEQ on, the sampling lab's columns, which share the prompt's cells (lab.py).
 
 A speculative draft is verified in one batch with logits on every row (`verify`); `row` then says which
 row the sampler, the shortlist and the inspector read, and `truncate` drops the cells of rejected tokens.
@@ -26,6 +27,7 @@ import llama_cpp
 import numpy as np
 
 from ..base import Candidate, EngineError, GrammarMask, PoolCut
+from ..compare import MAX_COLUMNS
 from ..models import check_gguf
 from ..params import SamplingParams
 from ..pool import likeliest, pool_cut
@@ -36,6 +38,7 @@ from .cpu import Threads
 from .cpu_path import CpuPath, deny_amx
 
 SCRATCH_SEQ = 1
+FIRST_COLUMN_SEQ = 2  # the sampling lab's columns: sequences FIRST_COLUMN_SEQ … FIRST_COLUMN_SEQ + MAX_COLUMNS - 1
 # A user-defined token that stands for media, e.g. <start_of_image>, <image_soft_token>, [multimodal], <|vision_start|>
 _MEDIA_PLACEHOLDER = re.compile(rb"[<\[]\|?[\w|]*(?:image|audio|video|vision|multimodal)[\w|]*\|?[>\]]")
 POOL_SCAN = 1024  # with top-k off, the pool cut is counted among this many likeliest tokens
@@ -126,9 +129,9 @@ class LlamaSession:
         context_params.n_threads = threads.decode
         context_params.n_threads_batch = threads.batch
         context_params.swa_full = True  # sliding-window models keep every position, so earlier turns stay reusable
-        # One cache for both sequences: the scratch one tags the cells it shares instead of copying
-        # them, and the conversation keeps the whole context.
-        context_params.n_seq_max = 2
+        # One cache for every sequence: the scratch one and the lab's columns tag the cells they share
+        # instead of copying them, and the conversation keeps the whole context.
+        context_params.n_seq_max = FIRST_COLUMN_SEQ + MAX_COLUMNS
         context_params.kv_unified = True
         context_params.no_perf = False
         self.kv_types = (context_params.type_k, context_params.type_v)
@@ -431,6 +434,32 @@ class LlamaSession:
         finally:
             llama_cpp.llama_memory_seq_rm(self.memory, SCRATCH_SEQ, -1, -1)
         return len(chunk) / (time.perf_counter() - started)
+
+    def share_prompt(self, seq: int) -> None:
+        """Sequence `seq` starts as the conversation's cached tokens: llama.cpp tags their cells, copies nothing."""
+        llama_cpp.llama_memory_seq_cp(self.memory, 0, seq, -1, -1)
+
+    def drop_sequence(self, seq: int) -> None:
+        """Free the cells only `seq` holds (the ones it shares stay with the others)."""
+        llama_cpp.llama_memory_seq_rm(self.memory, seq, -1, -1)
+
+    def step_rows(self, rows: Sequence[tuple[int, int, int]]) -> None:
+        """One `llama_decode` of one token per sequence, each (token, position, sequence), with logits for
+        every row: `row = i` reads row i's. The sequence ids go back to 0 afterwards, as `step` needs."""
+        batch = self._batch
+        batch.n_tokens = len(rows)
+        for i, (token, position, seq) in enumerate(rows):
+            batch.token[i] = token
+            batch.pos[i] = position
+            batch.seq_id[i][0] = seq
+            batch.logits[i] = 1
+        self._decodes += 1
+        try:
+            status = llama_cpp.llama_decode(self.ctx, batch)
+        finally:
+            for i in range(len(rows)):
+                batch.seq_id[i][0] = 0
+        self._check(status)
 
     @staticmethod
     def _check(status: int) -> None:
