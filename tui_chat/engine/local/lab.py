@@ -70,6 +70,8 @@ class _ColumnStream(Stream):
 class LabTurn(_Turn):
     """The prompt's fitting, restoring from disk and reading are the reply's (`_Turn`); the decode is the lab's."""
 
+    drafts = False
+
     def __init__(self, backend: LlamaBackend, session: LlamaSession, prompt_format: PromptFormat, request: Request,
                  stream: Stream, columns: Sequence[LiveParams]) -> None:
         if not 1 <= len(columns) <= MAX_COLUMNS:
@@ -154,6 +156,8 @@ class LabTurn(_Turn):
 
 class _Column(_Turn):
     """One column: a reply with its own settings, in its own sequence, drawn from its row of the lab's batch."""
+
+    drafts = False
 
     def __init__(self, lab: LabTurn, index: int, live: LiveParams) -> None:
         super().__init__(lab.backend, lab.session, lab.format, replace(lab.request, params=live),

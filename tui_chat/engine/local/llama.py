@@ -389,6 +389,8 @@ class _Turn:
     as without a draft. The cells of the guesses not kept are dropped from the cache (`_settle`).
     """
 
+    drafts = True  # the lab's turns say no: their columns step together, a row each
+
     def __init__(self, backend: LlamaBackend, session: LlamaSession, prompt_format: PromptFormat, request: Request,
                  stream: Stream, fitted: tuple[str, list[int], int] | None = None) -> None:
         self.backend = backend
@@ -417,7 +419,7 @@ class _Turn:
         self.decode_at: float | None = None  # when the reply's first token came due
         self.thought_at: float | None = None  # when its thinking ended
         self.constraint: Constraint | None = None
-        self.drafter = backend.new_drafter(self.prompt)
+        self.drafter = backend.new_drafter(self.prompt) if self.drafts else None
         self.control = DraftController(0, backend._plain_ms)
         self.guesses: list[int] = []  # the draft being walked: row i of the batch is drawn against guesses[i]
         self.kept = 0  # of them, those drawn as guessed so far
