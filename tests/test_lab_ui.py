@@ -35,7 +35,8 @@ async def test_the_lab_runs_the_last_prompt_side_by_side_and_keeps_a_column_as_a
         lab = await screen_open(pilot, LabScreen)
         assert lab.question == "Hello there"
         columns = list(lab.query(LabColumn))
-        assert len(columns) == 2 and "temperature=0" in columns[1].query_one(Input).value
+        assert len(columns) == 2
+        columns[1].query_one(Input).value = "temperature=0"
         await pilot.press("f2")  # a third column, a copy of the second
         await pilot.pause()
         assert len(lab.query(LabColumn)) == 3
@@ -88,3 +89,18 @@ async def test_escape_leaves_the_lab_and_nothing_is_kept(tiny_model):
         await pilot.press("ctrl+r", "escape")
         await wait_for(pilot, lambda: isinstance(pilot.app.screen, ChatScreen))
         assert len(chat_screen.session.turns[-1].branches) == 1
+
+
+async def test_the_lab_opens_on_a_contrast_and_tab_goes_from_settings_to_settings(tiny_model):
+    async with make_app(str(tiny_model)).run_test(size=WIDE) as pilot:
+        chat_screen = await loaded(pilot)
+        chat_screen.live.update(temperature=0.0)
+        await chat(pilot, "Hello there")
+        await pilot.press("f10")
+        lab = await screen_open(pilot, LabScreen)
+        first, second = (column.query_one(Input) for column in lab.query(LabColumn))
+        assert first.value.startswith("temperature=0,")
+        assert second.value.startswith("temperature=1,") and second.value.endswith(",seed=7")
+        assert pilot.app.focused is first
+        await pilot.press("tab")
+        assert pilot.app.focused is second  # not the first column's empty reply

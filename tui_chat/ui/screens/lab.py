@@ -38,6 +38,12 @@ def settings_text(params: SamplingParams, **changes: object) -> str:
                     for name, value in values.items())
 
 
+def contrast(params: SamplingParams) -> dict[str, object]:
+    """What the second column changes first, so the lab opens on a comparison: greedy beside sampled settings,
+    a seeded draw at temperature 1 beside greedy ones."""
+    return {"temperature": 1.0, "seed": 7} if params.temperature == 0 else {"temperature": 0.0}
+
+
 class LabColumn(Vertical):
     """One column: its settings (Enter runs the lab; while it runs, applies them from the next token), its
     reply as a heatmap, its figures, and Keep."""
@@ -49,7 +55,7 @@ class LabColumn(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Input(self.settings, placeholder="temperature=1.0,top_p=0.9,seed=7", classes="lab-settings")
-        with VerticalScroll(classes="lab-body"):
+        with VerticalScroll(classes="lab-body", can_focus=False):  # Tab goes from settings to settings
             yield Static(classes="lab-text")
         yield Static("", classes="lab-figures")
         yield Button("Keep", disabled=True, classes="lab-keep", tooltip="Into the chat as the reply")
@@ -103,7 +109,7 @@ class LabScreen(Screen[int | None]):
         yield Static("", id="lab-status")
         with Horizontal(id="lab-columns"):
             yield LabColumn(0, settings_text(self.base))
-            yield LabColumn(1, settings_text(self.base, temperature=0.0))
+            yield LabColumn(1, settings_text(self.base, **contrast(self.base)))
         yield Footer()
 
     def on_mount(self) -> None:
