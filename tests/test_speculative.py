@@ -14,6 +14,7 @@ import pytest
 from conftest import GREEDY, collect, open_backend, run_cli
 from tui_chat.engine.base import Done, Message, Request, Token
 from tui_chat.engine.formats import choose
+from tui_chat.engine.local.cpu import ThreadGovernor, Threads, Topology
 from tui_chat.engine.local.draft import FIRST_PAUSE, TRIALS, DraftController, NgramDrafter
 from tui_chat.engine.params import LiveParams
 
@@ -166,6 +167,13 @@ def test_run_json_reports_the_draft(starter_model: Path):
                               "(got 'maybe')\n")
 
 
+class Busy:
+    """Another process keeps one of two cores busy: the governor goes down to one thread."""
+
+    def busy_elsewhere(self) -> float:
+        return 1.0
+
+
 def test_a_draft_model_sharing_the_vocabulary_drafts_and_another_is_refused(tiny_model: Path, starter_model: Path):
     plain = open_backend(tiny_model, n_ctx=1024)
     drafting = open_backend(tiny_model, n_ctx=1024, draft=str(tiny_model))
@@ -178,6 +186,10 @@ def test_a_draft_model_sharing_the_vocabulary_drafts_and_another_is_refused(tiny
         assert on.metrics.draft_accepted == on.metrics.drafted, "a model drafting for itself guesses every token"
         _, again = reply(drafting, "hello there", params)
         assert again.text == off.text, "the draft model's cache follows the text across replies"
+        drafting.threads = ThreadGovernor(topology=Topology(2, 2, 2), watch=Busy())
+        reply(drafting, "hello there", params)
+        assert drafting._session.threads == drafting._draft_session.threads == Threads(1, 1), \
+            "the draft model follows the load governor with the model"
     finally:
         plain.close()
         drafting.close()
