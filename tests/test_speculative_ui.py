@@ -20,6 +20,7 @@ async def test_drafted_tokens_are_underlined_and_the_panel_counts_them(starter_m
         assert drafted and len(drafted) < len(tokens)
         await pilot.press("ctrl+t")
         await pilot.pause()
+        assert "underlined: drafted, kept" in str(screen.query_one("#legend").render())
         body = reply.query_one(".heatmap")
         underlined = set()
         for y in range(body.size.height):

@@ -251,6 +251,7 @@ class LlamaBackend:
             threads=session.threads.decode,
             thinking=prompt_format.thinking.label if prompt_format.names_thinking else "",
             thinking_switch=prompt_format.thinking_switch,
+            draft="" if settings.draft == "off" else Path(settings.draft).name,  # "ngram" stays itself
         )
         self._disk = open_disk_cache(settings.kv_dir, settings.kv_budget_bytes, session, settings.path, header,
                                      build_version())
