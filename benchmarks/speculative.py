@@ -3,7 +3,9 @@
 Why: drafting pays only where the reply repeats text it has seen (a copy, an edit, a quote), and costs where it
 does not (each extra row of a verification batch costs the output layer once more). This times the engine with
 `draft = ngram` and `off` side by side, rounds alternating, on a copy task (a ~300-token text repeated exactly),
-an edit task (the same text with one word changed throughout) and free chat (a story), and llama-bench's tg128
+an edit task (the same text with one word changed throughout) and free chat (a story, under the app's default
+repeat penalty: with none, the starter's greedy reply repeats the question over and over, which the drafter turns
+into a copy; with it, the reply is new text, where drafting must stop and cost nothing), and llama-bench's tg128
 built from the same vendored llama.cpp (benchmarks/app_speed.py builds it once) on the same threads: the mark of
 one token at a time. Greedy, so each side's reply is the same every round; the copy's text is checked to be the
 same with drafting on and off. It prints numbers and asserts nothing; --json prints one JSON document instead.
@@ -33,7 +35,7 @@ from shared import alternate, bench_model, fmt, greedy_settings, median, ratio
 from tui_chat.engine.base import Done, Error, Message, Request
 from tui_chat.engine.local.cpu import cpu_model, read_topology
 from tui_chat.engine.local.llama import PREFILL_CHUNK, LlamaBackend, LlamaSettings
-from tui_chat.engine.params import LiveParams, SamplingParams
+from tui_chat.engine.params import SPECS, LiveParams, SamplingParams
 
 N_CTX = 4096
 TEXT = (
@@ -67,8 +69,10 @@ class Turn:
 
 
 def settings(task: str, max_tokens: int, draft_max: int) -> SamplingParams:
-    stops = STOP if task != "chat" else ()
-    return SamplingParams(**greedy_settings(max_tokens)).with_changes(stop=stops, draft_max=draft_max)
+    greedy = SamplingParams(**greedy_settings(max_tokens)).with_changes(draft_max=draft_max)
+    if task == "chat":
+        return greedy.with_changes(repeat_penalty=SPECS["repeat_penalty"].default)
+    return greedy.with_changes(stop=STOP)
 
 
 def turn(backend: LlamaBackend, prompt: str, params: SamplingParams) -> Turn:
@@ -112,7 +116,7 @@ def main() -> None:
     print(f"machine   {cpu_model() or platform.processor()}, {topology.physical} cores ({topology.logical} logical), "
           f"llama-cpp-python {version}, load avg {os.getloadavg()[0]:.2f}", file=log)
     print(f"model     {path}\nsettings  greedy, {args.threads} thread(s), draft_max {args.draft_max}, n_ctx {N_CTX}; "
-          f"copy and edit stop at a blank line\nlogs      {log_dir}", file=log)
+          f"copy and edit stop at a blank line, chat has the default repeat penalty\nlogs      {log_dir}", file=log)
     backends = {}
     kinds = {"off": "off", "ngram": "ngram"} | ({"model": str(args.draft_model)} if args.draft_model else {})
     for name, kind in kinds.items():

@@ -59,6 +59,7 @@ async def test_heatmap_colours_each_token_by_its_probability(tiny_model):
         await pilot.press("ctrl+t")
         await pilot.pause()
         assert screen.query_one("#legend").display
+        assert "underlined" not in str(screen.query_one("#legend").render()), "no drafting, no underline to name"
         body = reply.query_one(".heatmap")
         segments = [segment for y in range(body.size.height) for segment in body.render_line(y)]
         colors = band_colors(app.get_css_variables())

@@ -14,6 +14,7 @@ import pytest
 from conftest import GREEDY, collect, open_backend, run_cli
 from tui_chat.engine.base import Done, Message, Request, Token
 from tui_chat.engine.formats import choose
+from tui_chat.engine.local.cpu import ThreadGovernor, Threads, Topology
 from tui_chat.engine.local.draft import FIRST_PAUSE, TRIALS, DraftController, NgramDrafter
 from tui_chat.engine.params import LiveParams
 
@@ -166,6 +167,27 @@ def test_run_json_reports_the_draft(starter_model: Path):
                               "(got 'maybe')\n")
 
 
+class Busy:
+    """Another process keeps one of two cores busy: the governor goes down to one thread."""
+
+    def busy_elsewhere(self) -> float:
+        return 1.0
+
+
+def test_the_controller_shrinks_no_shorter_than_a_draft_that_can_pay():
+    control = DraftController(16, plain_ms=10.0)
+    control.verified(4, 0, 0.03)
+    assert control.next_size() == 1, "one guess is tried while its cost is unknown"
+    control.verified(1, 1, 0.022)  # a 2-row batch in 22 ms: 2 tokens at best, against 20 ms for 2 plain steps
+    control.verified(2, 0, 0.016)
+    assert control.next_size() == 2, "a draft of one guess cannot pay: the floor is two"
+    slow = DraftController(16, plain_ms=10.0)
+    slow.batch_ms = {1: 22.0, 2: 31.0}  # a 3-row batch slower than 3 plain steps too
+    slow.verified(4, 1, 0.03)
+    assert slow.next_size() == 3
+    assert DraftController(2, plain_ms=10.0).shortest() == 1, "unmeasured lengths are tried"
+
+
 def test_a_draft_model_sharing_the_vocabulary_drafts_and_another_is_refused(tiny_model: Path, starter_model: Path):
     plain = open_backend(tiny_model, n_ctx=1024)
     drafting = open_backend(tiny_model, n_ctx=1024, draft=str(tiny_model))
@@ -178,6 +200,10 @@ def test_a_draft_model_sharing_the_vocabulary_drafts_and_another_is_refused(tiny
         assert on.metrics.draft_accepted == on.metrics.drafted, "a model drafting for itself guesses every token"
         _, again = reply(drafting, "hello there", params)
         assert again.text == off.text, "the draft model's cache follows the text across replies"
+        drafting.threads = ThreadGovernor(topology=Topology(2, 2, 2), watch=Busy())
+        reply(drafting, "hello there", params)
+        assert drafting._session.threads == drafting._draft_session.threads == Threads(1, 1), \
+            "the draft model follows the load governor with the model"
     finally:
         plain.close()
         drafting.close()

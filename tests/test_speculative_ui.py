@@ -20,6 +20,7 @@ async def test_drafted_tokens_are_underlined_and_the_panel_counts_them(starter_m
         assert drafted and len(drafted) < len(tokens)
         await pilot.press("ctrl+t")
         await pilot.pause()
+        assert "underlined: drafted, kept" in str(screen.query_one("#legend").render())
         body = reply.query_one(".heatmap")
         underlined = set()
         for y in range(body.size.height):
@@ -29,11 +30,13 @@ async def test_drafted_tokens_are_underlined_and_the_panel_counts_them(starter_m
                     assert bool(segment.style.underline) == (index in drafted), (index, segment.text)
                     underlined.add(index) if segment.style.underline else None
         assert underlined == drafted and DRAFTED.underline
-        panel = str(screen.query_one(MetricsPanel).query_one("#speed").render())
+        speed = screen.query_one(MetricsPanel).query_one("#speed")
+        panel = str(speed.render())
         metrics = screen.query_one(MetricsPanel).metrics
-        assert f"Draft    ngram · {metrics.acceptance:.0%} kept · {metrics.tokens_per_verification:.1f} tok/batch" \
-            in panel
+        assert f"Draft    ngram · {metrics.acceptance:.0%} kept\n         {metrics.tokens_per_verification:.1f} " \
+               "tok/batch\n" in panel
         assert "× plain" in panel, "plain decoding was measured at the start of the reply"
+        assert max(map(len, panel.splitlines())) <= speed.content_size.width, "no figure wraps in the panel"
         reply.focus()
         first = min(drafted)
         await pilot.press("enter")

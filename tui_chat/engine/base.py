@@ -98,6 +98,7 @@ class ModelInfo:
     threads: int = 0  # decode threads when it loaded (they follow the load: TurnMetrics.threads)
     thinking: str = ""  # the thinking markers recognised, e.g. "<think>…</think>" ("" where it cannot tell)
     thinking_switch: bool = False  # its chat template takes `enable_thinking`
+    draft: str = ""  # speculative decoding's drafter: "ngram" or the draft model's file name ("" none)
 
     @property
     def server_facts(self) -> tuple[str, ...]:

@@ -135,6 +135,7 @@ class DraftController:
         self.plain_s = 0.0
         self.draft_tokens = 0  # tokens kept from verifications: the accepted and the one drawn after them
         self.draft_s = 0.0
+        self.batch_ms: dict[int, float] = {}  # a verification's time by its draft's length (running averages)
 
     def next_size(self) -> int:
         """The longest draft to ask for now; 0 while drafting is paused (or off), and once, after a few
@@ -160,11 +161,24 @@ class DraftController:
         self.draft_tokens += accepted + 1
         self.draft_s += seconds
         self.draft_ms = _average(self.draft_ms, seconds * 1000 / (accepted + 1))
-        self.size = min(self.limit, drafted * 2) if accepted == drafted else max(1, accepted)
+        self.batch_ms[drafted] = _average(self.batch_ms.get(drafted), seconds * 1000)
+        self.size = min(self.limit, drafted * 2) if accepted == drafted else max(self.shortest(), accepted)
         self.trials += 1
         if self.trials >= TRIALS and self.plain_ms is not None and self.draft_ms >= self.plain_ms:
             self.paused, self.pause = self.pause, min(LONGEST_PAUSE, self.pause * 2)
             self.trials, self.draft_ms, self.size = 0, None, START_SIZE
+
+    def shortest(self) -> int:
+        """The shortest draft that can pay: `n` guesses, all kept, give n + 1 tokens for one verification, so
+        a length whose verification was measured to take as long as n + 1 plain steps cannot pay whatever is
+        kept. Each row of a batch costs the 262,144-token output layer once more: on the starter a 2-row batch
+        (one guess) takes ~1.8 steps, and with the guess's own cost it never pays; longer drafts share the
+        batch's fixed cost and can. Lengths not measured yet are tried."""
+        size = 1
+        while (size < self.limit and self.plain_ms is not None and (ms := self.batch_ms.get(size)) is not None
+               and ms >= (size + 1) * self.plain_ms):
+            size += 1
+        return size
 
     def stopped(self, drafted: int, accepted: int) -> None:
         """A verification the reply ended (or a setting changed) in the middle of: its guesses count, untimed."""

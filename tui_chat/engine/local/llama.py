@@ -251,6 +251,7 @@ class LlamaBackend:
             threads=session.threads.decode,
             thinking=prompt_format.thinking.label if prompt_format.names_thinking else "",
             thinking_switch=prompt_format.thinking_switch,
+            draft="" if settings.draft == "off" else Path(settings.draft).name,  # "ngram" stays itself
         )
         self._disk = open_disk_cache(settings.kv_dir, settings.kv_budget_bytes, session, settings.path, header,
                                      build_version())
@@ -448,10 +449,13 @@ class _Turn:
         return self.backend._markers.get(token) or self.session.piece(token)
 
     def retune_threads(self) -> None:
-        """Follow the machine's load: fewer threads while other processes keep cores busy."""
+        """Follow the machine's load: fewer threads while other processes keep cores busy; the draft model's too,
+        as it decodes on the same cores between the model's batches."""
         governor = self.backend.threads
         if governor.retune():
             self.session.set_threads(governor.threads)
+            if (draft := self.backend._draft_session) is not None:
+                draft.set_threads(governor.threads)
 
     def run(self) -> None:
         """The reply; an output format's grammar first, so a bad one is the reply's only event."""

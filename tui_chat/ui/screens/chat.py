@@ -146,6 +146,7 @@ class ChatScreen(Screen[None]):
         self.view.set_status("")
         self._show_title()
         self.view.recount_draft()
+        self.view.show_legend()
         if job.note:
             self.notify(job.note, title="Default model", severity="warning", timeout=10, markup=False)
         backend = self.workspace.backend  # the job's, now in use; a held message goes once no load is to come

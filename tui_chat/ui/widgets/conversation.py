@@ -105,7 +105,7 @@ class ConversationView(Vertical):
         await self.log_view.show(session.turns)
         for reply in self.query(ReplyMessage):
             reply.heatmap = self.heatmap
-        self._show_legend()
+        self.show_legend()
 
     # --- the reply being written --------------------------------------------------------------
 
@@ -308,13 +308,16 @@ class ConversationView(Vertical):
 
     async def set_heatmap(self, on: bool) -> None:
         self.heatmap = on
-        self._show_legend()
+        self.show_legend()
         for reply in self.query(ReplyMessage):
             await reply.set_heatmap(on)
 
-    def _show_legend(self) -> None:
+    def show_legend(self) -> None:
+        """The heatmap's legend while it is on; it names the underline only where the model in use drafts."""
         shown = self.query_one("#legend", Static)
         shown.display = self.heatmap
         if self.heatmap:
             reopened = any(turn.reply is not None and not turn.reply.tokens for turn in self.session.turns)
-            shown.update(legend(band_styles(self.app.get_css_variables()), reopened))
+            info = backend.info if (backend := self._backend()) is not None else None
+            drafting = info is not None and bool(info.draft) and self.session.live.snapshot()[1].draft_max > 0
+            shown.update(legend(band_styles(self.app.get_css_variables()), reopened, drafting))

@@ -275,12 +275,16 @@ def grammar_line(tokens: Sequence[Token], index: int) -> Text | None:
 REOPENED_NOTE = "Replies reopened from the history stay plain: it keeps their text, not their token probabilities."
 
 
-def legend(styles: Sequence[Style], reopened: bool = False) -> Text:
-    """The bands' colours; `reopened`: the chat has replies with no token records, which it says are plain."""
+def legend(styles: Sequence[Style], reopened: bool = False, drafting: bool = False) -> Text:
+    """The bands' colours; `reopened`: the chat has replies with no token records, which it says are plain;
+    `drafting`: speculative decoding is on, so some tokens are underlined, which it says why."""
     out = Text("Heatmap  ", style="dim")
     for band, style in zip(BANDS, styles, strict=True):
         out.append(f" {band.label} ", style)
         out.append(" ")
+    if drafting:
+        out.append("underlined", DRAFTED)
+        out.append(": drafted, kept  ", style="dim")
     out.append("←/→ Enter", style="dim")
     if reopened:
         out.append(f"\n{REOPENED_NOTE}", style="dim italic")

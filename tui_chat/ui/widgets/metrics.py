@@ -50,13 +50,14 @@ def _thinking_cost(price: Price, m: TurnMetrics) -> str:
 
 
 def _draft(m: TurnMetrics) -> str:
-    """Speculative decoding's figures: `Draft    ngram · 93% kept · 9.4 tok/batch` and the speed-up against
-    plain decoding measured with this model (`1.62× plain`); "" without drafting."""
+    """Speculative decoding's figures: `Draft    ngram · 93% kept`, the tokens per batch (`9.4 tok/batch`) and the
+    speed-up against plain decoding measured with this model (`1.62× plain`), a line each so that none wraps
+    in the panel's 30 columns; "" without drafting."""
     if not m.draft_kind:
         return ""
     acceptance, per_batch, speedup = m.acceptance, m.tokens_per_verification, m.draft_speedup
     kept = "no draft yet" if acceptance is None else f"{acceptance:.0%} kept"
-    batch = "" if per_batch is None else f" · {per_batch:.1f} tok/batch"
+    batch = "" if per_batch is None else f"\n         {per_batch:.1f} tok/batch"
     versus = "" if speedup is None else f"\n         {speedup:.2f}× plain"
     return f"\nDraft    {m.draft_kind} · {kept}{batch}{versus}"
 
