@@ -255,6 +255,8 @@ class ChatSession:
         for turn in self.turns:
             messages.append(Message("user", turn.question))
             if turn.reply is not None and turn is not answering:
+                if turn.reply.tool_calls and self.tools is not None:  # as the model wrote and read them
+                    messages += self.tools.replay(turn.reply.tool_calls)
                 messages.append(Message("assistant", turn.reply.text, turn.reply.reasoning))
         return messages
 
