@@ -88,7 +88,8 @@ def test_the_model_is_told_of_the_tools_through_its_template(family, servers):
     kind, backend = family
     tools = servers.start(TIME, 30)
     assert backend.info.tool_syntax == kind and call_form(backend.info).templated
-    assert dict(backend.info.call_tokens).keys() == {"hermes": {"<tool_call>", "</tool_call>"}, "llama3": set(),
+    assert dict(backend.info.call_tokens).keys() == {"hermes": {"<tool_call>", "</tool_call>"},
+                                                     "llama3": {"<|python_tag|>"},
                                                      "mistral": {"[TOOL_CALLS]"}}[kind]
     stream = backend.generate(Request([Message("user", QUESTION)], LiveParams(GREEDY), tools=template_tools(tools)))
     assert isinstance(stream.result(), Done)
@@ -143,6 +144,20 @@ def step_rendered(kind: str, result: str) -> str:
         "mistral": '[TOOL_CALLS][{"name": "get_current_time", "arguments": {"timezone": "Asia/Tokyo"}, "id": '
                    f'"call00001"}}]</s>[TOOL_RESULTS]{{"content": {result}, "call_id": "call00001"}}[/TOOL_RESULTS]',
     }[kind]
+
+
+def test_a_llama_call_opened_with_its_python_tag_is_recognised(tmp_path, servers):
+    path = write_scripted_model(tmp_path / "tagged.gguf", template("meta-llama-Llama-3.2-3B-Instruct"),
+                                [LLAMA[0], "<|python_tag|>", *LLAMA[1:]], specials=LLAMA_SPECIALS,
+                                bos="<|begin_of_text|>", eos="<|eot_id|>", add_bos=True, pre="llama-bpe", words=WORDS)
+    backend = open_backend(path, n_ctx=4096)
+    try:
+        use = ToolUse(servers, servers.start(TIME, 30), approve_listed(["all"]), "auto", call_limit=1,
+                      form=call_form(backend.info))
+        done = use.generate(backend.generate, Request([Message("user", QUESTION)], LiveParams(GREEDY))).result()
+    finally:
+        backend.close()
+    assert isinstance(done, Done) and done.tool_calls[0].arguments == {"timezone": "Asia/Tokyo"}
 
 
 def test_the_generic_form_is_kept_for_a_model_whose_template_takes_no_tools(tiny):

@@ -110,7 +110,8 @@ class CallSyntax:
 CALL_SYNTAXES: tuple[CallSyntax, ...] = (
     CallSyntax("hermes", '<tool_call>\\n{"name": ', "<tool_call>\n", "\n</tool_call>",
                markers=("<tool_call>", "</tool_call>")),
-    CallSyntax("llama3", '"parameters": dictionary of argument name', "", "", "parameters"),
+    CallSyntax("llama3", '"parameters": dictionary of argument name', "", "", "parameters",
+               markers=("<|python_tag|>",)),  # a bare call, which the model may open with <|python_tag|>
     CallSyntax("mistral", "[TOOL_CALLS][", "[TOOL_CALLS][", "]", markers=("[TOOL_CALLS]",)),
 )
 

@@ -158,8 +158,9 @@ def call_format(tools: Sequence[Tool], choice: str, form: CallForm = GENERIC) ->
     head = form.lark(form.head)
     if choice != AUTO:
         start = [f"start: {head} call"]
-    elif not form.head:  # Llama 3.x: a call is the whole reply, or it is text
-        start = ["start: TEXT | call", form.text_rule]
+    elif not form.head:  # Llama 3.x: a call is the whole reply (opened by its marker or not), or it is text
+        opened = f" | {form.lark(form.marker)} call" if form.opened_by_token else ""
+        start = [f"start: TEXT | call{opened}", form.text_rule]
     elif not form.opened_by_token:  # free text, until the model writes the call's marker
         start = [f"start: TEXT | opened call\nopened[lazy]: TEXT {head}", r"TEXT: /(.|\n)*/"]
     else:  # a special token opens the call: never text, so text may come before it
@@ -182,7 +183,8 @@ def find_call(text: str, tools: Sequence[Tool], form: CallForm = GENERIC) -> Cal
     arguments = call.get(form.arguments)
     if tool is None or not isinstance(arguments, dict):
         return None
-    return Call(text[:start].strip(), tool, arguments, violation(tool.schema, json.dumps(arguments)))
+    before = text[:start].strip().removesuffix(form.marker).strip()  # Llama's marker opens a bare call
+    return Call(before, tool, arguments, violation(tool.schema, json.dumps(arguments)))
 
 
 def call_text(name: str, arguments: dict[str, Any], before: str, form: CallForm = GENERIC) -> str:
