@@ -112,6 +112,9 @@ def test_a_call_in_the_familys_form_runs_and_its_result_is_rendered_as_the_templ
     call = done.tool_calls[0]
     assert (call.name, call.arguments, call.approved) == ("get_current_time", {"timezone": "Asia/Tokyo"}, True)
     assert json.loads(call.result)["timezone"] == "Asia/Tokyo"
+    script = {"hermes": QWEN, "llama3": LLAMA, "mistral": MISTRAL}[kind]
+    assert done.metrics.tool_call_tokens == len(script)  # the call's tokens after the prompt's last, and its end
+    assert done.metrics.tool_result_tokens >= len(backend._session.tokenize(call.result, add_bos=False))
     prompt = backend._last_prompt[0]  # the step after the call: the call and its result in the template's form
     assert step_rendered(kind, call.result) in prompt
     if kind == "mistral":

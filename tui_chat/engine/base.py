@@ -150,6 +150,10 @@ class TurnMetrics:
     prompt_estimated: bool = False
     # of completion_tokens, those a server wrote but never sent (the stop sequence it ended on): not timed here
     withheld_tokens: int = 0
+    # A reply that called tools (tools/loop.py): the tokens the model drew writing its calls, in the steps before
+    # the one these figures are of; and the prompt tokens the calls' results added to the steps after them
+    tool_call_tokens: int = 0
+    tool_result_tokens: int = 0
 
     @property
     def answer_tokens(self) -> int:

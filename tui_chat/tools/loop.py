@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from ..engine.base import Done, Error, Event, Message, Request, Stream, Token, ToolActivity, ToolCall
+from ..engine.base import Done, Error, Event, Message, Request, Stream, Token, ToolActivity, ToolCall, TurnMetrics
 from ..safetext import terminal_safe
 from .calls import (
     AUTO,
@@ -104,16 +104,24 @@ class ToolUse:
         tools = template_tools(self.tools) if form.templated else ()
         choice = self.choice
         step = replace(request, messages=messages, tools=tools, format=call_format(self.tools, choice, form))
+        made = added = 0  # tokens the model drew writing its calls; prompt tokens their results added
+        before: TurnMetrics | None = None  # the figures of the step that made the latest call
         while True:
             held, final = self._written(generate(step), out, hold=choice != NONE)
-            call = find_call(final.text, self.tools, form) if isinstance(final, Done) and choice != NONE else None
-            if call is None or out.cancelled.is_set():
+            done = final if isinstance(final, Done) else None
+            if done is not None and before is not None:
+                added += max(done.metrics.prompt_tokens - before.prompt_tokens - before.completion_tokens, 0)
+            call = find_call(done.text, self.tools, form) if done is not None and choice != NONE else None
+            if call is None or done is None or out.cancelled.is_set():
                 for event in held:
                     out.put(event)
-                out.put(replace(final, tool_calls=(*calls, *final.tool_calls)) if isinstance(final, Done)
-                        else final)
+                out.put(final if done is None else replace(
+                    done, tool_calls=(*calls, *done.tool_calls),
+                    metrics=replace(done.metrics, tool_call_tokens=made, tool_result_tokens=added)))
                 return
-            if any(made.name == call.tool.name and made.arguments == call.arguments for made in calls):
+            before = done.metrics
+            made += before.completion_tokens
+            if any(old.name == call.tool.name and old.arguments == call.arguments for old in calls):
                 choice = NONE  # the same call again would bring the same result: the model answers instead
             else:
                 calls.append(self._run(call, out))

@@ -49,6 +49,19 @@ def _thinking_cost(price: Price, m: TurnMetrics) -> str:
     return f"  of it thinking {_usd(price.cost(0, 0, m.reasoning_tokens))}\n" if m.reasoning_tokens else ""
 
 
+def _tools(m: TurnMetrics) -> str:
+    if not (m.tool_call_tokens or m.tool_result_tokens):
+        return ""
+    return f"\nTools    in {m.tool_result_tokens:,} · out {m.tool_call_tokens:,}"  # results read, calls written
+
+
+def _tools_cost(price: Price, m: TurnMetrics) -> str:
+    """The calls as output (the model wrote them), the results as input (the next prompt read them)."""
+    if not (m.tool_call_tokens or m.tool_result_tokens):
+        return ""
+    return f"  tools   {_usd(price.cost(m.tool_result_tokens, 0, m.tool_call_tokens))}\n"
+
+
 def kv_bar(used: int, total: int, width: int = BAR_WIDTH) -> str:
     filled = 0 if total <= 0 else min(width, round(width * used / total))
     return "█" * filled + "░" * (width - filled)
@@ -172,7 +185,7 @@ class MetricsPanel(Vertical):
         estimated = "~" if m.prompt_estimated else ""  # counted here until the server says
         restored = restore_note(m.as_dict())
         show(self.query_one("#tokens", Static), Content(
-                f"Tokens   in {estimated}{m.prompt_tokens:,} · out {m.completion_tokens:,}{_thought(m)}\n"
+                f"Tokens   in {estimated}{m.prompt_tokens:,} · out {m.completion_tokens:,}{_thought(m)}{_tools(m)}\n"
                 f"KV       {kv_bar(m.context_tokens, n_ctx)}\n"
                 f"         {m.context_tokens:,} / {f'{n_ctx:,}' if n_ctx else 'unknown'}\n"
                 f"Reused   {m.cached_tokens:,} tokens this turn"
@@ -187,6 +200,7 @@ class MetricsPanel(Vertical):
                 f" cached  {_usd(reply.cached_input)}\n"
                 f" output  {_usd(reply.output)}\n"
                 f"{_thinking_cost(self.price, m)}"
+                f"{_tools_cost(self.price, m)}"
                 f"Session  {_usd(session)}\n"
                 f"Saved    {_usd(self.uncached_cost() - session)} by reuse"
             ))
