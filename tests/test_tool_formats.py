@@ -20,7 +20,11 @@ from thinking_model import QWEN_SPECIALS, template, write_scripted_model
 from tui_chat.engine.base import Done, Message, Request, ToolCall
 from tui_chat.engine.params import LiveParams
 from tui_chat.engine.prompts import MODEL, PromptFormat, call_syntax
-from tui_chat.session import ChatSession
+from tui_chat.export import from_json, to_json, to_markdown
+from tui_chat.history import History, HistoryError, tool_calls_from
+from tui_chat.pricing import PRESETS
+from tui_chat.recording import Saving
+from tui_chat.session import ChatSession, opened
 from tui_chat.tools.calls import GENERIC, CallForm, call_form, step_messages, template_tools
 from tui_chat.tools.loop import ToolUse, approve_listed
 from tui_chat.tools.mcp import ToolServers
@@ -161,6 +165,39 @@ def test_a_llama_call_opened_with_its_python_tag_is_recognised(tmp_path, servers
     finally:
         backend.close()
     assert isinstance(done, Done) and done.tool_calls[0].arguments == {"timezone": "Asia/Tokyo"}
+
+
+def test_calls_are_saved_with_the_chat_exported_imported_and_replayed_when_it_reopens(family, servers, tmp_path):
+    kind, backend = family
+    with History(tmp_path / "history.sqlite3") as history:
+        saving = Saving(history, PRESETS["GPT-4o"])
+        session = ChatSession(LiveParams(GREEDY), saving=saving)
+        use = ToolUse(servers, servers.start(TIME, 30), approve_listed(["all"]), "required", call_limit=1,
+                      form=call_form(backend.info))
+        session.tools = use
+        turn = session.ask(QUESTION, backend.generate)
+        assert finish(session).kind == "finished"
+        made = tuple(turn.reply.tool_calls)
+        stored = history.load(session.conversation_id)
+        assert stored.path[-1].tool_calls == made and made[0].result is not None
+
+        exported = json.loads(json.dumps(to_json(stored)))
+        assert exported["messages"][-1]["tool_calls"] == [call.as_dict() for call in made]
+        imported = history.load(history.add_conversation(from_json(exported)))
+        assert imported.path[-1].tool_calls == made
+        markdown = to_markdown(stored)
+        assert "<details><summary>tool time/get_current_time · " in markdown and made[0].result in markdown
+
+        again = opened(imported, LiveParams(GREEDY), saving)
+        again.tools = use
+        assert again.turns[0].reply.tool_calls == list(made)
+        assert again.messages()[1:3] == use.replay(made)  # the next prompt holds them as the model saw them
+
+
+def test_a_bad_tool_call_in_an_export_is_one_line():
+    with pytest.raises(HistoryError, match=r"tool_calls\[0\] needs 'arguments'"):
+        tool_calls_from([{"server": "s", "name": "n", "arguments": "{}", "approved": True, "result": None,
+                          "error": None, "ms": None, "cut": 0}], "messages[1]")
 
 
 def test_the_generic_form_is_kept_for_a_model_whose_template_takes_no_tools(tiny):

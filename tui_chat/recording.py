@@ -66,7 +66,8 @@ class SavedChat:
             return
         m = final.metrics
         cost = turn_cost(self.price, m.prompt_tokens, m.cached_tokens, m.completion_tokens).total
-        reply.finish(final.text, final.stop_reason, m, cost, final.incomplete, final.reasoning, final.stop_sequence)
+        reply.finish(final.text, final.stop_reason, m, cost, final.incomplete, final.reasoning, final.stop_sequence,
+                     final.tool_calls)
         self.last_id = reply.id
 
     def choose(self, message_id: int) -> None:
