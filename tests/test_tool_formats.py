@@ -17,6 +17,8 @@ from gguf import TokenType
 from conftest import GREEDY, open_backend
 from test_session import finish
 from thinking_model import QWEN_SPECIALS, template, write_scripted_model
+from tui_chat.commands.common import opener_for
+from tui_chat.config import Config
 from tui_chat.engine.base import Done, Message, Request, ToolCall
 from tui_chat.engine.params import LiveParams
 from tui_chat.engine.prompts import MODEL, PromptFormat, call_syntax
@@ -26,9 +28,10 @@ from tui_chat.pricing import PRESETS
 from tui_chat.recording import Saving
 from tui_chat.session import ChatSession, opened
 from tui_chat.tools.calls import GENERIC, CallForm, call_form, step_messages, template_tools
-from tui_chat.tools.loop import ToolUse, approve_listed
-from tui_chat.tools.mcp import ToolServers
+from tui_chat.tools.loop import ToolUse, approve_listed, decided
+from tui_chat.tools.mcp import Tool, ToolServers
 from tui_chat.tools.settings import ServerSpec
+from tui_chat.workspace import Workspace
 
 TIME = ServerSpec("time", sys.executable, ("-m", "mcp_server_time"))
 QUESTION = "What time is it in Tokyo?"
@@ -221,3 +224,22 @@ def test_each_family_renders_a_step_as_transformers_passes_it():
             '</tool_call>' in rendered)
     generic = step_messages(call, "", "12:00", GENERIC, 7)
     assert [m.role for m in generic] == ["assistant", "user"] and generic[1].content.startswith("<tool_response>")
+
+
+def test_a_chats_tools_follow_the_model_it_switches_to(tiny_model, tmp_path):
+    """Switched on with the starter-like tiny model (generic form), then the chat goes on with a Qwen 3: its
+    template's form from the next reply."""
+    config = Config(sampling=GREEDY, n_ctx=4096)
+    workspace = Workspace(config, opener_for(config)[0])
+    try:
+        workspace.load_now(str(tiny_model))
+        workspace.new_chat(LiveParams(GREEDY))
+        tool = Tool("time", "get_current_time", "", {"type": "object"})
+        workspace.use_tools([tool], "auto", lambda call: decided("deny"))
+        assert workspace.chat_tools is not None and workspace.chat_tools.form is GENERIC
+        workspace.load_now(str(write_family("hermes", tmp_path / "qwen.gguf")))
+        assert workspace.chat_tools.form.templated and workspace.chat_tools.form.head == "<tool_call>\n"
+    finally:
+        workspace.close()
+        if workspace.backend is not None:
+            workspace.backend.close()
