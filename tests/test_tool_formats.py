@@ -243,3 +243,20 @@ def test_a_chats_tools_follow_the_model_it_switches_to(tiny_model, tmp_path):
         workspace.close()
         if workspace.backend is not None:
             workspace.backend.close()
+
+
+def test_a_qwen3_that_thinks_before_its_call_thinks_free_and_the_next_step_shows_its_thinking(tmp_path, servers):
+    """The grammar governs the answer only: the thinking is drawn free of it, then the call follows."""
+    thinking = ["\n", "<think>", "Hmm", "</think>", "\n\n", *QWEN[1:]]
+    path = write_scripted_model(tmp_path / "thinks.gguf", template("Qwen-Qwen3-0.6B"), thinking,
+                                specials=QWEN_TOOL_SPECIALS, words=WORDS)
+    backend = open_backend(path, n_ctx=4096)
+    try:
+        use = ToolUse(servers, servers.start(TIME, 30), approve_listed(["all"]), "required", call_limit=1,
+                      form=call_form(backend.info))
+        done = use.generate(backend.generate, Request([Message("user", QUESTION)], LiveParams(GREEDY))).result()
+        prompt = backend._last_prompt[0]
+    finally:
+        backend.close()
+    assert isinstance(done, Done) and done.tool_calls[0].arguments == {"timezone": "Asia/Tokyo"}
+    assert '<|im_start|>assistant\n<think>\nHmm\n</think>\n\n<tool_call>\n{"name": "get_current_time"' in prompt

@@ -125,7 +125,8 @@ class ToolUse:
                 choice = NONE  # the same call again would bring the same result: the model answers instead
             else:
                 calls.append(self._run(call, out))
-                messages = [*messages, *step_messages(calls[-1], call.before, self._seen(calls[-1]), form, len(calls))]
+                seen = self._seen(calls[-1])
+                messages = [*messages, *step_messages(calls[-1], call.before, seen, form, len(calls), done.reasoning)]
                 choice = AUTO if len(calls) < self.call_limit else NONE
             step = replace(request, messages=messages, tools=tools, format=call_format(self.tools, choice, form),
                            forced=(), forced_text=(), continuing=False)

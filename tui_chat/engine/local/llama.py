@@ -106,6 +106,7 @@ class LlamaBackend:
         self._format: PromptFormat | None = None
         self._markers: dict[int, bytes] = {}  # control tokens of the thinking markers, read as their text
         self._end_thinking: list[int] = []  # the tokens the engine writes to end a thinking past its budget
+        self._opens_thinking: frozenset[int] = frozenset()  # the token a reply opens its thinking with, if one
         self._history_text = ""
         self._history_tokens: list[int] = []
         self._last_prompt: tuple[str, list[int]] = ("", [])
@@ -256,6 +257,8 @@ class LlamaBackend:
         self._markers = _marker_pieces(session, (prompt_format.thinking.open, prompt_format.thinking.close,
                                                  *(calls.markers if calls else ())))
         self._end_thinking = session.continuation(prompt_format.thinking.close)
+        opens = session.tokenize(prompt_format.thinking.open, add_bos=False) if prompt_format.names_thinking else []
+        self._opens_thinking = frozenset(opens) if len(opens) == 1 else frozenset()
         self._history_text, self._history_tokens = "", []
         self._last_prompt = ("", [])
         stream.put(Loaded(self.info))
@@ -408,7 +411,8 @@ class _Turn:
     def run(self) -> None:
         """The reply; an output format's grammar first, so a bad one is the reply's only event."""
         output = self.request.format
-        self.constraint = Constraint(self.session, output) if output.constrained else None
+        opening = self.backend._opens_thinking if not self.inside and not self.forced else frozenset()
+        self.constraint = Constraint(self.session, output, opening) if output.constrained else None
         if self.constraint is not None:
             self.constraint.accept_given(self._given_answer())
         self._write()
