@@ -125,6 +125,7 @@ async def test_run_once_runs_the_call_and_the_reply_shows_it_folded(starter_mode
         assert m.tool_call_tokens > 0 and m.tool_result_tokens > 0
         tokens = shown(pilot.app.screen.query_one("#tokens", Static))
         assert f"\nTools    in {m.tool_result_tokens:,} · out {m.tool_call_tokens:,}\n" in tokens
+        assert "\n  of it calls $" in shown(pilot.app.screen.query_one("#cost", Static))  # billed as output
 
         _, again = await answered(pilot, "once")
         assert again  # once is for that call only: the next one asks again

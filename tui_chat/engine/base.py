@@ -156,6 +156,11 @@ class TurnMetrics:
     tool_result_tokens: int = 0
 
     @property
+    def output_tokens(self) -> int:
+        """What a paid API bills as this reply's output: its own tokens and the calls it wrote before them."""
+        return self.completion_tokens + self.tool_call_tokens
+
+    @property
     def answer_tokens(self) -> int:
         return self.completion_tokens - self.reasoning_tokens
 
