@@ -139,7 +139,7 @@ def step_messages(call: ToolCall, before: str, result: str, form: CallForm, numb
     then a `tool` message. `number` makes the call's id (nine letters and digits: Mistral's templates refuse
     others)."""
     if not form.templated:
-        return [Message("assistant", call_text(call.name, call.arguments, before, form), thought),
+        return [Message("assistant", _call_text(call.name, call.arguments, before, form), thought),
                 Message("user", f"<tool_response>\n{result}\n</tool_response>")]
     ident = f"call{number:05d}"
     called = {"id": ident, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
@@ -189,7 +189,7 @@ def find_call(text: str, tools: Sequence[Tool], form: CallForm = GENERIC) -> Cal
     return Call(before, tool, arguments, violation(tool.schema, json.dumps(arguments)))
 
 
-def call_text(name: str, arguments: dict[str, Any], before: str, form: CallForm = GENERIC) -> str:
+def _call_text(name: str, arguments: dict[str, Any], before: str, form: CallForm = GENERIC) -> str:
     """A call as the reply that made it reads in the conversation."""
     written = json.dumps({"name": name, form.arguments: arguments}, ensure_ascii=False)
     return f"{before}\n{form.head}{written}{form.tail}".lstrip()

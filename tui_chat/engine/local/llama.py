@@ -104,7 +104,7 @@ class LlamaBackend:
         self._session: LlamaSession | None = None
         self._disk: DiskCache | None = None
         self._format: PromptFormat | None = None
-        self._markers: dict[int, bytes] = {}  # control tokens of the thinking markers, read as their text
+        self._markers: dict[int, bytes] = {}  # control tokens of the thinking and call markers, read as their text
         self._end_thinking: list[int] = []  # the tokens the engine writes to end a thinking past its budget
         self._opens_thinking: frozenset[int] = frozenset()  # the token a reply opens its thinking with, if one
         self._history_text = ""
