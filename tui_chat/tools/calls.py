@@ -64,7 +64,8 @@ class CallForm:
             return r"TEXT: /([^{](.|\n)*)?/"
         if self.opened_by_token:  # a token LLGuidance reads as special is never text
             return r"TEXT: /(.|\n)*/"
-        return f"TEXT: /(.|\\n)*/ & ~/(.|\\n)*{re.escape(self.marker)}(.|\\n)*/"
+        # nor the marker, nor a near miss of it (`<tool_call}`: a call gone wrong, which nothing would run)
+        return f"TEXT: /(.|\\n)*/ & ~/(.|\\n)*{re.escape(self.marker[:-1])}(.|\\n)*/"
 
     def lark(self, text: str) -> str:
         """Lark for `text`: each marker that is one token by its id, the rest as literals."""
@@ -163,8 +164,10 @@ def call_format(tools: Sequence[Tool], choice: str, form: CallForm = GENERIC) ->
     elif not form.head:  # Llama 3.x: a call is the whole reply (opened by its marker or not), or it is text
         opened = f" | {form.lark(form.marker)} call" if form.opened_by_token else ""
         start = [f"start: TEXT | call{opened}", form.text_rule]
-    elif not form.opened_by_token:  # free text, until the model writes the call's marker
-        start = [f"start: TEXT | opened call\nopened[lazy]: TEXT {head}", r"TEXT: /(.|\n)*/"]
+    elif not form.opened_by_token:  # free text, until the model writes the call's marker (not a near miss)
+        near = f"{re.escape(form.marker[:-1])}[^{re.escape(form.marker[-1])}]"  # `<tool_call}`: a call gone wrong
+        text = f"TEXT: /(.|\\n)*/ & ~/(.|\\n)*{near}(.|\\n)*/"
+        start = [f"start: TEXT | opened call\nopened[lazy]: TEXT {head}", text]
     else:  # a special token opens the call: never text, so text may come before it
         start = [f"start: TEXT | TEXT {head} call", form.text_rule]
     return OutputFormat("lark", "\n".join(["%llguidance {}", *start, *rules]))
