@@ -16,6 +16,7 @@ import pytest
 
 from conftest import GREEDY, run_cli
 from tui_chat.engine.base import Done, Message, Request, ToolActivity
+from tui_chat.engine.local.grammar import compile_format, new_matcher, tokenizer_for
 from tui_chat.engine.params import InvalidParameter, LiveParams
 from tui_chat.tools.calls import call_format, find_call
 from tui_chat.tools.loop import ToolUse, approve_listed, decided
@@ -190,3 +191,21 @@ def test_the_config_names_servers_and_limits():
     assert settings.servers["time"].args == ("-m", "mcp_server_time")
     with pytest.raises(InvalidParameter, match=r"\[mcp.servers.x\]"):
         parse_mcp({"servers": {"x": {"command": "a", "url": "http://b"}}})
+
+
+def test_a_call_marker_written_wrong_is_not_text(starter, servers):
+    """Found in tmux: after a failed call the starter repeated it, and when made to answer (`none`) went on with
+    `<tool_call}>{"name": …}</tool_call>`, a call gone wrong that nothing ran. Text is free but for the marker
+    and its near misses: under `auto` only `<tool_call>` can follow `<tool_call`, and the grammar takes the call
+    from there; under `none` neither can be written."""
+    tools = servers.start(TIME, 30)
+    tokenizer = tokenizer_for(starter._session)
+
+    def writes(choice: str, text: str) -> bool:
+        matcher = new_matcher(tokenizer, compile_format(tokenizer, call_format(tools, choice)).grammar)
+        tokens = starter._session.tokenize(text, add_bos=False)
+        return matcher.validate_tokens(tokens) == len(tokens)
+
+    assert writes("auto", "It is 10 am.") and writes("auto", 'Let me check.\n<tool_call>{"name": "get_current_time"')
+    assert not writes("auto", '<tool_call}>{"name": "convert_time"') and not writes("auto", "<tool_call {")
+    assert writes("none", "It is 10 am.") and not writes("none", "<tool_call}>") and not writes("none", "<tool_call>")

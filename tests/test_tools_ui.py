@@ -121,6 +121,11 @@ async def test_run_once_runs_the_call_and_the_reply_shows_it_folded(starter_mode
         assert unfolded.startswith("▾ tool") and "arguments:" in unfolded
         assert json.loads(call.result)["datetime"] in unfolded  # the whole result
         assert reply.reply.tool_calls[0] is call
+        m = reply.reply.metrics
+        assert m.tool_call_tokens > 0 and m.tool_result_tokens > 0
+        tokens = shown(pilot.app.screen.query_one("#tokens", Static))
+        assert f"\nTools    in {m.tool_result_tokens:,} · out {m.tool_call_tokens:,}\n" in tokens
+        assert "\n  of it calls $" in shown(pilot.app.screen.query_one("#cost", Static))  # billed as output
 
         _, again = await answered(pilot, "once")
         assert again  # once is for that call only: the next one asks again
@@ -207,3 +212,38 @@ async def test_the_first_key_on_the_tools_screen_reaches_the_servers_switch(star
         await pilot.press("space")
         await wait_for(pilot, lambda: chat.workspace.chat_tools is not None
                        and len(chat.workspace.chat_tools.tools) == 2)
+
+
+async def test_reopening_the_tools_screen_keeps_the_chats_tools_and_choice(starter_model):
+    """Found in tmux: F9, the server on, `required`, Esc; F9 again to look, Esc; the question then got a plain
+    reply, no consent asked and no call: the choice list announces its value when it is mounted, before any
+    server has listed its tools again, and that change was applied as "no tool on"."""
+    app = tools_app(starter_model)
+    async with app.run_test(size=SIZE) as pilot:
+        chat = await loaded(pilot)
+        for choice in ("required", "get_current_time"):
+            await pilot.press("f9")
+            screen = await screen_open(pilot, ToolsScreen)
+            await wait_for(pilot, lambda screen=screen: screen.focused is screen.query_one("#server-0", Switch))
+            if chat.workspace.chat_tools is None:
+                await pilot.press("space")
+                await wait_for(pilot, lambda: chat.workspace.chat_tools is not None)
+            screen.query_one("#choice", Select).value = choice
+            await wait_for(pilot, lambda choice=choice: chat.workspace.chat_tools.choice == choice)
+            await pilot.press("escape")
+            await screen_open(pilot, type(chat))
+
+            await pilot.press("f9")  # only to look
+            screen = await screen_open(pilot, ToolsScreen)
+            await wait_for(pilot, lambda screen=screen: len(screen.tools) == 2)
+            await pilot.pause()
+            assert all(switch.value for switch in screen.tools)
+            assert screen.query_one("#choice", Select).value == choice
+            await pilot.press("escape")
+            await screen_open(pilot, type(chat))
+            use = chat.workspace.chat_tools
+            assert use is not None and len(use.tools) == 2 and use.choice == choice
+
+        reply, asked = await answered(pilot, "escape")
+        assert asked and asked[0].splitlines()[-1] == "Tool:   get_current_time"
+        assert reply.query(ToolCallBlock)

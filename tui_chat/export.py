@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import html
+import json
+import re
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from .engine.base import INCOMPLETE_LABEL, stop_label, thinking_line
+from .engine.base import INCOMPLETE_LABEL, ToolCall, stop_label, thinking_line
 from .engine.context import left_out
-from .history import STATES, Conversation, HistoryError, StoredMessage, active_path, output_format_from, sampling_from
+from .history import (
+    STATES,
+    Conversation,
+    HistoryError,
+    StoredMessage,
+    active_path,
+    output_format_from,
+    sampling_from,
+    tool_calls_from,
+)
 from .pricing import format_usd
 from .units import local_time
 
@@ -42,6 +53,7 @@ def to_json(conversation: Conversation) -> dict[str, Any]:
                 "role": m.role,
                 "content": m.content,
                 "reasoning": m.reasoning,
+                "tool_calls": [call.as_dict() for call in m.tool_calls],
                 "state": m.state,
                 "stop_reason": m.stop_reason,
                 "error": m.error,
@@ -95,6 +107,7 @@ def from_json(data: Any) -> Conversation:
                 fork_of=fork_of,
                 fork_token=_field(raw, "fork_token", int, where, optional=True),
                 reasoning=_field(raw, "reasoning", str, where, optional=True) or "",
+                tool_calls=tool_calls_from(raw.get("tool_calls", []), where),
             )
         )
         active[message_id] = int(raw.get("active") is True)
@@ -177,6 +190,7 @@ def to_markdown(conversation: Conversation) -> str:
         lines += [f"## {heading}", ""]
         if message.reasoning.strip():
             lines += _thinking_block(message), ""
+        lines += [line for call in message.tool_calls for line in (_call_block(call), "")]
         lines += [message.content.strip() or "*(empty)*", ""]
         if message.error:
             lines += [f"*Error: {message.error}*", ""]
@@ -190,3 +204,23 @@ def _thinking_block(message: StoredMessage) -> str:
     """A reply's thinking, folded as GitHub and most Markdown viewers fold HTML's details."""
     summary = thinking_line(message.metrics or {}) or "thinking"
     return f"<details><summary>{html.escape(summary)}</summary>\n\n{message.reasoning.strip()}\n\n</details>"
+
+
+def _call_block(call: ToolCall) -> str:
+    """A tool call, folded like the thinking: what was called and how it went; unfolded, its arguments and its
+    whole result (or why there is none) as code, fenced past any backticks they hold."""
+    if not call.approved:
+        outcome = "not run"
+    elif call.result is None:
+        outcome = "failed"
+    else:
+        outcome = f"{call.ms or 0:,.0f} ms · {len(call.result):,} characters"
+    body = call.result if call.result is not None else f"error: {call.error}"
+    arguments = json.dumps(call.arguments, ensure_ascii=False, indent=2)
+    return (f"<details><summary>{html.escape(f'tool {call.server}/{call.name} · {outcome}')}</summary>\n\n"
+            f"{_fenced(arguments, 'json')}\n\n{_fenced(body, '')}\n\n</details>")
+
+
+def _fenced(text: str, language: str) -> str:
+    fence = "`" * max(3, max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    return f"{fence}{language}\n{text}\n{fence}"

@@ -23,7 +23,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
-from .engine.base import Message, StopReason, TurnMetrics
+from .engine.base import Message, StopReason, ToolCall, TurnMetrics
 from .engine.formats import TEXT, OutputFormat, from_dict
 from .engine.params import InvalidParameter, SamplingParams
 
@@ -74,6 +74,8 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT ''",
         "ALTER TABLE conversations ADD COLUMN thinking INTEGER NOT NULL DEFAULT 1",
     ),
+    # 4, tools: the calls a reply made before its answer (ToolCall.as_dict each)
+    ("ALTER TABLE messages ADD COLUMN tool_calls TEXT NOT NULL DEFAULT '[]'",),
 ]
 
 
@@ -106,6 +108,7 @@ class StoredMessage:
     fork_of: int | None = None  # the reply this one branched from ...
     fork_token: int | None = None  # ... at this generated-token index
     reasoning: str = ""  # a reply's thinking, before its answer (`content`)
+    tool_calls: tuple[ToolCall, ...] = ()  # the tools a reply called before its answer, in order
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,7 +404,8 @@ class History:
             head = self._require(db, conversation_id)
             rows = db.execute(
                 "SELECT id, parent_id, role, content, state, created_at, updated_at, stop_reason, error, metrics,"
-                " fork_of, fork_token, chosen, writer, reasoning FROM messages WHERE conversation_id = ? ORDER BY id",
+                " fork_of, fork_token, chosen, writer, reasoning, tool_calls FROM messages WHERE conversation_id = ?"
+                " ORDER BY id",
                 (conversation_id,),
             ).fetchall()
         messages = tuple(_stored(row) for row in rows)
@@ -427,12 +431,12 @@ class History:
             for m in conversation.messages:
                 ids[m.id] = _row_id(db.execute(
                     "INSERT INTO messages (conversation_id, parent_id, role, content, reasoning, state, stop_reason,"
-                    " error, metrics, fork_of, fork_token, chosen, created_at, updated_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " error, metrics, fork_of, fork_token, chosen, created_at, updated_at, tool_calls)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (new_id, ids.get(m.parent_id), m.role, m.content, m.reasoning,
                      "interrupted" if m.state == "streaming" else m.state, m.stop_reason, m.error,
                      json.dumps(m.metrics or {}), ids.get(m.fork_of), m.fork_token, int(m.id in on_path),
-                     m.created_at, m.updated_at),
+                     m.created_at, m.updated_at, _calls_record(m.tool_calls)),
                 ))
         return new_id
 
@@ -526,11 +530,37 @@ class History:
 
 def _stored(row: tuple[Any, ...]) -> StoredMessage:
     (message_id, parent_id, role, content, state, created_at, updated_at, stop_reason, error, metrics,
-     fork_of, fork_token, _chosen, writer, reasoning) = row
+     fork_of, fork_token, _chosen, writer, reasoning, tool_calls) = row
     if state == "streaming" and _writer_gone(writer):
         state = "interrupted"
     return StoredMessage(message_id, parent_id, role, content, state, created_at, updated_at, stop_reason, error,
-                         json.loads(metrics) or None, fork_of, fork_token, reasoning)
+                         json.loads(metrics) or None, fork_of, fork_token, reasoning,
+                         tool_calls_from(json.loads(tool_calls), f"message {message_id}"))
+
+
+def _calls_record(calls: tuple[ToolCall, ...] | list[ToolCall]) -> str:
+    return json.dumps([call.as_dict() for call in calls], ensure_ascii=False)
+
+
+_CALL_FIELDS: dict[str, tuple[type, ...]] = {
+    "server": (str,), "name": (str,), "arguments": (dict,), "approved": (bool,), "result": (str, type(None)),
+    "error": (str, type(None)), "ms": (int, float, type(None)), "cut": (int,)}
+
+
+def tool_calls_from(records: Any, where: str) -> tuple[ToolCall, ...]:
+    """A reply's calls as stored or exported (`ToolCall.as_dict` each); raises HistoryError naming what is wrong
+    (an edited file)."""
+    if not isinstance(records, list):
+        raise HistoryError(f"{where}: 'tool_calls' must be a list")
+    calls = []
+    for index, record in enumerate(records):
+        wrong = next((name for name, kinds in _CALL_FIELDS.items() if not isinstance(record, dict)
+                      or not isinstance(record.get(name), kinds)
+                      or (isinstance(record.get(name), bool) and bool not in kinds)), None)
+        if wrong is not None:
+            raise HistoryError(f"{where}: tool_calls[{index}] needs {wrong!r} of the right type")
+        calls.append(ToolCall(**{name: record[name] for name in _CALL_FIELDS}))
+    return tuple(calls)
 
 
 def metrics_record(metrics: TurnMetrics | None, cost: Decimal | None) -> dict[str, Any]:
@@ -628,17 +658,18 @@ class ReplyWriter:
         incomplete: bool = False,
         reasoning: str = "",
         stop_sequence: str = "",
+        tool_calls: tuple[ToolCall, ...] = (),
     ) -> None:
         """The final text and thinking (the engine's, which may differ from the streamed pieces), how it ended
-        and its figures. `incomplete`: it stopped before its output format was complete; `stop_sequence`: the one
-        it ended on (both kept with the figures)."""
+        and its figures, and the tools it called. `incomplete`: it stopped before its output format was complete;
+        `stop_sequence`: the one it ended on (both kept with the figures)."""
         self.text, self.reasoning = text, reasoning
         record = (metrics_record(metrics, cost) | ({"incomplete": True} if incomplete else {})
                   | ({"stop_sequence": stop_sequence} if stop_sequence else {}))
         self.history.later.settle()
         self.history._write_reply(
             self.id, text, reasoning, state="stopped" if stop_reason == "cancelled" else "complete",
-            stop_reason=stop_reason, metrics=json.dumps(record), writer=None,
+            stop_reason=stop_reason, metrics=json.dumps(record), writer=None, tool_calls=_calls_record(tool_calls),
         )
         self._saved = (text, reasoning)
 

@@ -65,8 +65,9 @@ class SavedChat:
                 self.last_id = reply.id  # a reply cut short is still what the chat goes on from
             return
         m = final.metrics
-        cost = turn_cost(self.price, m.prompt_tokens, m.cached_tokens, m.completion_tokens).total
-        reply.finish(final.text, final.stop_reason, m, cost, final.incomplete, final.reasoning, final.stop_sequence)
+        cost = turn_cost(self.price, m.prompt_tokens, m.cached_tokens, m.output_tokens).total
+        reply.finish(final.text, final.stop_reason, m, cost, final.incomplete, final.reasoning, final.stop_sequence,
+                     final.tool_calls)
         self.last_id = reply.id
 
     def choose(self, message_id: int) -> None:

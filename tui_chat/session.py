@@ -257,6 +257,8 @@ class ChatSession:
         for turn in self.turns:
             messages.append(Message("user", turn.question))
             if turn.reply is not None and turn is not answering:
+                if turn.reply.tool_calls and self.tools is not None:  # as the model wrote and read them
+                    messages += self.tools.replay(turn.reply.tool_calls)
                 messages.append(Message("assistant", turn.reply.text, turn.reply.reasoning))
         return messages
 
@@ -642,7 +644,8 @@ def turns_of(conversation: Conversation) -> list[Turn]:
         siblings = [m for m in conversation.siblings(message) if m.role == "assistant"]
         turns[-1].branches = [Branch(m.content, stored_footer(m), cut=m.fork_token, message_id=m.id,
                                      reasoning=m.reasoning, thought=thinking_line(m.metrics or {}),
-                                     metrics=TurnMetrics.from_dict(m.metrics) if m.metrics else None)
+                                     metrics=TurnMetrics.from_dict(m.metrics) if m.metrics else None,
+                                     tool_calls=list(m.tool_calls))
                               for m in siblings]
         turns[-1].active = siblings.index(message)
     return turns

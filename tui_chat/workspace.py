@@ -238,6 +238,12 @@ class Workspace:
         self.model = ModelInUse(job.name or self.config.default_model or info.path, job.backend)
         if self.session is not None:
             self.session.model = self.model.name
+            if self.session.tools is not None and info.remote_host:  # a server's model gets no tools
+                self.session.tools = None
+            elif self.session.tools is not None:  # they are called in the new model's form
+                from .tools.calls import call_form
+
+                self.session.tools.form = call_form(info)
         return previous if previous is not job.backend else None
 
     def failed(self, job: LoadJob) -> None:

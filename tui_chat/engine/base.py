@@ -17,7 +17,7 @@ from ..safetext import quoted
 from .formats import KINDS, TEXT, OutputFormat
 from .params import LiveParams, SamplingParams, label
 
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]
 StopReason = Literal["eos", "stop", "length", "context", "cancelled"]  # context: the KV cache is full
 STOP_LABELS: dict[str, str] = {  # how a reply's end is said everywhere a person reads it
     "eos": "end of text",
@@ -50,6 +50,10 @@ class Message:
     role: Role
     content: str
     reasoning: str = ""
+    # An assistant step that called tools, in transformers' form ({"id", "type": "function", "function": {"name",
+    # "arguments"}}); a `tool` message is the result of the call `tool_call_id` names.
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    tool_call_id: str = ""
 
 
 @dataclass(slots=True)
@@ -73,6 +77,9 @@ class Request:
     # The chat's thinking switch: passed to templates that take one (`enable_thinking`); off, a thinking
     # block the model opens anyway is ended at once. How long it may think is `params.thinking_budget`.
     thinking: bool = True
+    # Tools the chat template is given, in transformers' JSON-schema form ({"type": "function", "function":
+    # {"name", "description", "parameters"}}); none: the template renders as for a chat without tools.
+    tools: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +106,8 @@ class ModelInfo:
     thinking: str = ""  # the thinking markers recognised, e.g. "<think>…</think>" ("" where it cannot tell)
     thinking_switch: bool = False  # its chat template takes `enable_thinking`
     draft: str = ""  # speculative decoding's drafter: "ngram" or the draft model's file name ("" none)
+    tool_syntax: str = ""  # how its chat template writes tool calls (prompts.CALL_SYNTAXES); "": it takes no tools
+    call_tokens: tuple[tuple[str, int], ...] = ()  # that syntax's markers that are one token each, and their ids
 
     @property
     def server_facts(self) -> tuple[str, ...]:
@@ -149,6 +158,15 @@ class TurnMetrics:
     draft_accepted: int = 0
     verifications: int = 0
     plain_ms_per_token: float | None = None
+    # A reply that called tools (tools/loop.py): the tokens the model drew writing its calls, in the steps before
+    # the one these figures are of; and the prompt tokens the calls' results added to the steps after them
+    tool_call_tokens: int = 0
+    tool_result_tokens: int = 0
+
+    @property
+    def output_tokens(self) -> int:
+        """What a paid API bills as this reply's output: its own tokens and the calls it wrote before them."""
+        return self.completion_tokens + self.tool_call_tokens
 
     @property
     def answer_tokens(self) -> int:

@@ -91,6 +91,36 @@ THINKING_SYNTAXES: tuple[ThinkingSyntax, ...] = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class CallSyntax:
+    """How a template family writes a tool call the model makes: `head`, then `{"name": NAME, ARGUMENTS: {…}}`,
+    then `tail` (the template renders earlier calls the same way). `markers`: the parts of `head` and `tail`
+    that may be one token of the family's vocabulary, the one that opens a call first."""
+
+    family: str
+    detect: str  # what in a template's source says it writes calls this way
+    head: str
+    tail: str
+    arguments: str = "arguments"
+    markers: tuple[str, ...] = ()
+
+
+# A template that takes tools in another form (Qwen3-Coder's XML, Mistral's `[ARGS]`, GLM's `<arg_key>`) gets
+# none of these: its model is told of the tools in the generic form (tools/calls.py).
+CALL_SYNTAXES: tuple[CallSyntax, ...] = (
+    CallSyntax("hermes", '<tool_call>\\n{"name": ', "<tool_call>\n", "\n</tool_call>",
+               markers=("<tool_call>", "</tool_call>")),
+    CallSyntax("llama3", '"parameters": dictionary of argument name', "", "", "parameters",
+               markers=("<|python_tag|>",)),  # a bare call, which the model may open with <|python_tag|>
+    CallSyntax("mistral", "[TOOL_CALLS][", "[TOOL_CALLS][", "]", markers=("[TOOL_CALLS]",)),
+)
+
+
+def call_syntax(source: str) -> CallSyntax | None:
+    """How a template's model writes tool calls; None where the template takes no tools it can be given."""
+    return next((syntax for syntax in CALL_SYNTAXES if syntax.detect in source), None)
+
+
 def thinking_syntax(source: str) -> ThinkingSyntax:
     """The thinking markers a template's family uses; `<think>` tags where it names none (a model under
     another template may still open them: they are only looked for at the start of a reply)."""
@@ -117,6 +147,19 @@ class PromptFormat:
     def thinking_switch(self) -> bool:
         """Whether the template takes `enable_thinking` (transformers' and llama.cpp's name for it)."""
         return "enable_thinking" in self.source
+
+    @property
+    def calls(self) -> CallSyntax | None:
+        """How the model writes tool calls, where its own template takes tools."""
+        return call_syntax(self.source) if self.name == MODEL else None
+
+    def options(self, thinking: bool, tools: tuple[dict[str, Any], ...]) -> dict[str, Any] | None:
+        """The template variables a request adds, as `apply_chat_template`'s keyword arguments: the thinking
+        switch where the template takes one, the tools where there are some."""
+        extra: dict[str, Any] = {"enable_thinking": thinking} if self.thinking_switch else {}
+        if tools:
+            extra["tools"] = list(tools)
+        return extra or None
 
     @property
     def names_thinking(self) -> bool:
@@ -179,12 +222,16 @@ def _variables(
     }
 
 
-def _message(message: Message) -> dict[str, str]:
-    """A message as a template reads it; a reply's thinking as `reasoning_content` (only where there is one:
-    templates test `is defined`)."""
-    fields = {"role": message.role, "content": message.content}
+def _message(message: Message) -> dict[str, Any]:
+    """A message as a template reads it; a reply's thinking as `reasoning_content`, a step's calls as
+    `tool_calls`, a result's call as `tool_call_id` (each only where there is one: templates test `is defined`)."""
+    fields: dict[str, Any] = {"role": message.role, "content": message.content}
     if message.reasoning:
         fields["reasoning_content"] = message.reasoning
+    if message.tool_calls:
+        fields["tool_calls"] = list(message.tool_calls)
+    if message.tool_call_id:
+        fields["tool_call_id"] = message.tool_call_id
     return fields
 
 

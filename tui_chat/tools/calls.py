@@ -1,28 +1,35 @@
 """How a model calls tools, and how its calls are kept valid.
 
-A model whose chat template takes no tools (a base model such as the starter) is told of them in the system
-prompt and calls one in the generic form, documented in the README:
+A model whose own chat template takes tools in a form we know (engine/prompts.py CALL_SYNTAXES: Hermes' and
+Qwen's `<tool_call>`, Llama 3.x's bare JSON, Mistral's `[TOOL_CALLS]`) is given them as transformers gives
+them, `tools=[…]` in JSON-schema form, calls one in its family's form, and gets the call back as the
+assistant's `tool_calls` and its result as a `tool` message: the template renders both, as the model was
+trained to read them. A model whose template takes no tools (a base model such as the starter) is told of
+them in the system prompt and calls one in the generic form, documented in the README:
 
     <tool_call>{"name": "get_current_time", "arguments": {"timezone": "Asia/Tokyo"}}</tool_call>
 
 (Hermes' and Qwen's form, on one line); the result comes back as the next user message,
-`<tool_response>…</tool_response>`. The call is written under an LLGuidance grammar built from the tools'
+`<tool_response>…</tool_response>`. A call is written under an LLGuidance grammar built from the tools'
 input schemas: with `required` or a tool's name, from the reply's first token; with `auto`, text is free
-until the model writes `<tool_call>`, and from there on only a call to a listed tool with arguments its
-schema allows can follow (a lazy trigger). So a call always parses. What the grammar cannot enforce of a
-schema it is compiled without (`lenient`), and the arguments are checked with jsonschema before the call runs.
+until the model opens a call (a lazy trigger on a text marker; Mistral's special token, or Llama's `{`, at
+the reply's start), and from there on only a call to a listed tool with arguments its schema allows can
+follow. So a call always parses. What the grammar cannot enforce of a schema it is compiled without
+(`lenient`), and the arguments are checked with jsonschema before the call runs.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.base import Message
+from ..engine.base import Message, ModelInfo, ToolCall
 from ..engine.formats import OutputFormat
 from ..engine.params import InvalidParameter
+from ..engine.prompts import CALL_SYNTAXES
 from ..engine.schema import violation
 from .mcp import Tool
 
@@ -31,6 +38,54 @@ CHOICES = (AUTO, NONE, REQUIRED)
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 # Compact JSON in calls: one space after `:` and `,`, no newlines, so a small model cannot wander in blanks.
 _COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": True}
+
+
+@dataclass(frozen=True, slots=True)
+class CallForm:
+    """How one model writes calls: `head`, `{"name": NAME, ARGUMENTS: {…}}`, `tail`. `templated`: its template
+    takes the tools and renders calls and results (else the system prompt describes them, generic form).
+    `marker` opens a call; `tokens`: the markers that are one token each, which a grammar names by id."""
+
+    head: str
+    tail: str
+    marker: str
+    arguments: str = "arguments"
+    tokens: dict[str, int] = field(default_factory=dict)
+    templated: bool = False
+
+    @property
+    def opened_by_token(self) -> bool:
+        return self.marker in self.tokens
+
+    @property
+    def text_rule(self) -> str:
+        """Lark's TEXT: a reply that makes no call."""
+        if not self.head:  # Llama 3.x: a call is the whole reply, so text is what does not start as one
+            return r"TEXT: /([^{](.|\n)*)?/"
+        if self.opened_by_token:  # a token LLGuidance reads as special is never text
+            return r"TEXT: /(.|\n)*/"
+        # nor the marker, nor a near miss of it (`<tool_call}`: a call gone wrong, which nothing would run)
+        return f"TEXT: /(.|\\n)*/ & ~/(.|\\n)*{re.escape(self.marker[:-1])}(.|\\n)*/"
+
+    def lark(self, text: str) -> str:
+        """Lark for `text`: each marker that is one token by its id, the rest as literals."""
+        if not self.tokens:
+            return _literal(text) if text else ""
+        pieces = re.split(f"({'|'.join(re.escape(marker) for marker in self.tokens)})", text)
+        return " ".join(f"<[{self.tokens[piece]}]>" if piece in self.tokens else _literal(piece)
+                        for piece in pieces if piece)
+
+
+GENERIC = CallForm(OPEN, CLOSE, OPEN)
+
+
+def call_form(info: ModelInfo | None) -> CallForm:
+    """The form `info`'s model calls tools in: its template's, or the generic one."""
+    syntax = next((known for known in CALL_SYNTAXES if info is not None and known.family == info.tool_syntax), None)
+    if info is None or syntax is None:
+        return GENERIC
+    return CallForm(syntax.head, syntax.tail, syntax.markers[0] if syntax.markers else "", syntax.arguments,
+                    dict(info.call_tokens), templated=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,52 +127,75 @@ def with_instructions(messages: list[Message], tools: Sequence[Tool]) -> list[Me
     return [Message("system", text), *messages]
 
 
-def step_messages(reply: str, result: str) -> list[Message]:
-    """A call and its result as the conversation goes on with them: the reply that made it, then the result."""
-    return [Message("assistant", reply), Message("user", f"<tool_response>\n{result}\n</tool_response>")]
+def template_tools(tools: Sequence[Tool]) -> tuple[dict[str, Any], ...]:
+    """The tools as transformers passes them to a chat template (`tools=[…]`, JSON-schema form)."""
+    return tuple({"type": "function", "function": {"name": tool.name, "description": tool.description,
+                                                   "parameters": tool.schema}} for tool in tools)
 
 
-def call_format(tools: Sequence[Tool], choice: str) -> OutputFormat:
+def step_messages(call: ToolCall, before: str, result: str, form: CallForm, number: int,
+                  thought: str = "") -> list[Message]:
+    """A call (the text and the thinking before it) with its result as the conversation goes on with them.
+    Generic: the reply that made it, then the result as the user's; a template's: the assistant's `tool_calls`,
+    then a `tool` message. `number` makes the call's id (nine letters and digits: Mistral's templates refuse
+    others)."""
+    if not form.templated:
+        return [Message("assistant", _call_text(call.name, call.arguments, before, form), thought),
+                Message("user", f"<tool_response>\n{result}\n</tool_response>")]
+    ident = f"call{number:05d}"
+    called = {"id": ident, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+    return [Message("assistant", before, thought, tool_calls=(called,)), Message("tool", result, tool_call_id=ident)]
+
+
+def call_format(tools: Sequence[Tool], choice: str, form: CallForm = GENERIC) -> OutputFormat:
     """The grammar a reply is written under for `choice`; `none`: any text without a call (the model has made
     as many calls as it may, or repeats one)."""
     if choice == NONE or not tools:
-        return OutputFormat("lark", f"start: TEXT\nTEXT: /(.|\\n)*/ & ~/(.|\\n)*{OPEN}(.|\\n)*/")
+        return OutputFormat("lark", f"start: TEXT\n{form.text_rule}")
     bound = [tool for tool in tools if tool.name == choice] or list(tools)
     options = " | ".join(f"call_{index}" for index in range(len(bound)))
-    rules = [f"call: {_literal('{' + json.dumps('name') + ': ')} ({options}) {_literal('}' + CLOSE)}"]
+    rules = [f"call: {_literal('{' + json.dumps('name') + ': ')} ({options}) {form.lark('}' + form.tail)}"]
     for index, tool in enumerate(bound):
-        head = f"{json.dumps(tool.name)}, {json.dumps('arguments')}: "
+        head = f"{json.dumps(tool.name)}, {json.dumps(form.arguments)}: "
         rules.append(f"call_{index}: {_literal(head)} %json {json.dumps(_grammar_schema(tool.schema))}")
-    if choice == AUTO:  # free text, until the model opens a call
-        start = [f"start: TEXT | opened call\nopened[lazy]: TEXT {_literal(OPEN)}", r"TEXT: /(.|\n)*/"]
-    else:
-        start = [f"start: {_literal(OPEN)} call"]
+    head = form.lark(form.head)
+    if choice != AUTO:
+        start = [f"start: {head} call"]
+    elif not form.head:  # Llama 3.x: a call is the whole reply (opened by its marker or not), or it is text
+        opened = f" | {form.lark(form.marker)} call" if form.opened_by_token else ""
+        start = [f"start: TEXT | call{opened}", form.text_rule]
+    elif not form.opened_by_token:  # free text, until the model writes the call's marker (not a near miss)
+        near = f"{re.escape(form.marker[:-1])}[^{re.escape(form.marker[-1])}]"  # `<tool_call}`: a call gone wrong
+        text = f"TEXT: /(.|\\n)*/ & ~/(.|\\n)*{near}(.|\\n)*/"
+        start = [f"start: TEXT | opened call\nopened[lazy]: TEXT {head}", text]
+    else:  # a special token opens the call: never text, so text may come before it
+        start = [f"start: TEXT | TEXT {head} call", form.text_rule]
     return OutputFormat("lark", "\n".join(["%llguidance {}", *start, *rules]))
 
 
-def find_call(text: str, tools: Sequence[Tool]) -> Call | None:
-    """The call a finished reply ends with, if it made one (a reply cut off mid-call made none)."""
-    start = text.find(OPEN)
-    end = text.rfind(CLOSE)
-    if start < 0 or end < start:
+def find_call(text: str, tools: Sequence[Tool], form: CallForm = GENERIC) -> Call | None:
+    """The call a finished reply makes, if it made one (a reply cut off mid-call made none)."""
+    start = text.find(form.head + '{"name": ')
+    if start < 0:
         return None
     try:
-        call = json.loads(text[start + len(OPEN) : end])
+        call, end = json.JSONDecoder().raw_decode(text, start + len(form.head))
     except ValueError:
         return None
-    if not isinstance(call, dict):
+    if not isinstance(call, dict) or not text[end:].strip().startswith(form.tail.strip()):
         return None
     tool = next((tool for tool in tools if tool.name == call.get("name")), None)
-    arguments = call.get("arguments")
+    arguments = call.get(form.arguments)
     if tool is None or not isinstance(arguments, dict):
         return None
-    return Call(text[:start].strip(), tool, arguments, violation(tool.schema, json.dumps(arguments)))
+    before = text[:start].strip().removesuffix(form.marker).strip()  # Llama's marker opens a bare call
+    return Call(before, tool, arguments, violation(tool.schema, json.dumps(arguments)))
 
 
-def call_text(call: Call) -> str:
-    """The call as the reply that made it reads in the conversation."""
-    written = json.dumps({"name": call.tool.name, "arguments": call.arguments}, ensure_ascii=False)
-    return f"{call.before}\n{OPEN}{written}{CLOSE}".lstrip()
+def _call_text(name: str, arguments: dict[str, Any], before: str, form: CallForm = GENERIC) -> str:
+    """A call as the reply that made it reads in the conversation."""
+    written = json.dumps({"name": name, form.arguments: arguments}, ensure_ascii=False)
+    return f"{before}\n{form.head}{written}{form.tail}".lstrip()
 
 
 def _grammar_schema(schema: dict[str, Any]) -> dict[str, Any]:

@@ -21,9 +21,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from ..engine.base import Done, Error, Event, Request, Stream, Token, ToolActivity, ToolCall
+from ..engine.base import Done, Error, Event, Message, Request, Stream, Token, ToolActivity, ToolCall, TurnMetrics
 from ..safetext import terminal_safe
-from .calls import AUTO, NONE, Call, call_format, call_text, find_call, step_messages, with_instructions
+from .calls import (
+    AUTO,
+    GENERIC,
+    NONE,
+    Call,
+    CallForm,
+    call_format,
+    find_call,
+    step_messages,
+    template_tools,
+    with_instructions,
+)
 from .mcp import Tool, ToolError, ToolServers
 
 Decision = Literal["once", "always", "deny"]
@@ -61,6 +72,7 @@ class ToolUse:
     call_timeout_s: float = 60.0
     result_chars: int = 4096
     always: set[str] = field(default_factory=set)  # tools the user let run in this chat without asking
+    form: CallForm = GENERIC  # how the model writes calls and reads results (its template's form, or generic)
 
     def generate(self, generate: Generate, request: Request) -> Stream:
         """The reply to `request`, written with `generate` (the backend's), calling tools as it goes."""
@@ -70,6 +82,12 @@ class ToolUse:
         threading.Thread(target=self._reply, args=(generate, request, stream), name="tool-reply",
                          daemon=True).start()
         return stream
+
+    def replay(self, calls: Sequence[ToolCall]) -> list[Message]:
+        """An earlier reply's calls as a later prompt holds them: in this model's form, each result as the model
+        read it (the text the reply wrote before a call is not kept)."""
+        return [message for number, call in enumerate(calls, start=1)
+                for message in step_messages(call, "", self._seen(call), self.form, number)]
 
     # --- the reply's thread ------------------------------------------------------------------------
 
@@ -81,26 +99,37 @@ class ToolUse:
 
     def _steps(self, generate: Generate, request: Request, out: Stream) -> None:
         calls: list[ToolCall] = []
-        messages = with_instructions(request.messages, self.tools)
+        form = self.form
+        messages = request.messages if form.templated else with_instructions(request.messages, self.tools)
+        tools = template_tools(self.tools) if form.templated else ()
         choice = self.choice
-        step = replace(request, messages=messages, format=call_format(self.tools, choice))
+        step = replace(request, messages=messages, tools=tools, format=call_format(self.tools, choice, form))
+        made = added = 0  # tokens the model drew writing its calls; prompt tokens their results added
+        before: TurnMetrics | None = None  # the figures of the step that made the latest call
         while True:
             held, final = self._written(generate(step), out, hold=choice != NONE)
-            call = find_call(final.text, self.tools) if isinstance(final, Done) and choice != NONE else None
-            if call is None or out.cancelled.is_set():
+            done = final if isinstance(final, Done) else None
+            if done is not None and before is not None:
+                added += max(done.metrics.prompt_tokens - before.prompt_tokens - before.completion_tokens, 0)
+            call = find_call(done.text, self.tools, form) if done is not None and choice != NONE else None
+            if call is None or done is None or out.cancelled.is_set():
                 for event in held:
                     out.put(event)
-                out.put(replace(final, tool_calls=(*calls, *final.tool_calls)) if isinstance(final, Done)
-                        else final)
+                out.put(final if done is None else replace(
+                    done, tool_calls=(*calls, *done.tool_calls),
+                    metrics=replace(done.metrics, tool_call_tokens=made, tool_result_tokens=added)))
                 return
-            if any(made.name == call.tool.name and made.arguments == call.arguments for made in calls):
+            before = done.metrics
+            made += before.completion_tokens
+            if any(old.name == call.tool.name and old.arguments == call.arguments for old in calls):
                 choice = NONE  # the same call again would bring the same result: the model answers instead
             else:
                 calls.append(self._run(call, out))
-                messages = [*messages, *step_messages(call_text(call), self._seen(calls[-1]))]
+                seen = self._seen(calls[-1])
+                messages = [*messages, *step_messages(calls[-1], call.before, seen, form, len(calls), done.reasoning)]
                 choice = AUTO if len(calls) < self.call_limit else NONE
-            step = replace(request, messages=messages, format=call_format(self.tools, choice), forced=(),
-                           forced_text=(), continuing=False)
+            step = replace(request, messages=messages, tools=tools, format=call_format(self.tools, choice, form),
+                           forced=(), forced_text=(), continuing=False)
 
     @staticmethod
     def _written(stream: Stream, out: Stream, *, hold: bool) -> tuple[list[Event], Done | Error]:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from ..engine.base import ModelInfo
 from ..engine.params import InvalidParameter
-from .calls import check_choice
+from .calls import call_form, check_choice
 from .loop import Consent, ToolUse, result_budget
 from .mcp import Tool, ToolServers
 from .settings import McpSettings, ServerSpec, server_from_command
@@ -43,7 +43,8 @@ def tool_use(servers: ToolServers, tools: list[Tool], settings: McpSettings, inf
     if twice is not None:
         raise InvalidParameter(f"two servers list a tool named {twice!r}: use one of them")
     return ToolUse(servers, tools, consent, check_choice(choice, tools), settings.call_limit,
-                   settings.call_timeout_s, result_budget(info.n_ctx if info is not None else 0))
+                   settings.call_timeout_s, result_budget(info.n_ctx if info is not None else 0),
+                   form=call_form(info))
 
 
 def refuse_remote(info: ModelInfo | None) -> None:

@@ -159,9 +159,12 @@ def _approximation(schema: dict[str, Any], message: str) -> str:
 class Constraint:
     """One reply's matcher: the check-first draw, the accepts, and the mask it shows. Worker thread only."""
 
-    def __init__(self, session: LlamaSession, output: OutputFormat) -> None:
+    def __init__(self, session: LlamaSession, output: OutputFormat, opening: frozenset[int] = frozenset()) -> None:
         self.session = session
         self.kind = output.kind
+        # Tokens the reply may start with outside the format: the one that opens its thinking (Qwen3 opens it
+        # itself), which the format does not govern; taken, they leave the matcher at its start.
+        self._opening = opening
         tokenizer = tokenizer_for(session)
         self.compiled = compile_format(tokenizer, output)
         self.matcher = new_matcher(tokenizer, self.compiled.grammar)
@@ -175,6 +178,8 @@ class Constraint:
 
     def allows(self, token: int) -> bool:
         """The fast check of one token. The end of the reply only where what was written is complete."""
+        if token in self._opening:
+            return True
         if token in self._ends:
             return self.matcher.is_accepting()
         return self.matcher.validate_tokens([token]) == 1
@@ -184,6 +189,7 @@ class Constraint:
         if self._allowed is None:
             self._allowed = mask_of(self.matcher, self._bitmask, self.session.n_vocab)
             self._allowed[self._ends] = self.matcher.is_accepting()
+            self._allowed[list(self._opening)] = True
         return self._allowed
 
     def draw(self, chain: Chain, logits: np.ndarray) -> int:
@@ -207,7 +213,9 @@ class Constraint:
     def accept(self, token: int) -> None:
         """Record `token`, one `draw` returned (it checked it), in the matcher."""
         started = time.perf_counter()
-        self.matcher.consume_token(token)
+        if token not in self._opening:
+            self.matcher.consume_token(token)
+        self._opening = frozenset()  # only the reply's first token may open it
         self._allowed = None
         self.spent_s += time.perf_counter() - started
 

@@ -36,7 +36,7 @@ from ..context import fit_context
 from ..formats import FormatError, OutputFormat
 from ..models import check_gguf
 from ..params import SamplingParams
-from ..prompts import PromptError, PromptFormat, ThinkingSyntax, choose_format, opens_thinking
+from ..prompts import PromptError, PromptFormat, choose_format, opens_thinking
 from ..reasoning import ReplyText, ThinkingSplitter
 from ..stops import StopScanner
 from . import logs
@@ -107,8 +107,9 @@ class LlamaBackend:
         self._draft_session: LlamaSession | None = None  # the draft model, with a KV cache of its own
         self._disk: DiskCache | None = None
         self._format: PromptFormat | None = None
-        self._markers: dict[int, bytes] = {}  # control tokens of the thinking markers, read as their text
+        self._markers: dict[int, bytes] = {}  # control tokens of the thinking and call markers, read as their text
         self._end_thinking: list[int] = []  # the tokens the engine writes to end a thinking past its budget
+        self._opens_thinking: frozenset[int] = frozenset()  # the token a reply opens its thinking with, if one
         self._history_text = ""
         self._history_tokens: list[int] = []
         self._last_prompt: tuple[str, list[int]] = ("", [])
@@ -252,14 +253,20 @@ class LlamaBackend:
             thinking=prompt_format.thinking.label if prompt_format.names_thinking else "",
             thinking_switch=prompt_format.thinking_switch,
             draft="" if settings.draft == "off" else Path(settings.draft).name,  # "ngram" stays itself
+            tool_syntax=prompt_format.calls.family if prompt_format.calls else "",
+            call_tokens=_single_tokens(session, prompt_format.calls.markers) if prompt_format.calls else (),
         )
         self._disk = open_disk_cache(settings.kv_dir, settings.kv_budget_bytes, session, settings.path, header,
                                      build_version())
         with self._session_lock:
             self._session = session
         self._format = prompt_format
-        self._markers = _marker_pieces(session, prompt_format.thinking)
+        calls = prompt_format.calls
+        self._markers = _marker_pieces(session, (prompt_format.thinking.open, prompt_format.thinking.close,
+                                                 *(calls.markers if calls else ())))
         self._end_thinking = session.continuation(prompt_format.thinking.close)
+        opens = session.tokenize(prompt_format.thinking.open, add_bos=False) if prompt_format.names_thinking else []
+        self._opens_thinking = frozenset(opens) if len(opens) == 1 else frozenset()
         self._history_text, self._history_tokens = "", []
         self._last_prompt = ("", [])
         self._plain_ms = None
@@ -352,11 +359,12 @@ def _report_load(stream: Stream, fraction: float) -> bool:
     return not stream.cancelled.is_set()
 
 
-def _marker_pieces(session: LlamaSession, syntax: ThinkingSyntax) -> dict[int, bytes]:
-    """Control tokens print nothing, yet some families mark their thinking with them (`<|START_THINKING|>`,
-    gpt-oss's `<|end|>`): those tokens are read as their text, so the markers can be seen in a reply."""
+def _marker_pieces(session: LlamaSession, markers: tuple[str, ...]) -> dict[int, bytes]:
+    """Control tokens print nothing, yet some families mark their thinking (`<|START_THINKING|>`, gpt-oss's
+    `<|end|>`) or their tool calls (Mistral's `[TOOL_CALLS]`) with them: those tokens are read as their text,
+    so the markers can be seen in a reply."""
     pieces: dict[int, bytes] = {}
-    for marker in (syntax.open, syntax.close):
+    for marker in markers:
         for token in session.tokenize(marker, add_bos=False):
             if not session.piece(token) and (text := session.special_text(token)):
                 pieces[token] = text.encode("utf-8")
@@ -364,6 +372,13 @@ def _marker_pieces(session: LlamaSession, syntax: ThinkingSyntax) -> dict[int, b
 
 
 TurnMaker = Callable[[LlamaBackend, LlamaSession, PromptFormat, Request, Stream], "_Turn"]
+
+
+def _single_tokens(session: LlamaSession, markers: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    """The markers that are one token of the model's vocabulary, with its id: a grammar names them by id, as
+    LLGuidance reads an added token (Qwen's `<tool_call>`, Mistral's `[TOOL_CALLS]`) as special, never as text."""
+    found = ((marker, session.tokenize(marker, add_bos=False)) for marker in markers)
+    return tuple((marker, tokens[0]) for marker, tokens in found if len(tokens) == 1)
 
 
 class _TokenFacts(TypedDict):
@@ -430,7 +445,7 @@ class _Turn:
         """The prompt's text and tokens, the oldest turns left out if the conversation outgrew the context."""
         backend, session = self.backend, self.session
         rendered: dict[int, tuple[str, list[int]]] = {}
-        extra = {"enable_thinking": self.request.thinking} if self.format.thinking_switch else None
+        extra = self.format.options(self.request.thinking, self.request.tools)
 
         def count(messages: list[Message]) -> int:
             text = self.format.render(messages, session.bos_text, session.eos_text, extra)
@@ -460,7 +475,8 @@ class _Turn:
     def run(self) -> None:
         """The reply; an output format's grammar first, so a bad one is the reply's only event."""
         output = self.request.format
-        self.constraint = Constraint(self.session, output) if output.constrained else None
+        opening = self.backend._opens_thinking if not self.inside and not self.forced else frozenset()
+        self.constraint = Constraint(self.session, output, opening) if output.constrained else None
         if self.constraint is not None:
             self.constraint.accept_given(self._given_answer())
         self._write()

@@ -78,8 +78,9 @@ class ToolsScreen(ModalScreen[None]):
                     yield Static(Content("starting…"), classes="state", id=f"state-{index}")
             with Horizontal(id="choice-row"):
                 yield Static(Content("The model may call them:"), id="choice-label")
-                first = self.choice if self.choice in CHOICES else AUTO  # a tool's name: once it is listed
-                yield Select([(choice, choice) for choice in CHOICES], value=first, allow_blank=False, id="choice")
+                shown = CHOICES if self.choice in CHOICES else (*CHOICES, self.choice)  # a tool's name too
+                yield Select([(choice, choice) for choice in shown], value=self.choice, allow_blank=False,
+                             id="choice")
             yield Static(id="note")
             yield Static(Content("auto: when it wants · none: never · required: its first step is a call · a tool's "
                                  "name: that one first. Applies from the next reply. Esc closes."), classes="hint")
@@ -170,11 +171,16 @@ class ToolsScreen(ModalScreen[None]):
             select.value = self.choice if self.choice in shown else AUTO
 
     def _apply(self) -> None:
-        """The chat's tools follow the switches; where they cannot (a server's model), the switches go back."""
+        """The chat's tools follow the switches; where they cannot (a server's model), the switches go back.
+        A server that has not listed its tools on this screen yet has no switches: its tools stay as they
+        were (the Select's change on mount comes before any server lists them)."""
         note = self.query_one("#note", Static)
         chosen = self.query_one("#choice", Select).value
+        listed = {tool.server for tool in self.tools.values()}
+        use = self.workspace.chat_tools
+        kept = [tool for tool in use.tools if tool.server not in listed] if use is not None else []
         try:
-            self.workspace.use_tools([tool for switch, tool in self.tools.items() if switch.value],
+            self.workspace.use_tools([*kept, *(tool for switch, tool in self.tools.items() if switch.value)],
                                      chosen if isinstance(chosen, str) else AUTO, self.consent)
         except InvalidParameter as error:
             note.update(Content(screen_safe(str(error))))

@@ -62,6 +62,17 @@ def _draft(m: TurnMetrics) -> str:
     return f"\nDraft    {m.draft_kind} · {kept}{batch}{versus}"
 
 
+def _tools(m: TurnMetrics) -> str:
+    if not (m.tool_call_tokens or m.tool_result_tokens):
+        return ""
+    return f"\nTools    in {m.tool_result_tokens:,} · out {m.tool_call_tokens:,}"  # results read, calls written
+
+
+def _calls_cost(price: Price, m: TurnMetrics) -> str:
+    """The calls' share of the output (the results are in the input already: the last prompt holds them)."""
+    return f"  of it calls {_usd(price.cost(0, 0, m.tool_call_tokens))}\n" if m.tool_call_tokens else ""
+
+
 def kv_bar(used: int, total: int, width: int = BAR_WIDTH) -> str:
     filled = 0 if total <= 0 else min(width, round(width * used / total))
     return "█" * filled + "░" * (width - filled)
@@ -152,12 +163,12 @@ class MetricsPanel(Vertical):
         self.post_message(self.PriceChosen(str(event.value)))
 
     def session_cost(self) -> Decimal:
-        return sum((turn_cost(self.price, t.prompt_tokens, t.cached_tokens, t.completion_tokens).total
+        return sum((turn_cost(self.price, t.prompt_tokens, t.cached_tokens, t.output_tokens).total
                     for t in self.replies()), Decimal(0))
 
     def uncached_cost(self) -> Decimal:
         """What the session would have cost with every prompt token billed as fresh input."""
-        return sum((self.price.cost(t.prompt_tokens, 0, t.completion_tokens) for t in self.replies()), Decimal(0))
+        return sum((self.price.cost(t.prompt_tokens, 0, t.output_tokens) for t in self.replies()), Decimal(0))
 
     def refresh_view(self, status: str = "") -> None:
         info, m = self.info, self.metrics
@@ -186,13 +197,13 @@ class MetricsPanel(Vertical):
         estimated = "~" if m.prompt_estimated else ""  # counted here until the server says
         restored = restore_note(m.as_dict())
         show(self.query_one("#tokens", Static), Content(
-                f"Tokens   in {estimated}{m.prompt_tokens:,} · out {m.completion_tokens:,}{_thought(m)}\n"
+                f"Tokens   in {estimated}{m.prompt_tokens:,} · out {m.completion_tokens:,}{_thought(m)}{_tools(m)}\n"
                 f"KV       {kv_bar(m.context_tokens, n_ctx)}\n"
                 f"         {m.context_tokens:,} / {f'{n_ctx:,}' if n_ctx else 'unknown'}\n"
                 f"Reused   {m.cached_tokens:,} tokens this turn"
                 + (f"\n{restored[0].upper()}{restored[1:]}" if restored else "")
             ))
-        reply = turn_cost(self.price, m.prompt_tokens, m.cached_tokens, m.completion_tokens)
+        reply = turn_cost(self.price, m.prompt_tokens, m.cached_tokens, m.output_tokens)
         session = self.session_cost()
         show(self.query_one("#cost", Static), Content(
                 f"prices read {self.price.read_on}\n"
@@ -201,6 +212,7 @@ class MetricsPanel(Vertical):
                 f" cached  {_usd(reply.cached_input)}\n"
                 f" output  {_usd(reply.output)}\n"
                 f"{_thinking_cost(self.price, m)}"
+                f"{_calls_cost(self.price, m)}"
                 f"Session  {_usd(session)}\n"
                 f"Saved    {_usd(self.uncached_cost() - session)} by reuse"
             ))
