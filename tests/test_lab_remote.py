@@ -8,14 +8,21 @@ when another request arrives, and with `--interrupt_requests False` it queues th
 import json
 
 import pytest
+from textual.widgets import Static
 
 from conftest import GREEDY, collect, run_cli
 from fake_openai import PACED, fake_server
 from llama_server import llama_cpp_server
+from test_lab_ui import WIDE, lab_ended
 from test_remote import connect
+from test_ui import chat, loaded, screen_open
+from tui_chat.config import Config
 from tui_chat.engine.base import LabDone, Message, Request
+from tui_chat.engine.openai import OpenAIBackend, RemoteSettings
 from tui_chat.engine.params import LiveParams
 from tui_chat.lab import Column, Lab
+from tui_chat.ui.app import ChatApp
+from tui_chat.ui.screens.lab import LabScreen
 
 PROMPT = "Hello, what is the capital of France?"
 
@@ -107,3 +114,19 @@ def test_run_compare_on_a_server_says_it_ran_the_columns_one_after_another(queue
     text = run_cli("run", "--base-url", queueing_server, "--model", "tiny", "-p", PROMPT, "--max-tokens", "4",
                    "--compare", "temperature=0", "--compare", "temperature=0")
     assert text.returncode == 0 and text.stdout.endswith("\nthe server ran the columns one after another\n")
+
+
+async def test_the_lab_screen_on_a_server_says_it_ran_the_columns_one_after_another(queueing_server):
+    app = ChatApp(Config(sampling=GREEDY), lambda _name: OpenAIBackend(RemoteSettings(queueing_server, "tiny")), "tiny")
+    async with app.run_test(size=WIDE) as pilot:
+        await loaded(pilot)
+        await chat(pilot, "Hello there")
+        await pilot.press("f10")
+        lab = await screen_open(pilot, LabScreen)
+        await pilot.press("ctrl+r")
+        await lab_ended(pilot, lab)
+        status = str(lab.query_one("#lab-status", Static).render())
+        assert status.startswith("The server ran the columns one after another · Prompt: ")
+        assert "the server did not say how often it read it for 2 columns" in status
+        assert "a step of the columns took" not in status
+        assert all(column.done.stop_reason == "length" for column in lab.lab.columns)
