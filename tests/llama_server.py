@@ -22,15 +22,19 @@ def free_port() -> int:
 
 
 @contextmanager
-def llama_cpp_server(model: Path, alias: str, n_ctx: int, log: Path, chat_format: str | None = None) -> Iterator[str]:
+def llama_cpp_server(model: Path, alias: str, n_ctx: int, log: Path, chat_format: str | None = None,
+                     interrupting: bool = True) -> Iterator[str]:
     """Serve `model` as `alias`; yields the base URL once `/v1/models` answers, kills the server after.
 
-    Without `chat_format` the server uses the model's template, or llama-2's where it has none."""
+    Without `chat_format` the server uses the model's template, or llama-2's where it has none. `interrupting`
+    (the server's default): a request that arrives ends the reply streaming; without, it waits its turn."""
     port = free_port()
     command = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--model_alias", alias,
                "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx), "--n_gpu_layers", "0"]
     if chat_format:
         command += ["--chat_format", chat_format]
+    if not interrupting:
+        command += ["--interrupt_requests", "False"]
     with log.open("wb") as output:
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
     base_url = f"http://127.0.0.1:{port}/v1"

@@ -668,7 +668,7 @@ class ReplyWriter:
                   | ({"stop_sequence": stop_sequence} if stop_sequence else {}))
         self.history.later.settle()
         self.history._write_reply(
-            self.id, text, reasoning, state="stopped" if stop_reason == "cancelled" else "complete",
+            self.id, text, reasoning, state="stopped" if stop_reason in ("cancelled", "cut") else "complete",
             stop_reason=stop_reason, metrics=json.dumps(record), writer=None, tool_calls=_calls_record(tool_calls),
         )
         self._saved = (text, reasoning)

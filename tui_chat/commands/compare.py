@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from ..engine.base import INCOMPLETE_LABEL, Comparing, EngineError, Error, Message, Stream, stop_label
+from ..engine.base import INCOMPLETE_LABEL, Comparing, EngineError, Error, LabDone, Message, Stream, stop_label
 from ..engine.compare import MAX_COLUMNS
 from ..engine.formats import OutputFormat
 from ..engine.params import InvalidParameter, SamplingParams
@@ -39,7 +39,7 @@ def run_lab(workspace: Workspace, args: argparse.Namespace, model: str | None, c
     backend = workspace.load_now(model)
     try:
         if not isinstance(backend, Comparing):
-            raise InvalidParameter("--compare needs a local model: a server is asked one reply at a time")
+            raise InvalidParameter("--compare: this model's backend has no sampling lab")
         session = workspace.new_chat(columns[0].live, output_format=output,
                                      **({} if args.system is None else {"system_prompt": args.system}))
         if args.thinking is not None:
@@ -83,12 +83,14 @@ def _turn(lab: Lab, prompt: str) -> dict[str, Any]:
     metrics = lab.ended.columns[0].metrics
     return {"prompt": prompt, "prompt_tokens": metrics.prompt_tokens, "cached_tokens": metrics.cached_tokens,
             "prefill_s": metrics.prefill_s, "prefill_tok_s": metrics.prefill_tok_s,
-            "prompt_reads": lab.ended.prompt_reads, "n_ctx": metrics.n_ctx,
+            "prompt_reads": lab.ended.prompt_reads, "n_ctx": metrics.n_ctx, "parallel": lab.ended.parallel,
+            "note": lab.ended.note or None,
             "columns": [lab.report(index) for index in range(len(lab.columns))]}
 
 
 def _print(lab: Lab, write: Callable[[str], None]) -> None:
-    """Each column: a header with its settings, its text, and a line of its figures."""
+    """Each column: a header with its settings, its text, and a line of its figures; then what the server did
+    with the columns, where it did not decode them together."""
     for index, column in enumerate(lab.columns):
         report = lab.report(index)
         write(f"── column {index + 1}: {column.label} ──\n{column.text.strip()}\n")
@@ -108,6 +110,8 @@ def _print(lab: Lab, write: Callable[[str], None]) -> None:
         elif index:
             figures.append("same tokens as column 1")
         write(f"({' · '.join(figures)})\n" + ("\n" if index < len(lab.columns) - 1 else ""))
+    if isinstance(lab.ended, LabDone) and lab.ended.note:
+        write(f"\n{lab.ended.note}\n")
 
 
 def _prob(prob: float | None) -> str:

@@ -18,13 +18,15 @@ from .formats import KINDS, TEXT, OutputFormat
 from .params import LiveParams, SamplingParams, label
 
 Role = Literal["system", "user", "assistant", "tool"]
-StopReason = Literal["eos", "stop", "length", "context", "cancelled"]  # context: the KV cache is full
+# context: the KV cache is full; cut: the server ended it unasked (llama-cpp-python's, for another request)
+StopReason = Literal["eos", "stop", "length", "context", "cancelled", "cut"]
 STOP_LABELS: dict[str, str] = {  # how a reply's end is said everywhere a person reads it
     "eos": "end of text",
     "stop": "stop sequence",
     "length": "max tokens",
     "context": "context full",
     "cancelled": "stopped",
+    "cut": "cut short by the server",
 }
 
 
@@ -437,10 +439,14 @@ class ColumnEvent:
 
 @dataclass(frozen=True, slots=True)
 class LabDone:
-    """The end of a lab: each column's `Done`, in order, and how many times the prompt they share was read."""
+    """The end of a lab: each column's `Done`, in order, and how many times the prompt they share was read
+    (None: a server did not say). `parallel`: the columns were decoded at the same time; where not, or where
+    a server cut one short, `note` says so in one line."""
 
     columns: tuple[Done, ...]
-    prompt_reads: int
+    prompt_reads: int | None
+    parallel: bool = True
+    note: str = ""
 
 
 @dataclass(frozen=True, slots=True)

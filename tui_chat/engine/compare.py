@@ -7,9 +7,33 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .base import Token
+from .base import ColumnEvent, Done, Event, Metrics, PromptProgress, Stream, Token
 
 MAX_COLUMNS = 4  # settings compared side by side in one run
+
+
+class ColumnStream(Stream):
+    """A column's events go into the lab's stream, each marked with the column's place (a server's progress
+    through the prompt goes as it is: the prompt is the lab's); cancelling the lab cancels every column."""
+
+    def __init__(self, lab: Stream, column: int) -> None:
+        super().__init__()
+        self.lab = lab
+        self.column = column
+        self.cancelled = lab.cancelled
+
+    def put(self, event: Event) -> None:
+        if isinstance(event, PromptProgress):
+            self.lab.put(event)
+            return
+        assert isinstance(event, (Token, Metrics, Done)), "a column's events are its tokens, figures and end"
+        self.lab.put(ColumnEvent(self.column, event))
+
+
+def overlapped(spans: Sequence[tuple[float, float]]) -> bool:
+    """Whether any two (first token, last token) times overlap: the columns were decoded at the same time."""
+    ordered = sorted(spans)
+    return any(later[0] < earlier[1] for earlier, later in zip(ordered, ordered[1:], strict=False))
 
 @dataclass(frozen=True, slots=True)
 class Divergence:
@@ -27,9 +51,10 @@ class Divergence:
 
 
 def divergence(first: Sequence[Token], other: Sequence[Token]) -> Divergence | None:
-    """None where `other` drew the same tokens as `first` for as long as both went on."""
+    """None where `other` drew the same tokens as `first` for as long as both went on. Their texts are compared
+    too: a server that does not say token ids sends -1 for every one."""
     for position, (mine, theirs) in enumerate(zip(other, first, strict=False)):
-        if mine.token_id != theirs.token_id:
+        if (mine.token_id, mine.piece or mine.text) != (theirs.token_id, theirs.piece or theirs.text):
             return Divergence(position, mine, theirs)
     return None
 

@@ -19,20 +19,17 @@ from functools import partial
 import numpy as np
 
 from ..base import (
-    ColumnEvent,
     Done,
     EngineError,
-    Event,
     LabDone,
     Metrics,
     Request,
     Stage,
     StopReason,
     Stream,
-    Token,
     TurnMetrics,
 )
-from ..compare import MAX_COLUMNS
+from ..compare import MAX_COLUMNS, ColumnStream
 from ..params import LiveParams, SamplingParams
 from ..prompts import PromptFormat
 from .chain import Chain
@@ -51,20 +48,6 @@ class LlamaLab(LlamaBackend):
         make = partial(LabTurn, columns=tuple(columns))
         self._jobs.put(lambda: self._guarded(stream, lambda: self._generate(request, stream, make)))
         return stream
-
-
-class _ColumnStream(Stream):
-    """A column's events go into the lab's stream, each marked with the column's place."""
-
-    def __init__(self, lab: Stream, column: int) -> None:
-        super().__init__()
-        self.lab = lab
-        self.column = column
-        self.cancelled = lab.cancelled
-
-    def put(self, event: Event) -> None:
-        assert isinstance(event, (Token, Metrics, Done)), "a column's events are its tokens, figures and end"
-        self.lab.put(ColumnEvent(self.column, event))
 
 
 class LabTurn(_Turn):
@@ -161,7 +144,7 @@ class _Column(_Turn):
 
     def __init__(self, lab: LabTurn, index: int, live: LiveParams) -> None:
         super().__init__(lab.backend, lab.session, lab.format, replace(lab.request, params=live),
-                         _ColumnStream(lab.stream, index), (lab.prompt_text, lab.prompt, lab.dropped_turns))
+                         ColumnStream(lab.stream, index), (lab.prompt_text, lab.prompt, lab.dropped_turns))
         self.lab = lab
         self.seq = FIRST_COLUMN_SEQ + index
         self.shown = True  # each token's own text goes with it: the lab shows where columns part

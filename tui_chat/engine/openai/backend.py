@@ -13,14 +13,17 @@ from __future__ import annotations
 import json
 import math
 import threading
+from collections.abc import Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
 
-from ..base import Done, EngineError, Error, Loaded, ModelInfo, Request, Stream, written
+from ..base import Done, EngineError, Error, LabDone, Loaded, ModelInfo, Request, Stream, written
+from ..compare import MAX_COLUMNS, ColumnStream, overlapped
 from ..formats import KINDS, FormatError, OutputFormat
-from ..params import SamplingParams
+from ..params import LiveParams, SamplingParams
 from ..server_params import format_fields, server_fields, server_notes, thinking_fields
 from ..templates import PLAIN
 from .connection import Connection, CuttableStream
@@ -53,6 +56,10 @@ class RemoteSettings:
     model: str | None = None
     api_key: str | None = field(default=None, repr=False)
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+
+
+class CutShort(RemoteError):
+    """The server ended a reply without saying why: another request to it may have cut it short."""
 
 
 def display_url(base_url: str) -> str:
@@ -239,9 +246,17 @@ class OpenAIBackend:
 
     # --- one reply ----------------------------------------------------------------------------
 
-    def _reply(self, request: Request, stream: CuttableStream, connection: Connection) -> None:
+    def _reply(self, request: Request, stream: Stream, connection: Connection) -> None:
         version, params = request.params.snapshot()
         reply = StreamedReply(request, version, self.info.n_ctx if self.info else 0)
+        try:
+            stream.put(self._answer(reply, params, stream, connection))
+        except (EngineError, FormatError, httpx.HTTPError) as error:
+            stream.put(Error(self._failure(error), reply.text, reply.reasoning))
+
+    def _answer(self, reply: StreamedReply, params: SamplingParams, stream: Stream, connection: Connection) -> Done:
+        """One request streamed into `stream`: its end (cancelled where it was), or raises what went wrong."""
+        request = reply.request
         with self._live_lock:
             self._live.add(connection)
         try:
@@ -251,23 +266,70 @@ class OpenAIBackend:
             reply.given_start(stream)
             reply.estimated(math.ceil(len(_prompt_text(request)) / CHARS_PER_TOKEN), stream)
             self._stream_into(reply, stream, connection, body)
-        except (EngineError, FormatError, httpx.HTTPError) as error:
+        except (EngineError, FormatError, httpx.HTTPError):
             if stream.cancelled.is_set():
-                stream.put(reply.done("cancelled"))
-            else:
-                message = self._network_message(error) if isinstance(error, httpx.HTTPError) else error
-                stream.put(Error(self._clean(str(message)), reply.text, reply.reasoning))
-            return
+                return reply.done("cancelled")
+            raise
         finally:
             with self._live_lock:
                 self._live.discard(connection)
         if stream.cancelled.is_set():
-            stream.put(reply.done("cancelled"))
-            return
+            return reply.done("cancelled")
         if reply.metrics().prompt_estimated and self.kind.tokenize_path:
             self._recount(request, reply, stream)
         reason = stop_reason(reply.finish_reason, params, self._implicit_stops)
-        stream.put(self._checked(reply.done(reason, (*params.stop, *self._implicit_stops))))
+        return self._checked(reply.done(reason, (*params.stop, *self._implicit_stops)))
+
+    # --- the sampling lab ---------------------------------------------------------------------
+
+    def compare(self, request: Request, columns: Sequence[LiveParams]) -> Stream:
+        """The lab on a server: a request per column, all sent at once (llama-server with `--parallel` decodes
+        them together). Each column's events come as `ColumnEvent`s, then one `LabDone` (or an `Error`)."""
+        connections = [Connection() for _ in columns]
+        stream = CuttableStream(*connections)
+        args = (request, columns, stream, connections)
+        threading.Thread(target=self._lab, args=args, name="remote-lab", daemon=True).start()
+        return stream
+
+    def _lab(self, request: Request, columns: Sequence[LiveParams], stream: Stream,
+             connections: list[Connection]) -> None:
+        if not 1 <= len(columns) <= MAX_COLUMNS:
+            stream.put(Error(f"the lab compares 1 to {MAX_COLUMNS} settings side by side (got {len(columns)})"))
+            return
+        # each token's probability, even with the inspector off: the lab marks divergence and surprise
+        asked = replace(request, top_logprobs=max(request.top_logprobs, 1))
+        with ThreadPoolExecutor(len(columns), thread_name_prefix="remote-column") as pool:
+            runs = [pool.submit(self._column, replace(asked, params=live), ColumnStream(stream, index), connection)
+                    for index, (live, connection) in enumerate(zip(columns, connections, strict=True))]
+            if wait(runs, return_when=FIRST_EXCEPTION).not_done:
+                stream.cancel()  # one failed: the others stop, and its error is the lab's
+        try:
+            replies = [run.result() for run in runs]
+        except (EngineError, FormatError, httpx.HTTPError) as error:
+            stream.put(Error(self._failure(error)))
+            return
+        reads = [reply.read_prompt() for _, reply in replies]
+        # the columns that wrote over a while: one token's moment tells nothing of the others'
+        spans = [(reply.first_at, reply.last_at) for _, reply in replies
+                 if reply.first_at is not None and reply.last_at is not None and reply.first_at < reply.last_at]
+        serial = len(spans) > 1 and not overlapped(spans)
+        cut = [str(index + 1) for index, (done, _) in enumerate(replies) if done.stop_reason == "cut"]
+        note = " and ".join(filter(None, (
+            "ran the columns one after another" if serial else "",
+            f"cut column{'s' if len(cut) > 1 else ''} {', '.join(cut)} short" if cut else "")))
+        stream.put(LabDone(tuple(done for done, _ in replies), None if None in reads else sum(map(bool, reads)),
+                           not (serial or cut), f"the server {note}" if note else ""))
+
+    def _column(self, request: Request, stream: Stream, connection: Connection) -> tuple[Done, StreamedReply]:
+        """One column's request; a column the server ended unasked is cut, not failed."""
+        version, params = request.params.snapshot()
+        reply = StreamedReply(request, version, self.info.n_ctx if self.info else 0)
+        try:
+            done = self._answer(reply, params, stream, connection)
+        except CutShort:
+            done = reply.done("cut")
+        stream.put(done)
+        return done, reply
 
     def _checked(self, done: Done) -> Done:
         """An empty reply before any with text: the server's chat format is the likely cause; said once."""
@@ -343,7 +405,7 @@ class OpenAIBackend:
             ended = self._read_events(response, reply, stream)
         if reply.finish_reason is None and not stream.cancelled.is_set():
             if ended:  # llama-cpp-python ends a stream so when another request arrives
-                raise RemoteError(f"the server at {self.host} ended the reply without saying why (another request "
+                raise CutShort(f"the server at {self.host} ended the reply without saying why (another request "
                                   "to it may have cut it short)")
             raise RemoteError(f"the server at {self.host} closed the stream mid-reply")
 
@@ -375,6 +437,9 @@ class OpenAIBackend:
             return (f"{self.host} has no {httpx.URL(path).path} (404{said}): is the base URL {self.shown_url} right? "
                     "(the API root usually ends in /v1)")
         return f"the server at {self.host} answered {status}{said}"
+
+    def _failure(self, error: EngineError | FormatError | httpx.HTTPError) -> str:
+        return self._clean(self._network_message(error) if isinstance(error, httpx.HTTPError) else str(error))
 
     def _network_message(self, error: httpx.HTTPError) -> str:
         if isinstance(error, httpx.ConnectError):

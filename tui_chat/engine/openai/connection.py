@@ -53,12 +53,13 @@ def _shutdown(sock: socket.socket) -> None:
 
 
 class CuttableStream(Stream):
-    """A reply's events; cancelling it also cuts its connection."""
+    """A reply's events (or a lab's, over a connection per column); cancelling it also cuts its connections."""
 
-    def __init__(self, connection: Connection) -> None:
+    def __init__(self, *connections: Connection) -> None:
         super().__init__()
-        self._connection = connection
+        self._connections = connections
 
     def cancel(self) -> None:
         super().cancel()
-        self._connection.cut()
+        for connection in self._connections:
+            connection.cut()

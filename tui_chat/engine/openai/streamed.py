@@ -132,8 +132,7 @@ class StreamedReply:
         # timings while the prompt is read (llama-server's timings_per_token) count what was read so far
         reported = count(usage, "prompt_tokens") or count(progress, "total") or from_timings
         prompt = reported or self.estimate or 0
-        cached = count(usage, "prompt_tokens_details", "cached_tokens")
-        cached = next((n for n in (cached, cache_n, count(progress, "cache")) if n is not None), 0)
+        cached = self.cached_tokens() or 0
         completion = count(usage, "completion_tokens") or count(timings, "predicted_n") or self.tokens
         withheld = max(0, completion - self.tokens) if ended == "stop" else 0
         first = self.visible_at or self.first_at
@@ -155,6 +154,20 @@ class StreamedReply:
             withheld_tokens=withheld,
         )
 
+    def cached_tokens(self) -> int | None:
+        """The prompt's tokens the server said it had in its cache; None where it did not say."""
+        said = (count(self.usage, "prompt_tokens_details", "cached_tokens"), count(self.timings, "cache_n"),
+                count(self.progress, "cache"))
+        return next((n for n in said if n is not None), None)
+
+    def read_prompt(self) -> bool | None:
+        """Whether the server read the prompt anew (None: it did not say). llama.cpp reads a wholly cached
+        prompt's last token again, for its logits: that is no new read."""
+        metrics, cached = self.metrics(), self.cached_tokens()
+        if cached is None or metrics.prompt_estimated or not metrics.prompt_tokens:
+            return None
+        return cached < metrics.prompt_tokens - 1
+
     def _prefill_s(self, prompt: int, timed: bool, ttft: float | None) -> float:
         """The server's own time for reading the whole prompt (`timed`: its timings cover all of it); without
         it, the time to first token bounds it from above; 0 while the prompt is still being read."""
@@ -166,7 +179,7 @@ class StreamedReply:
     def done(self, reason: StopReason, stops: tuple[str, ...] = ()) -> Done:
         """`stops`: the stop sequences sent; a server does not say which one it ended on, so only a lone one
         is named."""
-        incomplete = self.request.format.constrained and reason in ("length", "cancelled")
+        incomplete = self.request.format.constrained and reason in ("length", "cancelled", "cut")
         sequence = stops[0] if reason == "stop" and len(stops) == 1 else ""
         return Done(reason, self.text, self.metrics(reason), incomplete=incomplete, reasoning=self.reasoning,
                     answer_from=self.thinking, stop_sequence=sequence)

@@ -221,16 +221,19 @@ class LabScreen(Screen[int | None]):
             return
         for widget in self._columns()[: len(ended.columns)]:
             widget.query_one(Button).disabled = False
-        metrics = ended.columns[0].metrics
-        reads = "once" if ended.prompt_reads == 1 else f"{ended.prompt_reads} times"
-        self._status(f"Prompt: {metrics.prompt_tokens:,} tokens, read {reads} for {len(ended.columns)} columns "
+        metrics, count = ended.columns[0].metrics, ended.prompt_reads
+        reads = "the server did not say how often it read it" if count is None else \
+            "read once" if count == 1 else f"read {count} times"
+        note = f"{ended.note[0].upper()}{ended.note[1:]} · " if ended.note else ""
+        self._status(f"{note}Prompt: {metrics.prompt_tokens:,} tokens, {reads} for {len(ended.columns)} columns "
                      f"({metrics.cached_tokens:,} from the cache){self._step_cost(ended)} · Keep puts a column "
                      "into the chat as the reply; the others stay as its branches")
 
     def _step_cost(self, ended: LabDone) -> str:
-        """What a step of every column cost, against a token of the chat's latest reply: the extra columns' price."""
+        """What a step of every column cost, against a token of the chat's latest reply: the extra columns' price
+        (not where a server ran the columns one after another)."""
         rate = ended.columns[0].metrics.decode_tok_s  # the first column stepped with the others while it went on
-        if not rate:
+        if not rate or not ended.parallel:
             return ""
         line = f" · a step of the columns took {1000 / rate:.0f} ms"
         if self.reply_tok_s:
