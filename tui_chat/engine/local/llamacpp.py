@@ -300,14 +300,7 @@ class LlamaSession:
         row i is what `step` would have given after `tokens[i]`. `row` starts at 0; `truncate` drops what
         the walk rejects."""
         n_past = len(self.tokens)
-        batch = self._batch
-        batch.n_tokens = len(tokens)
-        for i, token in enumerate(tokens):
-            batch.token[i] = token
-            batch.pos[i] = n_past + i
-            batch.logits[i] = 1
-        self._decodes += 1
-        status = llama_cpp.llama_decode(self.ctx, batch)
+        status = self._submit(tokens, n_past, 0, True, every_row=True)
         if status != 0:
             llama_cpp.llama_memory_seq_rm(self.memory, 0, n_past, -1)
             raise EngineError(_decode_failure(status))
@@ -379,15 +372,17 @@ class LlamaSession:
         self.tokens = tokens.tolist()
 
 
-    def _submit(self, chunk: Sequence[int], n_past: int, seq: int, want_logits: bool) -> int:
-        """One `llama_decode` of `chunk` at positions from `n_past` in sequence `seq`; its status.
-        The batch's sequence ids are left at 0, which `step` (the hot path) relies on."""
+    def _submit(self, chunk: Sequence[int], n_past: int, seq: int, want_logits: bool, *,
+                every_row: bool = False) -> int:
+        """One `llama_decode` of `chunk` at positions from `n_past` in sequence `seq`; its status. Logits for
+        the last row if `want_logits`, for each with `every_row`. The batch's sequence ids are left at 0,
+        which `step` (the hot path) relies on."""
         batch = self._batch
         batch.n_tokens = len(chunk)
         for i, token in enumerate(chunk):
             batch.token[i] = token
             batch.pos[i] = n_past + i
-            batch.logits[i] = 0
+            batch.logits[i] = int(every_row)
             batch.seq_id[i][0] = seq
         batch.logits[len(chunk) - 1] = int(want_logits)
         self._decodes += 1
