@@ -188,6 +188,22 @@ def test_the_controller_shrinks_no_shorter_than_a_draft_that_can_pay():
     assert DraftController(2, plain_ms=10.0).shortest() == 1, "unmeasured lengths are tried"
 
 
+def test_a_reply_after_one_where_drafting_did_not_pay_starts_paused_and_keeps_the_costs_measured():
+    losing = DraftController(16, plain_ms=10.0)
+    for _ in range(TRIALS):
+        losing.verified(4, 0, 0.03)  # 30 ms for one token against 10 ms plain
+    assert not losing.paid and losing.next_size() == 0
+    after = DraftController.after(losing)
+    after.limit = 16
+    assert after.plain_ms == 10.0 and after.batch_ms == losing.batch_ms
+    assert after.next_size() == 0 and after.paused == FIRST_PAUSE, "short replies are not each slowed by new trials"
+    winning = DraftController(16, plain_ms=10.0)
+    for _ in range(TRIALS):
+        winning.verified(4, 4, 0.02)  # 20 ms for five tokens
+    assert winning.paid and DraftController.after(winning).paused == 0
+    assert DraftController.after(None).plain_ms is None
+
+
 def test_a_draft_model_sharing_the_vocabulary_drafts_and_another_is_refused(tiny_model: Path, starter_model: Path):
     plain = open_backend(tiny_model, n_ctx=1024)
     drafting = open_backend(tiny_model, n_ctx=1024, draft=str(tiny_model))

@@ -136,6 +136,19 @@ class DraftController:
         self.draft_tokens = 0  # tokens kept from verifications: the accepted and the one drawn after them
         self.draft_s = 0.0
         self.batch_ms: dict[int, float] = {}  # a verification's time by its draft's length (running averages)
+        self.paid = True  # what the last judgement found
+
+    @classmethod
+    def after(cls, last: DraftController | None) -> DraftController:
+        """A reply's controller, knowing what the model's last reply measured: plain decoding's and each draft
+        length's time, and whether drafting paid at its last judgement; if not, this reply starts paused (for
+        FIRST_PAUSE tokens), so a run of short replies that never pay (tool calls, chat) are not each slowed by
+        a fresh round of trials."""
+        control = cls(0)
+        if last is not None:
+            control.plain_ms, control.batch_ms = last.plain_ms, dict(last.batch_ms)
+            control.paused = 0 if last.paid else FIRST_PAUSE
+        return control
 
     def next_size(self) -> int:
         """The longest draft to ask for now; 0 while drafting is paused (or off), and once, after a few
@@ -164,9 +177,11 @@ class DraftController:
         self.batch_ms[drafted] = _average(self.batch_ms.get(drafted), seconds * 1000)
         self.size = min(self.limit, drafted * 2) if accepted == drafted else max(self.shortest(), accepted)
         self.trials += 1
-        if self.trials >= TRIALS and self.plain_ms is not None and self.draft_ms >= self.plain_ms:
-            self.paused, self.pause = self.pause, min(LONGEST_PAUSE, self.pause * 2)
-            self.trials, self.draft_ms, self.size = 0, None, START_SIZE
+        if self.trials >= TRIALS and self.plain_ms is not None:
+            self.paid = self.draft_ms < self.plain_ms
+            if not self.paid:
+                self.paused, self.pause = self.pause, min(LONGEST_PAUSE, self.pause * 2)
+                self.trials, self.draft_ms, self.size = 0, None, START_SIZE
 
     def shortest(self) -> int:
         """The shortest draft that can pay: `n` guesses, all kept, give n + 1 tokens for one verification, so

@@ -113,7 +113,7 @@ class LlamaBackend:
         self._history_text = ""
         self._history_tokens: list[int] = []
         self._last_prompt: tuple[str, list[int]] = ("", [])
-        self._plain_ms: float | None = None  # plain decoding's time per token, as last measured with this model
+        self._drafting: DraftController | None = None  # the last reply's: what it measured carries to the next
         self._session_lock = threading.Lock()
         self.threads = ThreadGovernor(settings.threads, settings.threads_batch)
         self._worker = threading.Thread(target=self._run, name="llama-worker", daemon=True)
@@ -269,7 +269,7 @@ class LlamaBackend:
         self._opens_thinking = frozenset(opens) if len(opens) == 1 else frozenset()
         self._history_text, self._history_tokens = "", []
         self._last_prompt = ("", [])
-        self._plain_ms = None
+        self._drafting = None
         stream.put(Loaded(self.info))
 
     def _open_draft_model(self, session: LlamaSession) -> None:
@@ -436,7 +436,7 @@ class _Turn:
         self.thought_at: float | None = None  # when its thinking ended
         self.constraint: Constraint | None = None
         self.drafter = backend.new_drafter(self.prompt) if self.drafts else None
-        self.control = DraftController(0, backend._plain_ms)
+        self.control = DraftController.after(backend._drafting)
         self.guesses: list[int] = []  # the draft being walked: row i of the batch is drawn against guesses[i]
         self.kept = 0  # of them, those drawn as guessed so far
         self.cycle_at: float | None = None  # when the last step or verification started
@@ -584,8 +584,7 @@ class _Turn:
                     self.retune_threads()
         finally:
             self._settle()
-            if self.control.plain_ms is not None:
-                self.backend._plain_ms = self.control.plain_ms
+            self.backend._drafting = self.control
             if sampler is not None:
                 session.free_sampler(sampler)
 
