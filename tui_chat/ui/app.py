@@ -84,7 +84,7 @@ class ChatApp(App[None]):
         if chat.reply is not None or not question or not isinstance(backend, Comparing):
             self.notify("A reply is still being written: Esc stops it." if chat.reply is not None else
                         "Write a message first: the lab answers it, or the last one." if not question else
-                        "This model's backend has no sampling lab.", timeout=4)
+                        "This model's backend has no sampling lab.", timeout=4, markup=False)
             return
 
         async def kept(index: int | None) -> None:
