@@ -477,9 +477,8 @@ def wire_choice(choice: str) -> str | dict[str, Any]:
 def _wire_message(message: Message) -> dict[str, Any]:
     """A message as OpenAI's API takes it: a step that called tools with its `tool_calls` (the arguments as JSON
     text), a tool's result with the `tool_call_id` it answers."""
-    wire: dict[str, Any] = {"role": message.role, "content": message.content}
+    wire: dict[str, Any] = {"role": message.role, "content": message.content}  # "" not null: llama-cpp-python
     if message.tool_calls:
-        wire["content"] = message.content or None
         wire["tool_calls"] = [call | {"function": call["function"] | {"arguments": _arguments_text(call)}}
                               for call in message.tool_calls]
     if message.tool_call_id:
