@@ -33,12 +33,18 @@ ALTERNATIVE = " Lyon"  # the second likeliest token everywhere, when logprobs ar
 SLOW_TOKEN_S = 0.2
 MAX_WAIT_S = 10.0
 BEHAVIOURS = ("words", "slow", "cut", "cut-chunked", "malformed", "server-error", "error-event", "hang", "silent-end",
-              "hostile", "hostile-error", "interrupted", "thinking", "stopping")
+              "hostile", "hostile-error", "interrupted", "thinking", "stopping", "tools", "no-tools")
 THOUGHT = ("Hmm", ",", " let", " me", " see")  # "thinking" sends these as reasoning_content, then REPLY
 # "stopping" writes these, one every PACED_TOKEN_S, and ends on the request's stop string as llama-server does:
 # the tokens of a stop string are held back and never sent, yet counted in its usage and timings
 PACED = ("Paris", " is", " the", " capital", " of", " France", ".", "\n", "User", ":", " And")
 PACED_TOKEN_S = 0.03
+# "tools" calls mcp-server-time's get_current_time for these zones, both in one reply (a user message naming
+# "invalid" gets a call its schema refuses), streaming each call's arguments in pieces; after the results, it
+# answers with the number of results it read. "no-tools" answers a request with tools as llama-server without
+# --jinja does (400), and one without as "words" does.
+ZONES = ("Asia/Tokyo", "Europe/Paris")
+NO_JINJA = "tools param requires --jinja flag"
 
 
 class FakeServer(ThreadingHTTPServer):
@@ -88,7 +94,7 @@ def prompt_words(messages: list[dict]) -> list[str]:
     assistant message is continued, so no new turn follows it."""
     words: list[str] = []
     for message in messages:
-        words += [f"<{message['role']}>", *message["content"].split()]
+        words += [f"<{message['role']}>", *(message.get("content") or "").split()]
     return words if messages and messages[-1]["role"] == "assistant" else words + ["<assistant>"]
 
 
@@ -164,6 +170,9 @@ class _Handler(BaseHTTPRequestHandler):
         model = behaviour(str(body.get("model")))
         if model not in BEHAVIOURS:
             self._json(404, {"error": {"message": f"The model `{model}` does not exist."}})
+            return
+        if model == "no-tools" and body.get("tools"):
+            self._json(400, {"error": {"code": 400, "message": NO_JINJA, "type": "invalid_request_error"}})
             return
         if model == "server-error":
             self._json(500, {"error": {"message": "CUDA error: out of memory"}})
@@ -268,6 +277,34 @@ class _Handler(BaseHTTPRequestHandler):
             usage["completion_tokens_details"] = {"reasoning_tokens": len(thought)}
         self._send({"choices": [], "usage": usage})
         self._send("[DONE]")
+
+    def _stream_tools(self, body: dict) -> None:
+        prompt, cached = self._read_prompt(body)
+        messages, choice = body["messages"], body.get("tool_choice", "auto")
+        if not body.get("tools") or choice == "none" or messages[-1]["role"] == "tool":
+            results = sum(message["role"] == "tool" for message in messages)
+            words = f"I read {results} results .".split(" ")
+            for index, word in enumerate(words):
+                self._word(body, ("" if index == 0 else " ") + word, prompt, cached, index + 1)
+            self._send(_chunk(None, "stop"))
+        else:
+            self._word(body, "Let me look .", prompt, cached, 1)
+            invalid = "invalid" in messages[-1]["content"]
+            arguments = [{"zone": zone} if invalid else {"timezone": zone} for zone in ZONES]
+            for index, given in enumerate(arguments):
+                text = json.dumps(given)
+                head = {"index": index, "id": f"call_{index}_x", "type": "function",
+                        "function": {"name": "get_current_time", "arguments": ""}}
+                for piece in (head, *({"index": index, "function": {"arguments": text[at:at + 7]}}
+                                      for at in range(0, len(text), 7))):
+                    self._send({"object": "chat.completion.chunk",
+                                "choices": [{"index": 0, "delta": {"tool_calls": [piece]}, "finish_reason": None}]})
+            self._send(_chunk(None, "tool_calls"))
+        self._send({"choices": [], "usage": self._usage(prompt, cached, 8)})
+        self._send("[DONE]")
+
+    def _stream_no_tools(self, body: dict) -> None:
+        self._stream_words(body)
 
     def _stream_stopping(self, body: dict) -> None:
         prompt, cached = self._read_prompt(body)

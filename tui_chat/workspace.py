@@ -102,8 +102,8 @@ class Workspace:
 
     def use_tools(self, tools: list[Tool], choice: str, consent: Consent) -> None:
         """The chat's tools from its next reply: those switched on, and how the model may call them (none on:
-        no tools). "Always" answers given in this chat stay. Raises InvalidParameter (a server's model; a
-        choice naming a tool that is off; two tools of one name)."""
+        no tools). "Always" answers given in this chat stay. Raises InvalidParameter (a choice naming a tool
+        that is off; two tools of one name)."""
         from .tools.setup import tool_use
 
         session = self.session
@@ -238,9 +238,7 @@ class Workspace:
         self.model = ModelInUse(job.name or self.config.default_model or info.path, job.backend)
         if self.session is not None:
             self.session.model = self.model.name
-            if self.session.tools is not None and info.remote_host:  # a server's model gets no tools
-                self.session.tools = None
-            elif self.session.tools is not None:  # they are called in the new model's form
+            if self.session.tools is not None:  # they are called in the new model's form (a server's: its API's)
                 from .tools.calls import call_form
 
                 self.session.tools.form = call_form(info)

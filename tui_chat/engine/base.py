@@ -82,6 +82,9 @@ class Request:
     # Tools the chat template is given, in transformers' JSON-schema form ({"type": "function", "function":
     # {"name", "description", "parameters"}}); none: the template renders as for a chat without tools.
     tools: tuple[dict[str, Any], ...] = ()
+    # How the model may call them (auto, none, required or a tool's name): a server is sent it as `tool_choice`;
+    # the in-process engine is held to it by the calls' grammar (`format`) instead.
+    tool_choice: str = "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,6 +428,9 @@ class Done:
     note: str = ""  # what the user should check that the reply itself does not say (a server's empty reply)
     stop_sequence: str = ""  # the one it ended on (stop_reason "stop"), where known
     tool_calls: tuple[ToolCall, ...] = ()  # the tools it called before this answer, in order (tools/loop.py)
+    # The calls a server said this reply makes (streamed `tool_calls`), in OpenAI's form: {"id", "type",
+    # "function": {"name", "arguments"}}, the arguments as the text it sent (untrusted: checked before use).
+    server_calls: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -487,6 +493,7 @@ class Error:
     message: str
     text: str = ""
     reasoning: str = ""
+    tools_refused: bool = False  # a server refused a request for carrying tools: it cannot take them
 
 
 def written(final: Done | Error) -> bool:

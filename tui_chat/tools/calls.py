@@ -26,15 +26,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.base import Message, ModelInfo, ToolCall
-from ..engine.formats import OutputFormat
+from ..engine.base import Done, Message, ModelInfo, ToolCall
+from ..engine.formats import TEXT, OutputFormat
 from ..engine.params import InvalidParameter
 from ..engine.prompts import CALL_SYNTAXES
 from ..engine.schema import violation
+from ..safetext import terminal_safe
 from .mcp import Tool
 
 AUTO, NONE, REQUIRED = "auto", "none", "required"
 CHOICES = (AUTO, NONE, REQUIRED)
+MAX_NAME = 200  # characters of a server's call (a tool's name, arguments that do not parse) said back
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 # Compact JSON in calls: one space after `:` and `,`, no newlines, so a small model cannot wander in blanks.
 _COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": True}
@@ -52,6 +54,7 @@ class CallForm:
     arguments: str = "arguments"
     tokens: dict[str, int] = field(default_factory=dict)
     templated: bool = False
+    served: bool = False  # a server's model: tools and calls go in the API's own fields, written without a grammar
 
     @property
     def opened_by_token(self) -> bool:
@@ -77,10 +80,13 @@ class CallForm:
 
 
 GENERIC = CallForm(OPEN, CLOSE, OPEN)
+SERVED = CallForm("", "", "", templated=True, served=True)
 
 
 def call_form(info: ModelInfo | None) -> CallForm:
-    """The form `info`'s model calls tools in: its template's, or the generic one."""
+    """The form `info`'s model calls tools in: its template's, or the generic one; a server's, the API's."""
+    if info is not None and info.remote_host:
+        return SERVED
     syntax = next((known for known in CALL_SYNTAXES if info is not None and known.family == info.tool_syntax), None)
     if info is None or syntax is None:
         return GENERIC
@@ -91,12 +97,13 @@ def call_form(info: ModelInfo | None) -> CallForm:
 @dataclass(frozen=True, slots=True)
 class Call:
     """A call as the model wrote it: the text before it (kept in the conversation), the tool, the arguments,
-    and why they may not be used (`problem`: the schema's check failed; the call does not run)."""
+    and why they may not be used (`problem`, one line: the call does not run). `ident`: a server's id for it."""
 
     before: str
     tool: Tool
     arguments: dict[str, Any]
     problem: str = ""
+    ident: str = ""
 
 
 def check_choice(choice: str, tools: Sequence[Tool]) -> str:
@@ -133,23 +140,30 @@ def template_tools(tools: Sequence[Tool]) -> tuple[dict[str, Any], ...]:
                                                    "parameters": tool.schema}} for tool in tools)
 
 
-def step_messages(call: ToolCall, before: str, result: str, form: CallForm, number: int,
-                  thought: str = "") -> list[Message]:
-    """A call (the text and the thinking before it) with its result as the conversation goes on with them.
-    Generic: the reply that made it, then the result as the user's; a template's: the assistant's `tool_calls`,
-    then a `tool` message. `number` makes the call's id (nine letters and digits: Mistral's templates refuse
+def step_messages(calls: Sequence[tuple[ToolCall, str]], before: str, form: CallForm, number: int,
+                  thought: str = "", idents: Sequence[str] = ()) -> list[Message]:
+    """A step's calls (after the text and the thinking before them), each with its result as the model reads
+    it, as the conversation goes on with them. Generic: the reply that made a call, then the result as the
+    user's; a template's or a server's: the assistant's `tool_calls`, then a `tool` message for each. A call's
+    id is the server's (`idents`) or made from its `number` (nine letters and digits: Mistral's templates refuse
     others)."""
     if not form.templated:
-        return [Message("assistant", _call_text(call.name, call.arguments, before, form), thought),
-                Message("user", f"<tool_response>\n{result}\n</tool_response>")]
-    ident = f"call{number:05d}"
-    called = {"id": ident, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-    return [Message("assistant", before, thought, tool_calls=(called,)), Message("tool", result, tool_call_id=ident)]
+        return [message for index, (call, result) in enumerate(calls) for message in (
+            Message("assistant", _call_text(call.name, call.arguments, before if index == 0 else "", form),
+                    thought if index == 0 else ""),
+            Message("user", f"<tool_response>\n{result}\n</tool_response>"))]
+    ids = [(idents[index] if index < len(idents) else "") or f"call{number + index:05d}" for index in range(len(calls))]
+    called = tuple({"id": ident, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+                   for ident, (call, _) in zip(ids, calls, strict=True))
+    return [Message("assistant", before, thought, tool_calls=called),
+            *(Message("tool", result, tool_call_id=ident) for ident, (_, result) in zip(ids, calls, strict=True))]
 
 
 def call_format(tools: Sequence[Tool], choice: str, form: CallForm = GENERIC) -> OutputFormat:
     """The grammar a reply is written under for `choice`; `none`: any text without a call (the model has made
-    as many calls as it may, or repeats one)."""
+    as many calls as it may, or repeats one). A server's model: none (the server is sent `tool_choice`)."""
+    if form.served:
+        return TEXT
     if choice == NONE or not tools:
         return OutputFormat("lark", f"start: TEXT\n{form.text_rule}")
     bound = [tool for tool in tools if tool.name == choice] or list(tools)
@@ -189,7 +203,37 @@ def find_call(text: str, tools: Sequence[Tool], form: CallForm = GENERIC) -> Cal
     if tool is None or not isinstance(arguments, dict):
         return None
     before = text[:start].strip().removesuffix(form.marker).strip()  # Llama's marker opens a bare call
-    return Call(before, tool, arguments, violation(tool.schema, json.dumps(arguments)))
+    return Call(before, tool, arguments, _mismatch(tool, arguments))
+
+
+def step_calls(done: Done, tools: Sequence[Tool], form: CallForm = GENERIC) -> list[Call]:
+    """The calls a finished step makes: the one its text writes, or those a server sent as `tool_calls`."""
+    if not form.served:
+        return [call] if (call := find_call(done.text, tools, form)) is not None else []
+    return [_served_call(sent, done.text.strip(), tools) for sent in done.server_calls]
+
+
+def _served_call(sent: dict[str, Any], before: str, tools: Sequence[Tool]) -> Call:
+    """A call a server sent, checked as the untrusted text it is: the tool must be listed, the arguments a JSON
+    object its schema allows (a server does not promise either)."""
+    name, text = sent["function"]["name"], sent["function"]["arguments"]
+    tool = next((tool for tool in tools if tool.name == name), None)
+    if tool is None:
+        unknown = Tool("?", terminal_safe(name[:MAX_NAME]), "", {})
+        return Call(before, unknown, {}, f"there is no tool named {unknown.name!r}", sent["id"])
+    try:
+        arguments = json.loads(text or "{}")
+    except (ValueError, RecursionError):
+        return Call(before, tool, {}, f"the arguments are not JSON: {terminal_safe(text[:MAX_NAME])}", sent["id"])
+    if not isinstance(arguments, dict):
+        return Call(before, tool, {}, "the arguments are not a JSON object", sent["id"])
+    return Call(before, tool, arguments, _mismatch(tool, arguments), sent["id"])
+
+
+def _mismatch(tool: Tool, arguments: dict[str, Any]) -> str:
+    """Why `arguments` may not be passed to `tool` ("" where its schema allows them)."""
+    problem = violation(tool.schema, json.dumps(arguments))
+    return f"the arguments do not match the tool's schema: {problem}" if problem else ""
 
 
 def _call_text(name: str, arguments: dict[str, Any], before: str, form: CallForm = GENERIC) -> str:

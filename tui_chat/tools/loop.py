@@ -30,7 +30,7 @@ from .calls import (
     Call,
     CallForm,
     call_format,
-    find_call,
+    step_calls,
     step_messages,
     template_tools,
     with_instructions,
@@ -87,7 +87,7 @@ class ToolUse:
         """An earlier reply's calls as a later prompt holds them: in this model's form, each result as the model
         read it (the text the reply wrote before a call is not kept)."""
         return [message for number, call in enumerate(calls, start=1)
-                for message in step_messages(call, "", self._seen(call), self.form, number)]
+                for message in step_messages([(call, self._seen(call))], "", self.form, number)]
 
     # --- the reply's thread ------------------------------------------------------------------------
 
@@ -103,16 +103,20 @@ class ToolUse:
         messages = request.messages if form.templated else with_instructions(request.messages, self.tools)
         tools = template_tools(self.tools) if form.templated else ()
         choice = self.choice
-        step = replace(request, messages=messages, tools=tools, format=call_format(self.tools, choice, form))
+        step = replace(request, messages=messages, tools=tools, format=call_format(self.tools, choice, form),
+                       tool_choice=choice)
         made = added = 0  # tokens the model drew writing its calls; prompt tokens their results added
         before: TurnMetrics | None = None  # the figures of the step that made the latest call
         while True:
             held, final = self._written(generate(step), out, hold=choice != NONE)
+            if isinstance(final, Error) and final.tools_refused and not calls:
+                self._refused(generate, request, final.message, out)
+                return
             done = final if isinstance(final, Done) else None
             if done is not None and before is not None:
                 added += max(done.metrics.prompt_tokens - before.prompt_tokens - before.completion_tokens, 0)
-            call = find_call(done.text, self.tools, form) if done is not None and choice != NONE else None
-            if call is None or done is None or out.cancelled.is_set():
+            found = step_calls(done, self.tools, form) if done is not None and choice != NONE else []
+            if not found or done is None or out.cancelled.is_set():
                 for event in held:
                     out.put(event)
                 out.put(final if done is None else replace(
@@ -121,15 +125,19 @@ class ToolUse:
                 return
             before = done.metrics
             made += before.completion_tokens
-            if any(old.name == call.tool.name and old.arguments == call.arguments for old in calls):
-                choice = NONE  # the same call again would bring the same result: the model answers instead
+            if all(any(old.name == call.tool.name and old.arguments == call.arguments for old in calls)
+                   for call in found):
+                choice = NONE  # the same calls again would bring the same results: the model answers instead
             else:
-                calls.append(self._run(call, out))
-                seen = self._seen(calls[-1])
-                messages = [*messages, *step_messages(calls[-1], call.before, seen, form, len(calls), done.reasoning)]
+                ran = [self._run(call, out) if len(calls) + index < self.call_limit else self._over(call, out)
+                       for index, call in enumerate(found)]
+                messages = [*messages, *step_messages([(record, self._seen(record)) for record in ran],
+                                                      found[0].before, form, len(calls) + 1, done.reasoning,
+                                                      [call.ident for call in found])]
+                calls += ran
                 choice = AUTO if len(calls) < self.call_limit else NONE
             step = replace(request, messages=messages, tools=tools, format=call_format(self.tools, choice, form),
-                           forced=(), forced_text=(), continuing=False)
+                           tool_choice=choice, forced=(), forced_text=(), continuing=False)
 
     @staticmethod
     def _written(stream: Stream, out: Stream, *, hold: bool) -> tuple[list[Event], Done | Error]:
@@ -153,8 +161,7 @@ class ToolUse:
         """Ask, then run the call; what came of it (never raises)."""
         record = ToolCall(call.tool.server, call.tool.name, call.arguments)
         if call.problem:
-            return self._said(out, replace(record, error=f"the arguments do not match the tool's schema: "
-                                                          f"{call.problem}"))
+            return self._said(out, replace(record, error=call.problem))
         out.put(ToolActivity(record, "asked"))
         decision = "once" if call.tool.name in self.always else self._ask(record, out)
         if decision == "deny":
@@ -174,6 +181,18 @@ class ToolUse:
             return self._said(out, replace(record, error=text[: self.result_chars] or "the tool failed", ms=ms,
                                            cut=cut))
         return self._said(out, replace(record, result=text, ms=ms, cut=cut))
+
+    def _over(self, call: Call, out: Stream) -> ToolCall:
+        """A call past the reply's limit, in a step that made several (a server's): not run, and said so."""
+        return self._said(out, ToolCall(call.tool.server, call.tool.name, call.arguments,
+                                        error=f"not run: the reply may make {self.call_limit} calls"))
+
+    def _refused(self, generate: Generate, request: Request, line: str, out: Stream) -> None:
+        """A server that cannot take tools: the chat's tools are off from now on, the reply is written without
+        them, and its end says so in one line."""
+        self.tools = []
+        final = self._written(generate(request), out, hold=False)[1]
+        out.put(replace(final, note=line) if isinstance(final, Done) else final)
 
     def _ask(self, record: ToolCall, out: Stream) -> Decision:
         """The user's answer; "deny" when the reply is stopped while waiting, or the consent fails."""

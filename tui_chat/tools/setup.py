@@ -27,8 +27,7 @@ def server_specs(named: Sequence[str], settings: McpSettings) -> list[ServerSpec
 def open_tools(servers: ToolServers, specs: Sequence[ServerSpec], settings: McpSettings, info: ModelInfo | None,
                choice: str, consent: Consent) -> ToolUse:
     """Start the servers, list their tools and check `choice` against them. Raises ToolError (a server did
-    not start: one line) or InvalidParameter (a choice naming no tool; a model that cannot call tools yet)."""
-    refuse_remote(info)
+    not start: one line) or InvalidParameter (a choice naming no tool)."""
     tools = [tool for spec in specs for tool in servers.start(spec, settings.start_timeout_s)]
     return tool_use(servers, tools, settings, info, choice, consent)
 
@@ -37,7 +36,6 @@ def tool_use(servers: ToolServers, tools: list[Tool], settings: McpSettings, inf
              consent: Consent) -> ToolUse:
     """A chat's tools, from tools its servers listed: the chat screen's switches give them, `run` all of its
     servers'. Raises InvalidParameter (see open_tools)."""
-    refuse_remote(info)
     names = [tool.name for tool in tools]
     twice = next((name for name in names if names.count(name) > 1), None)
     if twice is not None:
@@ -45,9 +43,3 @@ def tool_use(servers: ToolServers, tools: list[Tool], settings: McpSettings, inf
     return ToolUse(servers, tools, consent, check_choice(choice, tools), settings.call_limit,
                    settings.call_timeout_s, result_budget(info.n_ctx if info is not None else 0),
                    form=call_form(info))
-
-
-def refuse_remote(info: ModelInfo | None) -> None:
-    """Raises InvalidParameter for a server's model: tools work with local models only for now."""
-    if info is not None and info.remote_host:
-        raise InvalidParameter("tools work with local models only for now: a server's model gets no tools")

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from ..base import Done, EngineError, Error, LabDone, Loaded, ModelInfo, Request, Stream, written
+from ..base import Done, EngineError, Error, LabDone, Loaded, Message, ModelInfo, Request, Stream, written
 from ..compare import MAX_COLUMNS, ColumnStream, overlapped
 from ..formats import KINDS, FormatError, OutputFormat
 from ..params import LiveParams, SamplingParams
@@ -60,6 +60,10 @@ class RemoteSettings:
 
 class CutShort(RemoteError):
     """The server ended a reply without saying why: another request to it may have cut it short."""
+
+
+class ToolsRefused(RemoteError):
+    """The server refused a request for its tools: it cannot take them (llama-server without `--jinja`)."""
 
 
 def display_url(base_url: str) -> str:
@@ -238,7 +242,8 @@ class OpenAIBackend:
         except httpx.HTTPError as error:
             raise RemoteError(self._clean(self._network_message(error))) from None
         if response.status_code != 200:
-            raise RemoteError(self._clean(self._status_message(response.status_code, response.text, request.url.path)))
+            raise RemoteError(self._clean(self._status_message(response.status_code, _detail(response.text),
+                                                               request.url.path)))
         try:
             return response.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -251,6 +256,8 @@ class OpenAIBackend:
         reply = StreamedReply(request, version, self.info.n_ctx if self.info else 0)
         try:
             stream.put(self._answer(reply, params, stream, connection))
+        except ToolsRefused as error:
+            stream.put(Error(self._failure(error), tools_refused=True))
         except (EngineError, FormatError, httpx.HTTPError) as error:
             stream.put(Error(self._failure(error), reply.text, reply.reasoning))
 
@@ -333,7 +340,7 @@ class OpenAIBackend:
 
     def _checked(self, done: Done) -> Done:
         """An empty reply before any with text: the server's chat format is the likely cause; said once."""
-        if written(done):
+        if written(done) or done.server_calls:
             self._hint_empty = False
         elif self._hint_empty and done.stop_reason in ("eos", "stop"):
             self._hint_empty = False
@@ -352,7 +359,7 @@ class OpenAIBackend:
     def _body(self, request: Request, params: SamplingParams) -> dict[str, Any]:
         """The request: OpenAI's fields, then what this server takes of the rest. Raises RemoteError for a
         branch or an output format the server cannot be asked for."""
-        messages = [{"role": m.role, "content": m.content} for m in request.messages]
+        messages = [_wire_message(m) for m in request.messages]
         body: dict[str, Any] = {
             "model": self.settings.model,
             "messages": messages,
@@ -371,6 +378,9 @@ class OpenAIBackend:
         if request.forced:
             messages.append({"role": "assistant", "content": self._given_start(request)})
             body |= self.kind.continues or {}  # `_given_start` refused a server that cannot continue
+        if request.tools:
+            body["tools"] = list(request.tools)
+            body["tool_choice"] = wire_choice(request.tool_choice)
         if request.top_logprobs:
             body["logprobs"] = True
             body["top_logprobs"] = request.top_logprobs
@@ -401,7 +411,11 @@ class OpenAIBackend:
                                   extensions={"trace": connection.trace}) as response:
             connection.attach(response)
             if response.status_code != 200:
-                raise RemoteError(self._status_message(response.status_code, _read_limited(response), url))
+                status, detail = response.status_code, _detail(_read_limited(response))
+                if "tools" in body and _refuses_tools(status, detail):
+                    raise ToolsRefused(f"the {self.kind.name} at {self.host} cannot take tools (it answered {status}"
+                                       f"{f': {detail}' if detail else ''}): this chat goes on without them")
+                raise RemoteError(self._status_message(status, detail, url))
             ended = self._read_events(response, reply, stream)
         if reply.finish_reason is None and not stream.cancelled.is_set():
             if ended:  # llama-cpp-python ends a stream so when another request arrives
@@ -422,11 +436,7 @@ class OpenAIBackend:
 
     # --- messages -----------------------------------------------------------------------------
 
-    def _status_message(self, status: int, body: str, path: str) -> str:
-        try:
-            detail = error_text(json.loads(body))
-        except (ValueError, RecursionError):
-            detail = excerpt(body)
+    def _status_message(self, status: int, detail: str, path: str) -> str:
         said = f": {detail}" if detail else ""
         if status in (401, 403):
             return (f"the server at {self.host} refused the request ({status}{said}): check the API key "
@@ -455,6 +465,44 @@ class OpenAIBackend:
         """Defence in depth: whatever a server echoes back, the key never reaches the user's screen."""
         key = self.settings.api_key
         return message.replace(key, "[api key]") if key else message
+
+
+def wire_choice(choice: str) -> str | dict[str, Any]:
+    """`tool_choice` as OpenAI's API takes it: auto, none, required, or the one function the reply must call."""
+    if choice in ("auto", "none", "required"):
+        return choice
+    return {"type": "function", "function": {"name": choice}}
+
+
+def _wire_message(message: Message) -> dict[str, Any]:
+    """A message as OpenAI's API takes it: a step that called tools with its `tool_calls` (the arguments as JSON
+    text), a tool's result with the `tool_call_id` it answers."""
+    wire: dict[str, Any] = {"role": message.role, "content": message.content}  # "" not null: llama-cpp-python
+    if message.tool_calls:
+        wire["tool_calls"] = [call | {"function": call["function"] | {"arguments": _arguments_text(call)}}
+                              for call in message.tool_calls]
+    if message.tool_call_id:
+        wire["tool_call_id"] = message.tool_call_id
+    return wire
+
+
+def _arguments_text(call: dict[str, Any]) -> str:
+    arguments = call["function"]["arguments"]
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
+def _detail(body: str) -> str:
+    """What an error body says, in one short line."""
+    try:
+        return error_text(json.loads(body))
+    except (ValueError, RecursionError):
+        return excerpt(body)
+
+
+def _refuses_tools(status: int, detail: str) -> bool:
+    """A request with tools refused as a bad request (not for the key, the model or the load), or with the
+    server saying it is the tools."""
+    return (400 <= status < 500 and status not in (401, 403, 404, 429)) or "tool" in detail.lower()
 
 
 def _prompt_text(request: Request) -> str:

@@ -38,6 +38,7 @@ class StreamedReply:
         self.visible_at: float | None = None
         self.last_at: float | None = None
         self._next_metrics = 0.0
+        self._calls: dict[int, dict[str, str]] = {}  # the tool calls streamed so far, by index: id, name, arguments
 
     def given_start(self, stream: Stream) -> None:
         """A branch: the tokens it must start with are the start of the reply, as the in-process engine
@@ -66,6 +67,11 @@ class StreamedReply:
         now = time.perf_counter()
         if chunk.progress is not None:
             self._read_progress(chunk.progress, stream)
+        for piece in chunk.calls:
+            call = self._calls.setdefault(piece.index, {"id": "", "name": "", "arguments": ""})
+            call["id"] = call["id"] or piece.ident
+            call["name"] = call["name"] or piece.name  # sent whole, once (some servers repeat it)
+            call["arguments"] += piece.arguments
         content = self._unechoed(chunk.content, bool(chunk.tokens))
         if chunk.reasoning:
             self._thought(stream, chunk.reasoning, now, chunk.tokens)
@@ -181,8 +187,11 @@ class StreamedReply:
         is named."""
         incomplete = self.request.format.constrained and reason in ("length", "cancelled", "cut")
         sequence = stops[0] if reason == "stop" and len(stops) == 1 else ""
+        calls = tuple({"id": call["id"], "type": "function",
+                       "function": {"name": call["name"], "arguments": call["arguments"]}}
+                      for _, call in sorted(self._calls.items()))
         return Done(reason, self.text, self.metrics(reason), incomplete=incomplete, reasoning=self.reasoning,
-                    answer_from=self.thinking, stop_sequence=sequence)
+                    answer_from=self.thinking, stop_sequence=sequence, server_calls=calls)
 
 
 def stop_reason(finish_reason: str | None, params: SamplingParams, implicit_stops: tuple[str, ...] = ()) -> StopReason:

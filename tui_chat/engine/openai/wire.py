@@ -36,6 +36,17 @@ class TokenProb:
 
 
 @dataclass(frozen=True, slots=True)
+class CallPiece:
+    """One streamed `tool_calls` delta: the call at `index`, and the parts of it this chunk adds (the id and
+    name come once, the arguments' JSON text in fragments)."""
+
+    index: int
+    ident: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Chunk:
     """The parts of one `chat.completion.chunk` we use; absent parts are empty or None."""
 
@@ -47,6 +58,7 @@ class Chunk:
     timings: dict[str, Any] | None = None
     progress: dict[str, Any] | None = None  # llama-server's prompt_progress: total, cache, processed, time_ms
     error: str | None = None
+    calls: tuple[CallPiece, ...] = ()
 
 
 def parse_chunk(data: str) -> Chunk:
@@ -78,7 +90,27 @@ def parse_chunk(data: str) -> Chunk:
         usage=_table(payload.get("usage")),
         timings=_table(payload.get("timings")),
         progress=_table(payload.get("prompt_progress")),
+        calls=_call_pieces(delta.get("tool_calls") if isinstance(delta, dict) else None),
     )
+
+
+def _call_pieces(deltas: Any) -> tuple[CallPiece, ...]:
+    """`delta.tool_calls`: a list of {index, id, function: {name, arguments}}, each part optional."""
+    if deltas is None:
+        return ()
+    if not isinstance(deltas, list) or not all(isinstance(delta, dict) for delta in deltas):
+        raise MalformedEvent("the server sent a malformed event: 'tool_calls' is not a list of objects")
+    pieces = []
+    for position, delta in enumerate(deltas):
+        function = delta.get("function") or {}
+        index = delta.get("index", position)
+        parts = (delta.get("id") or "", function.get("name") or "", function.get("arguments") or "") \
+            if isinstance(function, dict) else None
+        if parts is None or isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < 2**16 \
+                or not all(isinstance(part, str) for part in parts):
+            raise MalformedEvent("the server sent a malformed event: a 'tool_calls' delta is not a call's part")
+        pieces.append(CallPiece(index, *parts))
+    return tuple(pieces)
 
 
 def _reasoning(delta: Any) -> str:

@@ -171,7 +171,7 @@ class ToolsScreen(ModalScreen[None]):
             select.value = self.choice if self.choice in shown else AUTO
 
     def _apply(self) -> None:
-        """The chat's tools follow the switches; where they cannot (a server's model), the switches go back.
+        """The chat's tools follow the switches; where they cannot (two tools of one name), the switches go back.
         A server that has not listed its tools on this screen yet has no switches: its tools stay as they
         were (the Select's change on mount comes before any server lists them)."""
         note = self.query_one("#note", Static)
