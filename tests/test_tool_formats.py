@@ -214,15 +214,15 @@ def test_each_family_renders_a_step_as_transformers_passes_it():
     syntax = fmt.calls
     assert syntax is not None
     form = CallForm(syntax.head, syntax.tail, syntax.markers[0], syntax.arguments, templated=True)
-    call = ToolCall("time", "get_current_time", {"timezone": "UTC"})
-    steps = step_messages(call, "Let me look.", "12:00", form, 7)
+    call = ToolCall("time", "get_current_time", {"timezone": "UTC"}, before="Let me look.")
+    steps = step_messages(call, "12:00", form, 7)
     assert steps[0].tool_calls == ({"id": "call00007", "type": "function",
                                     "function": {"name": "get_current_time", "arguments": {"timezone": "UTC"}}},)
     assert steps[1].role == "tool" and steps[1].tool_call_id == "call00007"
     rendered = fmt.render([Message("user", QUESTION), *steps], "", "", fmt.options(True, ()))
     assert ('Let me look.\n<tool_call>\n{"name": "get_current_time", "arguments": {"timezone": "UTC"}}\n'
             '</tool_call>' in rendered)
-    generic = step_messages(call, "", "12:00", GENERIC, 7)
+    generic = step_messages(call, "12:00", GENERIC, 7)
     assert [m.role for m in generic] == ["assistant", "user"] and generic[1].content.startswith("<tool_response>")
 
 

@@ -133,18 +133,19 @@ def template_tools(tools: Sequence[Tool]) -> tuple[dict[str, Any], ...]:
                                                    "parameters": tool.schema}} for tool in tools)
 
 
-def step_messages(call: ToolCall, before: str, result: str, form: CallForm, number: int,
-                  thought: str = "") -> list[Message]:
-    """A call (the text and the thinking before it) with its result as the conversation goes on with them.
+def step_messages(call: ToolCall, result: str, form: CallForm, number: int) -> list[Message]:
+    """A call (with the text and the thinking the model wrote before it) and its result as the conversation goes
+    on with them.
     Generic: the reply that made it, then the result as the user's; a template's: the assistant's `tool_calls`,
     then a `tool` message. `number` makes the call's id (nine letters and digits: Mistral's templates refuse
     others)."""
     if not form.templated:
-        return [Message("assistant", _call_text(call.name, call.arguments, before, form), thought),
+        return [Message("assistant", _call_text(call.name, call.arguments, call.before, form), call.reasoning),
                 Message("user", f"<tool_response>\n{result}\n</tool_response>")]
     ident = f"call{number:05d}"
     called = {"id": ident, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-    return [Message("assistant", before, thought, tool_calls=(called,)), Message("tool", result, tool_call_id=ident)]
+    return [Message("assistant", call.before, call.reasoning, tool_calls=(called,)),
+            Message("tool", result, tool_call_id=ident)]
 
 
 def call_format(tools: Sequence[Tool], choice: str, form: CallForm = GENERIC) -> OutputFormat:

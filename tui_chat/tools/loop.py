@@ -3,9 +3,15 @@ fed back, and the model goes on, until it answers or has made `call_limit` calls
 
 `ToolUse` wraps a backend's `generate`: the session hands it each request and reads one stream back, as
 from any backend. The steps run on a thread of their own. A step that ends in a call gives the stream
-`ToolActivity` events (asked, running, done) instead of its tokens; the step that answers gives its events as
-a backend would, and its `Done` carries every call made before it (`Done.tool_calls`). While tools can be
-called (`auto`), a step's tokens are held until it ends, since only its end says whether it was a call.
+`ToolActivity` events (asked, running, done) instead of its tokens: they, and the text and thinking before the
+call, travel in the `ToolCall` (its block shows them; the heatmap and the inspector read them). The step that
+answers gives its events as a backend would, and its `Done` carries every call made before it
+(`Done.tool_calls`). While tools can be called (`auto`), a step's tokens are held until it ends, since only its
+end says whether it was a call.
+
+Time: each step's clock starts when it is asked for, so no step counts the wait for consent or a tool's run as
+model time. The reply's TTFT is its first step's (the model's first token, a call's or the answer's), its decode
+rate the answering step's; the wait for the user's yes is `consent_s`, apart.
 
 Consent: before a call runs, `consent(call)` is asked on that thread and its Future awaited (a dialog answers
 it later; the headless runner at once); Esc (the stream's cancel) stops the wait. "always" lets that tool run
@@ -17,6 +23,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -84,10 +91,10 @@ class ToolUse:
         return stream
 
     def replay(self, calls: Sequence[ToolCall]) -> list[Message]:
-        """An earlier reply's calls as a later prompt holds them: in this model's form, each result as the model
-        read it (the text the reply wrote before a call is not kept)."""
+        """An earlier reply's calls as a later prompt holds them: in this model's form, with the text and thinking
+        written before each, each result as the model read it."""
         return [message for number, call in enumerate(calls, start=1)
-                for message in step_messages(call, "", self._seen(call), self.form, number)]
+                for message in step_messages(call, self._seen(call), self.form, number)]
 
     # --- the reply's thread ------------------------------------------------------------------------
 
@@ -106,9 +113,13 @@ class ToolUse:
         step = replace(request, messages=messages, tools=tools, format=call_format(self.tools, choice, form))
         made = added = 0  # tokens the model drew writing its calls; prompt tokens their results added
         before: TurnMetrics | None = None  # the figures of the step that made the latest call
+        first: float | None = None  # the reply's TTFT: its first step's
+        waited = [0.0]  # seconds spent waiting for consent
         while True:
             held, final = self._written(generate(step), out, hold=choice != NONE)
             done = final if isinstance(final, Done) else None
+            if done is not None and before is None:
+                first = done.metrics.ttft_s
             if done is not None and before is not None:
                 added += max(done.metrics.prompt_tokens - before.prompt_tokens - before.completion_tokens, 0)
             call = find_call(done.text, self.tools, form) if done is not None and choice != NONE else None
@@ -117,19 +128,21 @@ class ToolUse:
                     out.put(event)
                 out.put(final if done is None else replace(
                     done, tool_calls=(*calls, *done.tool_calls),
-                    metrics=replace(done.metrics, tool_call_tokens=made, tool_result_tokens=added)))
+                    metrics=replace(done.metrics, tool_call_tokens=made, tool_result_tokens=added,
+                                    ttft_s=first, consent_s=waited[0])))
                 return
             before = done.metrics
             made += before.completion_tokens
             if any(old.name == call.tool.name and old.arguments == call.arguments for old in calls):
                 choice = NONE  # the same call again would bring the same result: the model answers instead
             else:
-                calls.append(self._run(call, out))
-                seen = self._seen(calls[-1])
-                messages = [*messages, *step_messages(calls[-1], call.before, seen, form, len(calls), done.reasoning)]
+                written = ToolCall(call.tool.server, call.tool.name, call.arguments, before=call.before,
+                                   reasoning=done.reasoning, tokens=tuple(e for e in held if isinstance(e, Token)))
+                calls.append(self._run(call, written, out, waited))
+                messages = [*messages, *step_messages(calls[-1], self._seen(calls[-1]), form, len(calls))]
                 choice = AUTO if len(calls) < self.call_limit else NONE
             step = replace(request, messages=messages, tools=tools, format=call_format(self.tools, choice, form),
-                           forced=(), forced_text=(), continuing=False)
+                           forced=(), forced_text=(), continuing=False, submitted_at=time.perf_counter())
 
     @staticmethod
     def _written(stream: Stream, out: Stream, *, hold: bool) -> tuple[list[Event], Done | Error]:
@@ -149,14 +162,16 @@ class ToolUse:
                     out.put(event)
         return held, final
 
-    def _run(self, call: Call, out: Stream) -> ToolCall:
-        """Ask, then run the call; what came of it (never raises)."""
-        record = ToolCall(call.tool.server, call.tool.name, call.arguments)
+    def _run(self, call: Call, record: ToolCall, out: Stream, waited: list[float]) -> ToolCall:
+        """Ask, then run the call (`record`: as the model wrote it); what came of it (never raises). The time
+        spent asking is added to `waited`."""
         if call.problem:
             return self._said(out, replace(record, error=f"the arguments do not match the tool's schema: "
                                                           f"{call.problem}"))
         out.put(ToolActivity(record, "asked"))
+        asked = time.perf_counter()
         decision = "once" if call.tool.name in self.always else self._ask(record, out)
+        waited[0] += time.perf_counter() - asked
         if decision == "deny":
             return self._said(out, replace(record, error="not approved: the user did not allow this call"))
         if decision == "always":
