@@ -6,8 +6,10 @@ them. The starter, whose template takes no tools, keeps the generic form (tests/
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -214,15 +216,15 @@ def test_each_family_renders_a_step_as_transformers_passes_it():
     syntax = fmt.calls
     assert syntax is not None
     form = CallForm(syntax.head, syntax.tail, syntax.markers[0], syntax.arguments, templated=True)
-    call = ToolCall("time", "get_current_time", {"timezone": "UTC"})
-    steps = step_messages([(call, "12:00")], "Let me look.", form, 7)
+    call = ToolCall("time", "get_current_time", {"timezone": "UTC"}, before="Let me look.")
+    steps = step_messages([(call, "12:00")], form, 7)
     assert steps[0].tool_calls == ({"id": "call00007", "type": "function",
                                     "function": {"name": "get_current_time", "arguments": {"timezone": "UTC"}}},)
     assert steps[1].role == "tool" and steps[1].tool_call_id == "call00007"
     rendered = fmt.render([Message("user", QUESTION), *steps], "", "", fmt.options(True, ()))
     assert ('Let me look.\n<tool_call>\n{"name": "get_current_time", "arguments": {"timezone": "UTC"}}\n'
             '</tool_call>' in rendered)
-    generic = step_messages([(call, "12:00")], "", GENERIC, 7)
+    generic = step_messages([(call, "12:00")], GENERIC, 7)
     assert [m.role for m in generic] == ["assistant", "user"] and generic[1].content.startswith("<tool_response>")
 
 
@@ -260,3 +262,41 @@ def test_a_qwen3_that_thinks_before_its_call_thinks_free_and_the_next_step_shows
         backend.close()
     assert isinstance(done, Done) and done.tool_calls[0].arguments == {"timezone": "Asia/Tokyo"}
     assert '<|im_start|>assistant\n<think>\nHmm\n</think>\n\n<tool_call>\n{"name": "get_current_time"' in prompt
+
+
+def test_a_calls_step_keeps_its_text_tokens_and_grammar_and_consent_is_not_model_time(tmp_path, servers):
+    """A step that writes a sentence, then a call (auto): the sentence and the step's tokens stay with the call,
+    the call's tokens carry the grammar's mask, and a later turn reads the sentence again before the call. The
+    user takes 0.6 s to say yes: the wait is `consent_s`, in no model figure."""
+    said = ["Let", " me", " look", "."]
+    path = write_scripted_model(tmp_path / "says.gguf", template("Qwen-Qwen3-0.6B"), [QWEN[0], *said, *QWEN[1:]],
+                                specials=QWEN_TOOL_SPECIALS, words=[*WORDS, "Again"])
+    backend = open_backend(path, n_ctx=4096)
+
+    def slow_yes(_call: ToolCall) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        threading.Timer(0.6, future.set_result, ("once",)).start()
+        return future
+
+    try:
+        session = ChatSession(LiveParams(GREEDY), top_logprobs=5)
+        session.tools = ToolUse(servers, servers.start(TIME, 30), slow_yes, "auto", call_limit=1,
+                                form=call_form(backend.info))
+        first = session.ask(QUESTION, backend.generate)
+        ending = finish(session)
+        call = first.reply.tool_calls[0]
+        assert call.before == "Let me look." and call.result is not None
+        assert "".join(token.text for token in call.tokens).startswith("Let me look.<tool_call>")
+        assert all(token.prob is not None for token in call.tokens)
+        opened_at = next(i for i, token in enumerate(call.tokens) if token.text == "<tool_call>")
+        assert all(token.grammar is not None for token in call.tokens[opened_at + 1:])  # the mask, token by token
+        m = ending.done.metrics
+        assert m.consent_s >= 0.55 and m.ttft_s is not None and m.ttft_s < 0.5  # the first step's, no wait in it
+        assert "waited 0.6 s for consent" in first.reply.footer
+        session.ask("Again", backend.generate)
+        finish(session)
+    finally:
+        backend.close()
+    prompt = backend._last_prompt[0]
+    assert 'Let me look.\n<tool_call>\n{"name": "get_current_time"' in prompt
+    assert prompt.index("Let me look.") < prompt.index("Again")

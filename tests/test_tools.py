@@ -66,7 +66,8 @@ def test_the_time_server_is_called_from_the_starter_and_its_answer_is_the_time_n
     assert result.returncode == 0, result.stderr
     turn = json.loads(result.stdout)["turns"][0]
     first = turn["tool_calls"][0]
-    assert set(first) == {"server", "name", "arguments", "approved", "result", "error", "ms", "cut"}
+    assert set(first) == {"server", "name", "arguments", "approved", "result", "error", "ms", "cut", "before",
+                          "reasoning"}
     jsonschema.validate(first["arguments"], schemas[first["name"]])  # the grammar kept them valid
     assert first["name"] == "get_current_time" and first["approved"] and first["error"] is None
     told = datetime.fromisoformat(json.loads(first["result"])["datetime"])

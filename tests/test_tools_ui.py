@@ -8,6 +8,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import sys
+import time
 from functools import partial
 
 from textual.widgets import Select, Static, Switch
@@ -18,6 +19,7 @@ from tui_chat.engine.base import ToolCall
 from tui_chat.session import Branch, Turn
 from tui_chat.tools.settings import McpSettings, ServerSpec
 from tui_chat.ui.screens.consent import ConsentScreen, ask_consent
+from tui_chat.ui.screens.inspector import InspectorScreen
 from tui_chat.ui.screens.tools import ToolsScreen
 from tui_chat.ui.widgets.chat_log import ChatLog
 from tui_chat.ui.widgets.messages import ReplyMessage
@@ -247,3 +249,44 @@ async def test_reopening_the_tools_screen_keeps_the_chats_tools_and_choice(start
         reply, asked = await answered(pilot, "escape")
         assert asked and asked[0].splitlines()[-1] == "Tool:   get_current_time"
         assert reply.query(ToolCallBlock)
+
+
+async def test_a_calls_tokens_show_in_the_heatmap_and_open_the_inspector_and_consent_is_timed_apart(starter_model):
+    """The call's step, drawn token by token under the heatmap in its unfolded block (every token under the
+    grammar: `required`), picked with → and inspected with `i`; the user's 0.5 s before saying yes is shown
+    apart from TTFT, in the panel and the footer."""
+    app = tools_app(starter_model)
+    async with app.run_test(size=SIZE) as pilot:
+        await time_tools_on(pilot)
+        chat = pilot.app.screen
+        sent = time.perf_counter()
+        await send(pilot, QUESTION)
+        dialog = await screen_open(pilot, ConsentScreen)
+        asked = time.perf_counter() - sent  # the model's first token came before this
+        await pilot.pause(0.5)
+        await pilot.click("#once")
+        await wait_for(pilot, lambda: pilot.app.screen is not dialog)
+        while not (chat.reply is None and chat.query(ReplyMessage)):  # any later call: at once
+            if isinstance(pilot.app.screen, ConsentScreen):
+                await pilot.click("#once")
+            await pilot.pause(0.05)
+        await pilot.pause()
+        reply = chat.query(ReplyMessage).last()
+        m = reply.reply.metrics
+        assert m.consent_s >= 0.45 and m.ttft_s is not None and m.ttft_s < asked
+        assert f"Consent  {m.consent_s:.2f} s waited" in shown(chat.query_one("#speed", Static))
+        assert f"waited {m.consent_s:.1f} s for consent" in reply.reply.footer
+
+        block = reply.query(ToolCallBlock).first()
+        tokens = block.call.tokens
+        assert tokens and all(token.prob is not None and token.grammar is not None for token in tokens)
+        await pilot.press("ctrl+t")
+        block.focus()
+        await pilot.press("enter")
+        await pilot.pause()
+        assert block.heat_shown
+        drawn = shown(block)
+        assert 'as the model wrote it:' in drawn and '"name": "get_current_time"' in drawn
+        await pilot.press("right", "i")
+        inspector = await screen_open(pilot, InspectorScreen)
+        assert inspector.tokens is tokens and inspector.index == 1

@@ -545,6 +545,7 @@ def _calls_record(calls: tuple[ToolCall, ...] | list[ToolCall]) -> str:
 _CALL_FIELDS: dict[str, tuple[type, ...]] = {
     "server": (str,), "name": (str,), "arguments": (dict,), "approved": (bool,), "result": (str, type(None)),
     "error": (str, type(None)), "ms": (int, float, type(None)), "cut": (int,)}
+_CALL_TEXTS = ("before", "reasoning")  # stored since the step's text was kept: older records lack them
 
 
 def tool_calls_from(records: Any, where: str) -> tuple[ToolCall, ...]:
@@ -557,9 +558,11 @@ def tool_calls_from(records: Any, where: str) -> tuple[ToolCall, ...]:
         wrong = next((name for name, kinds in _CALL_FIELDS.items() if not isinstance(record, dict)
                       or not isinstance(record.get(name), kinds)
                       or (isinstance(record.get(name), bool) and bool not in kinds)), None)
+        wrong = wrong or next((name for name in _CALL_TEXTS if not isinstance(record.get(name, ""), str)), None)
         if wrong is not None:
             raise HistoryError(f"{where}: tool_calls[{index}] needs {wrong!r} of the right type")
-        calls.append(ToolCall(**{name: record[name] for name in _CALL_FIELDS}))
+        calls.append(ToolCall(**{name: record[name] for name in _CALL_FIELDS},
+                              **{name: record.get(name, "") for name in _CALL_TEXTS}))
     return tuple(calls)
 
 

@@ -64,6 +64,8 @@ def reply_footer(reason: StopReason, metrics: Mapping[str, Any]) -> str:
         parts.append(f"{metrics['decode_tok_s']:.1f} tok/s")
     if metrics.get("ttft_s") is not None:
         parts.append(f"TTFT {metrics['ttft_s']:.2f} s")
+    if metrics.get("consent_s"):  # not model time: in none of the figures above
+        parts.append(f"waited {metrics['consent_s']:.1f} s for consent")
     if metrics.get("incomplete"):
         parts.append(INCOMPLETE_LABEL)
     return " · ".join(filter(None, [*parts, restore_note(metrics)]))

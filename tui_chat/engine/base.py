@@ -167,6 +167,7 @@ class TurnMetrics:
     # the one these figures are of; and the prompt tokens the calls' results added to the steps after them
     tool_call_tokens: int = 0
     tool_result_tokens: int = 0
+    consent_s: float = 0.0  # time the reply waited for the user's yes to its calls (no model time: in no figure above)
 
     @property
     def output_tokens(self) -> int:
@@ -460,7 +461,10 @@ class ToolCall:
     """One tool call a reply made and what came of it. `approved` False: it did not run (the user said no, or
     nobody was asked, as in `run` without --approve). `result` is the tool's whole text (terminal escapes made
     visible); the model read at most its first part, and `cut` says how many characters it did not.
-    `error`: why there is no result (denied, failed, timed out, the tool's own error)."""
+    `error`: why there is no result (denied, failed, timed out, the tool's own error). `before` and `reasoning`:
+    the text and the thinking the model wrote before the call in the step that made it (kept, shown and read again
+    on later turns); `tokens`: that step's tokens, call included, for the heatmap and the inspector (this session
+    only: the history keeps text, not probabilities)."""
 
     server: str
     name: str
@@ -470,11 +474,15 @@ class ToolCall:
     error: str | None = None
     ms: float | None = None  # how long the call took; None: it did not run
     cut: int = 0
+    before: str = ""
+    reasoning: str = ""
+    tokens: tuple[Token, ...] = field(default=(), compare=False, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
-        """What `run --json` prints for it."""
+        """What `run --json` prints for it, and the history keeps."""
         return {"server": self.server, "name": self.name, "arguments": self.arguments, "approved": self.approved,
-                "result": self.result, "error": self.error, "ms": self.ms, "cut": self.cut}
+                "result": self.result, "error": self.error, "ms": self.ms, "cut": self.cut, "before": self.before,
+                "reasoning": self.reasoning}
 
 
 @dataclass(frozen=True, slots=True)

@@ -140,22 +140,22 @@ def template_tools(tools: Sequence[Tool]) -> tuple[dict[str, Any], ...]:
                                                    "parameters": tool.schema}} for tool in tools)
 
 
-def step_messages(calls: Sequence[tuple[ToolCall, str]], before: str, form: CallForm, number: int,
-                  thought: str = "", idents: Sequence[str] = ()) -> list[Message]:
-    """A step's calls (after the text and the thinking before them), each with its result as the model reads
-    it, as the conversation goes on with them. Generic: the reply that made a call, then the result as the
-    user's; a template's or a server's: the assistant's `tool_calls`, then a `tool` message for each. A call's
-    id is the server's (`idents`) or made from its `number` (nine letters and digits: Mistral's templates refuse
-    others)."""
+def step_messages(calls: Sequence[tuple[ToolCall, str]], form: CallForm, number: int,
+                  idents: Sequence[str] = ()) -> list[Message]:
+    """A step's calls, each with its result as the model reads it, as the conversation goes on with them; the
+    text and thinking the model wrote before them go with the first (`ToolCall.before`, `.reasoning`).
+    Generic: the reply that made a call, then the result as the user's; a template's or a server's: the
+    assistant's `tool_calls`, then a `tool` message for each. A call's id is the server's (`idents`) or made
+    from its `number` (nine letters and digits: Mistral's templates refuse others)."""
     if not form.templated:
-        return [message for index, (call, result) in enumerate(calls) for message in (
-            Message("assistant", _call_text(call.name, call.arguments, before if index == 0 else "", form),
-                    thought if index == 0 else ""),
+        return [message for call, result in calls for message in (
+            Message("assistant", _call_text(call.name, call.arguments, call.before, form), call.reasoning),
             Message("user", f"<tool_response>\n{result}\n</tool_response>"))]
     ids = [(idents[index] if index < len(idents) else "") or f"call{number + index:05d}" for index in range(len(calls))]
     called = tuple({"id": ident, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
                    for ident, (call, _) in zip(ids, calls, strict=True))
-    return [Message("assistant", before, thought, tool_calls=called),
+    first = calls[0][0]
+    return [Message("assistant", first.before, first.reasoning, tool_calls=called),
             *(Message("tool", result, tool_call_id=ident) for ident, (_, result) in zip(ids, calls, strict=True))]
 
 

@@ -3,9 +3,15 @@ fed back, and the model goes on, until it answers or has made `call_limit` calls
 
 `ToolUse` wraps a backend's `generate`: the session hands it each request and reads one stream back, as
 from any backend. The steps run on a thread of their own. A step that ends in a call gives the stream
-`ToolActivity` events (asked, running, done) instead of its tokens; the step that answers gives its events as
-a backend would, and its `Done` carries every call made before it (`Done.tool_calls`). While tools can be
-called (`auto`), a step's tokens are held until it ends, since only its end says whether it was a call.
+`ToolActivity` events (asked, running, done) instead of its tokens: they, and the text and thinking before the
+call, travel in the `ToolCall` (its block shows them; the heatmap and the inspector read them). The step that
+answers gives its events as a backend would, and its `Done` carries every call made before it
+(`Done.tool_calls`). While tools can be called (`auto`), a step's tokens are held until it ends, since only its
+end says whether it was a call.
+
+Time: each step's clock starts when it is asked for, so no step counts the wait for consent or a tool's run as
+model time. The reply's TTFT is its first step's (the model's first token, a call's or the answer's), its decode
+rate the answering step's; the wait for the user's yes is `consent_s`, apart.
 
 Consent: before a call runs, `consent(call)` is asked on that thread and its Future awaited (a dialog answers
 it later; the headless runner at once); Esc (the stream's cancel) stops the wait. "always" lets that tool run
@@ -17,6 +23,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -84,10 +91,10 @@ class ToolUse:
         return stream
 
     def replay(self, calls: Sequence[ToolCall]) -> list[Message]:
-        """An earlier reply's calls as a later prompt holds them: in this model's form, each result as the model
-        read it (the text the reply wrote before a call is not kept)."""
+        """An earlier reply's calls as a later prompt holds them: in this model's form, with the text and thinking
+        written before each, each result as the model read it."""
         return [message for number, call in enumerate(calls, start=1)
-                for message in step_messages([(call, self._seen(call))], "", self.form, number)]
+                for message in step_messages([(call, self._seen(call))], self.form, number)]
 
     # --- the reply's thread ------------------------------------------------------------------------
 
@@ -107,12 +114,16 @@ class ToolUse:
                        tool_choice=choice)
         made = added = 0  # tokens the model drew writing its calls; prompt tokens their results added
         before: TurnMetrics | None = None  # the figures of the step that made the latest call
+        first: float | None = None  # the reply's TTFT: its first step's
+        waited = [0.0]  # seconds spent waiting for consent
         while True:
             held, final = self._written(generate(step), out, hold=choice != NONE)
             if isinstance(final, Error) and final.tools_refused and not calls:
                 self._refused(generate, request, final.message, out)
                 return
             done = final if isinstance(final, Done) else None
+            if done is not None and before is None:
+                first = done.metrics.ttft_s
             if done is not None and before is not None:
                 added += max(done.metrics.prompt_tokens - before.prompt_tokens - before.completion_tokens, 0)
             found = step_calls(done, self.tools, form) if done is not None and choice != NONE else []
@@ -121,7 +132,8 @@ class ToolUse:
                     out.put(event)
                 out.put(final if done is None else replace(
                     done, tool_calls=(*calls, *done.tool_calls),
-                    metrics=replace(done.metrics, tool_call_tokens=made, tool_result_tokens=added)))
+                    metrics=replace(done.metrics, tool_call_tokens=made, tool_result_tokens=added,
+                                    ttft_s=first, consent_s=waited[0])))
                 return
             before = done.metrics
             made += before.completion_tokens
@@ -129,15 +141,21 @@ class ToolUse:
                    for call in found):
                 choice = NONE  # the same calls again would bring the same results: the model answers instead
             else:
-                ran = [self._run(call, out) if len(calls) + index < self.call_limit else self._over(call, out)
-                       for index, call in enumerate(found)]
-                messages = [*messages, *step_messages([(record, self._seen(record)) for record in ran],
-                                                      found[0].before, form, len(calls) + 1, done.reasoning,
-                                                      [call.ident for call in found])]
+                tokens = tuple(event for event in held if isinstance(event, Token))
+                written = [ToolCall(call.tool.server, call.tool.name, call.arguments, before=call.before,
+                                    reasoning=done.reasoning, tokens=tokens) if index == 0 else
+                           ToolCall(call.tool.server, call.tool.name, call.arguments)
+                           for index, call in enumerate(found)]  # a step's text and tokens go with its first call
+                ran = [self._run(call, record, out, waited) if len(calls) + index < self.call_limit
+                       else self._over(record, out)
+                       for index, (call, record) in enumerate(zip(found, written, strict=True))]
+                messages = [*messages, *step_messages([(record, self._seen(record)) for record in ran], form,
+                                                      len(calls) + 1, [call.ident for call in found])]
                 calls += ran
                 choice = AUTO if len(calls) < self.call_limit else NONE
             step = replace(request, messages=messages, tools=tools, format=call_format(self.tools, choice, form),
-                           tool_choice=choice, forced=(), forced_text=(), continuing=False)
+                           tool_choice=choice, forced=(), forced_text=(), continuing=False,
+                           submitted_at=time.perf_counter())
 
     @staticmethod
     def _written(stream: Stream, out: Stream, *, hold: bool) -> tuple[list[Event], Done | Error]:
@@ -157,13 +175,15 @@ class ToolUse:
                     out.put(event)
         return held, final
 
-    def _run(self, call: Call, out: Stream) -> ToolCall:
-        """Ask, then run the call; what came of it (never raises)."""
-        record = ToolCall(call.tool.server, call.tool.name, call.arguments)
+    def _run(self, call: Call, record: ToolCall, out: Stream, waited: list[float]) -> ToolCall:
+        """Ask, then run the call (`record`: as the model wrote it); what came of it (never raises). The time
+        spent asking is added to `waited`."""
         if call.problem:
             return self._said(out, replace(record, error=call.problem))
         out.put(ToolActivity(record, "asked"))
+        asked = time.perf_counter()
         decision = "once" if call.tool.name in self.always else self._ask(record, out)
+        waited[0] += time.perf_counter() - asked
         if decision == "deny":
             return self._said(out, replace(record, error="not approved: the user did not allow this call"))
         if decision == "always":
@@ -182,10 +202,9 @@ class ToolUse:
                                            cut=cut))
         return self._said(out, replace(record, result=text, ms=ms, cut=cut))
 
-    def _over(self, call: Call, out: Stream) -> ToolCall:
+    def _over(self, record: ToolCall, out: Stream) -> ToolCall:
         """A call past the reply's limit, in a step that made several (a server's): not run, and said so."""
-        return self._said(out, ToolCall(call.tool.server, call.tool.name, call.arguments,
-                                        error=f"not run: the reply may make {self.call_limit} calls"))
+        return self._said(out, replace(record, error=f"not run: the reply may make {self.call_limit} calls"))
 
     def _refused(self, generate: Generate, request: Request, line: str, out: Stream) -> None:
         """A server that cannot take tools: the chat's tools are off from now on, the reply is written without

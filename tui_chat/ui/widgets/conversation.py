@@ -26,6 +26,7 @@ from .figures import show
 from .heatmap import REOPENED_NOTE, band_styles, legend
 from .messages import ReplyMessage, UserMessage
 from .prompt import PromptInput
+from .tool_calls import ToolCallBlock
 
 CONFIRM_WITHIN_S = 3.0
 
@@ -255,7 +256,7 @@ class ConversationView(Vertical):
         (a widget opens no screen), and starts a branch from the token chosen there."""
 
         def __init__(self, turn: Turn, tokens: Sequence[Token], text: str, index: int, params: SamplingParams,
-                     cannot_branch: str | None, probe: TokenProbe) -> None:
+                     cannot_branch: str | None, probe: TokenProbe | None) -> None:
             super().__init__()
             self.turn = turn
             self.tokens = tokens
@@ -281,6 +282,21 @@ class ConversationView(Vertical):
         self.post_message(self.InspectorWanted(widget.turn, reply.tokens, reply.text, index,
                                                self.session.live.snapshot()[1],
                                                self.session.why_not_branch(widget.turn), probe))
+
+    @on(ToolCallBlock.Inspect)
+    def _inspect_call(self, event: ToolCallBlock.Inspect) -> None:
+        """The inspector on a token of a call's step: no branch from it, and no X-ray (the probe follows the
+        reply's own tokens)."""
+        turn = next((node.turn for node in event.block.ancestors if isinstance(node, ReplyMessage)), None)
+        tokens = event.block.call.tokens
+        if turn is None or not any(token.prob is not None for token in tokens):
+            self.notify("This call has no token probabilities: they are recorded as replies are written "
+                        "(inspector_top in the config).", timeout=5)
+            return
+        self.post_message(self.InspectorWanted(turn, tokens, "".join(token.piece for token in tokens),
+                                               min(event.index, len(tokens) - 1), self.session.live.snapshot()[1],
+                                               "A tool call's tokens cannot be branched from: branch the reply.",
+                                               None))
 
     @on(ReplyMessage.SwitchBranch)
     async def _switch_branch(self, event: ReplyMessage.SwitchBranch) -> None:

@@ -261,8 +261,8 @@ class ReplyMessage(ChatMessage, Vertical):
             await self.mount(ThinkingBlock(self._thinking_view()), before=self.children[0] if self.children else None)
 
     async def show_calls(self) -> None:
-        """The reply's tool calls as they go: asked, running, done."""
-        await show_calls(self, self.reply.tool_calls)
+        """The reply's tool calls as they go: asked, running, done; their tokens in the heatmap once it is done."""
+        await show_calls(self, self.reply.tool_calls, self._heat_styles() if self.heatmap and self.finished else ())
 
     async def on_thinking_block_toggled(self, event: ThinkingBlock.Toggled) -> None:
         event.stop()

@@ -188,7 +188,8 @@ class MetricsPanel(Vertical):
         grammar = m.grammar_ms_per_token
         show(self.query_one("#speed", Static), Content(
                 f"TTFT     {_seconds(m.ttft_s)}\n"
-                f"Prefill  {_prefill(m)}\n"
+                + (f"Consent  {_seconds(m.consent_s)} waited\n" if m.consent_s else "")
+                + f"Prefill  {_prefill(m)}\n"
                 f"Decode   {_rate(m.decode_tok_s)}{server}"
                 + ("" if grammar is None else f"\nGrammar  {grammar:.2f} ms/token")
                 + _draft(m)
