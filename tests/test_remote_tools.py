@@ -142,7 +142,7 @@ def test_run_calls_a_servers_tools_with_the_same_json(fake):
     assert result.returncode == 0, result.stderr
     turn = json.loads(result.stdout)["turns"][0]
     assert [set(call) for call in turn["tool_calls"]] == [
-        {"server", "name", "arguments", "approved", "result", "error", "ms", "cut"}] * 2
+        {"server", "name", "arguments", "approved", "result", "error", "ms", "cut", "before", "reasoning"}] * 2
     assert all(call["approved"] and call["result"] for call in turn["tool_calls"])
     assert turn["text"] == "I read 2 results ." and "tool: mcp_server_time/get_current_time" in result.stderr
     unapproved = _run(fake.base_url)

@@ -267,8 +267,8 @@ async def test_a_calls_tokens_show_in_the_heatmap_and_open_the_inspector_and_con
         await pilot.click("#once")
         await wait_for(pilot, lambda: pilot.app.screen is not dialog)
         while not (chat.reply is None and chat.query(ReplyMessage)):  # any later call: at once
-            if isinstance(pilot.app.screen, ConsentScreen):
-                await pilot.click("#once")
+            if isinstance(pilot.app.screen, ConsentScreen) and pilot.app.screen.query("#once"):
+                await pilot.click("#once")  # a dialog being mounted or dismissed has no buttons yet, or no more
             await pilot.pause(0.05)
         await pilot.pause()
         reply = chat.query(ReplyMessage).last()
