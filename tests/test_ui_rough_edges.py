@@ -61,8 +61,9 @@ async def test_every_chat_key_works_from_the_message_box(tiny_model):
         screen = await loaded(pilot)
         ran: list[str] = []
         for binding in CHAT_KEYS:
-            name = parse_action(binding.action)[1]
-            setattr(screen, f"action_{name}", lambda *args, name=name: ran.append((name, args)))
+            target, name, _ = parse_action(binding.action)
+            setattr(app if target == "app" else screen, f"action_{name}",
+                    lambda *args, name=name: ran.append((name, args)))
         box = screen.query_one(PromptInput)
         for binding in CHAT_KEYS:
             # Esc stops a reply being written, else goes to the box
@@ -407,9 +408,11 @@ async def test_the_delete_prompt_counts_one_turn_after_it_in_the_singular(tiny_m
             await reply_done(pilot)
         for index, said in [(1, "Delete this message and the turn after it?"),
                             (0, "Delete this message and the 2 turns after it?"), (2, "Delete this message?")]:
+            count = len(notified(app))
             screen.query(UserMessage)[index].focus()
-            await pilot.press("delete")
             await pilot.pause()
+            await pilot.press("delete")
+            await wait_for(pilot, lambda count=count: len(notified(app)) > count)
             assert notified(app)[-1].startswith(said)
 
 
