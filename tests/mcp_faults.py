@@ -1,5 +1,6 @@
 """An MCP server written with the SDK for the fault tests: each tool fails in one way. Run as
-`python tests/mcp_faults.py`; `python tests/mcp_faults.py --no-start` exits before it speaks MCP."""
+`python tests/mcp_faults.py` (stdio); `--http PORT` serves it over streamable HTTP at
+http://127.0.0.1:PORT/mcp; `--no-start` exits before it speaks MCP."""
 
 from __future__ import annotations
 
@@ -48,4 +49,7 @@ if __name__ == "__main__":
     if "--no-start" in sys.argv:
         print("faults: refusing to start", file=sys.stderr)
         sys.exit(1)
-    server.run()
+    if "--http" in sys.argv:
+        server.run("streamable-http", port=int(sys.argv[sys.argv.index("--http") + 1]))
+    else:
+        server.run()

@@ -5,6 +5,8 @@ every run."""
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -178,6 +180,31 @@ def test_a_server_that_hangs_at_start_is_bounded(tmp_path):
         servers.start(ServerSpec("sleeper", sys.executable, ("-c", "import time; time.sleep(60)")), 1)
     servers.close()
     assert time.monotonic() - started < 10
+
+
+def test_a_server_given_by_url_speaks_streamable_http(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([sys.executable, str(Path(__file__).parent / "mcp_faults.py"), "--http", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    servers = ToolServers(tmp_path)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as knock:
+                if knock.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        listed = servers.start(ServerSpec("http", url=f"http://127.0.0.1:{port}/mcp"), 30)
+        echo = next(tool for tool in listed if tool.name == "echo")
+        assert echo.server == "http" and "text" in echo.schema["properties"]
+        outcome = servers.call(echo, {"text": "over HTTP"}, 30)
+        assert outcome.text == "over HTTP" and not outcome.is_error
+    finally:
+        servers.close()
+        process.terminate()
+        process.wait(10)
 
 
 def test_tool_names_and_choices_are_checked(servers):
