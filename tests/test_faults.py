@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import sqlite3
 import subprocess
@@ -308,3 +309,14 @@ async def test_a_20x10_terminal_mid_reply_loses_nothing_and_the_layout_comes_bac
     text, footer, layout = await reply_at_100x30(starter_model, shrink_mid_reply=True)
     assert text == expected and footer.startswith("max tokens · 300 tokens")
     assert layout == (await reply_at_100x30(starter_model, shrink_mid_reply=False))[2]
+
+
+def test_every_test_named_in_faults_md_exists():
+    """docs/faults.md names the test that proves each row: a renamed or removed test must not leave a row
+    proved by nothing."""
+    root = Path(__file__).parent.parent
+    named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", (root / "docs" / "faults.md").read_text())
+    assert len(named) > 50
+    missing = [f"{path}::{name}" for path, name in named
+               if not re.search(rf"^(async )?def {name}\(", (root / path).read_text(), re.MULTILINE)]
+    assert missing == []
