@@ -204,6 +204,18 @@ def test_a_reply_after_one_where_drafting_did_not_pay_starts_paused_and_keeps_th
     assert DraftController.after(None).plain_ms is None
 
 
+def test_two_costly_verifications_in_a_row_are_judged_at_once():
+    control = DraftController(16, plain_ms=10.0)
+    control.verified(4, 0, 0.05)  # one token in 50 ms against 10 ms plain
+    assert control.next_size() > 0, "one costly verification is not yet a judgement"
+    control.verified(4, 0, 0.05)
+    assert not control.paid and control.next_size() == 0 and control.paused == FIRST_PAUSE
+    copying = DraftController(16, plain_ms=10.0)
+    for kept in (4, 0, 8):  # a miss now and then between kept drafts is not a run of losses
+        copying.verified(max(kept, 4), kept, 0.05)
+    assert copying.losses == 0 and copying.next_size() > 0
+
+
 def test_a_draft_model_sharing_the_vocabulary_drafts_and_another_is_refused(tiny_model: Path, starter_model: Path):
     plain = open_backend(tiny_model, n_ctx=1024)
     drafting = open_backend(tiny_model, n_ctx=1024, draft=str(tiny_model))

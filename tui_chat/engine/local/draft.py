@@ -25,6 +25,7 @@ VOCAB_SAMPLES = 4096  # tokens compared between a draft model's vocabulary and t
 NGRAM_SIZES = (4, 3, 2)  # the longest recent match wins; a lone token's match guesses too poorly to pay
 START_SIZE = 4  # the first draft's length; it doubles while every guess is kept
 TRIALS = 4  # verifications before the controller judges whether drafting pays
+LOSSES = 2  # verifications in a row at over twice plain decoding's time per token: judged at once
 FIRST_PAUSE = 16  # plain tokens before drafting is tried again; doubles each time it did not pay
 LONGEST_PAUSE = 512
 SMOOTHING = 0.3  # weight of the newest figure in the running averages
@@ -117,8 +118,9 @@ class DraftController:
 
     The draft grows while every guess is kept and shrinks to what was kept last; after a few verifications
     the measured time per kept token decides whether drafting goes on or pauses for a while (the pause
-    doubling each time it did not pay). `plain_ms`: plain decoding's time per token, carried over from
-    earlier replies of this model so the first judgement has something to go on."""
+    doubling each time it did not pay); two verifications in a row at over twice plain decoding's time per
+    token are judged at once (a draft model guessing poorly costs its own steps too). What one reply measured
+    carries to the model's next (`after`)."""
 
     def __init__(self, limit: int, plain_ms: float | None = None) -> None:
         self.limit = limit
@@ -126,6 +128,7 @@ class DraftController:
         self.plain_ms = plain_ms
         self.draft_ms: float | None = None
         self.trials = 0
+        self.losses = 0  # the verifications in a row that cost over twice plain decoding's time per token
         self.paused = 0
         self.pause = FIRST_PAUSE
         self.drafted = 0
@@ -177,11 +180,13 @@ class DraftController:
         self.batch_ms[drafted] = _average(self.batch_ms.get(drafted), seconds * 1000)
         self.size = min(self.limit, drafted * 2) if accepted == drafted else max(self.shortest(), accepted)
         self.trials += 1
-        if self.trials >= TRIALS and self.plain_ms is not None:
+        lost = self.plain_ms is not None and seconds * 1000 / (accepted + 1) > 2 * self.plain_ms
+        self.losses = self.losses + 1 if lost else 0
+        if (self.trials >= TRIALS or self.losses >= LOSSES) and self.plain_ms is not None:
             self.paid = self.draft_ms < self.plain_ms
             if not self.paid:
                 self.paused, self.pause = self.pause, min(LONGEST_PAUSE, self.pause * 2)
-                self.trials, self.draft_ms, self.size = 0, None, START_SIZE
+                self.trials, self.losses, self.draft_ms, self.size = 0, 0, None, START_SIZE
 
     def shortest(self) -> int:
         """The shortest draft that can pay: `n` guesses, all kept, give n + 1 tokens for one verification, so
