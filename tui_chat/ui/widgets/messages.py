@@ -30,9 +30,10 @@ from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
 from textual.content import Content
 from textual.message import Message
+from textual.renderables.blank import Blank
+from textual.visual import Visual, visualize
 from textual.widget import Widget
 from textual.widgets import Static
 
@@ -120,7 +121,7 @@ class UserMessage(ChatMessage, Static):
         self.post_message(self.Edit(self.turn, delete=True))
 
 
-class ReplyMessage(ChatMessage, Vertical):
+class ReplyMessage(ChatMessage, Widget):
     """A turn's reply. While it is written: frozen chunks, a live Markdown tail and a status line. Once
     finished: only the chunks, the last one carrying the quiet footer (stop reason, tokens, speed),
     so finishing renders just the tail, not the whole reply again.
@@ -129,7 +130,8 @@ class ReplyMessage(ChatMessage, Vertical):
     With the heatmap on, the shown branch is drawn token by token, and a token can be picked.
     A reasoning model's thinking is a folded block above the answer (thinking.py); its tokens come first
     in `tokens`, and can be picked once it is unfolded. The tools it called are folded blocks between the
-    two (tool_calls.py).
+    two (tool_calls.py). A finished reply that shows only its text draws it itself, with no child widget:
+    every layout of the screen (at each growth of the reply being written) walks every widget in the log.
     """
 
     BINDINGS = [
@@ -142,7 +144,7 @@ class ReplyMessage(ChatMessage, Vertical):
                 tooltip="Show the reply's next branch"),
     ]
     DEFAULT_CSS = """
-    ReplyMessage { border-left: thick $accent; }
+    ReplyMessage { border-left: thick $accent; width: 1fr; }
     ReplyMessage .chunk { height: auto; margin: 0 0 1 0; }
     ReplyMessage .chunk.last { margin: 0; }
     ReplyMessage .status { color: $text-muted; height: auto; }
@@ -177,6 +179,7 @@ class ReplyMessage(ChatMessage, Vertical):
         self._live: LiveTail | None = None  # the tail being written into, while the reply is written
         self._heat: HeatBlocks | None = None  # the answer's heatmap: drawn ahead while it streams, kept after
         self._thought_heat: HeatBlocks | None = None
+        self._drawn: Visual | None = None  # the finished text and footer, when drawn by the reply itself
 
     @property
     def text(self) -> str:
@@ -202,7 +205,7 @@ class ReplyMessage(ChatMessage, Vertical):
             yield ThinkingBlock(self._thinking_view())
         yield from (ToolCallBlock(call) for call in self.reply.tool_calls)
         if self.finished:
-            yield self._finished_body()
+            yield from self._finished_body(alone=not (self.reply.reasoning or self.reply.tool_calls))
         else:
             yield live_tail()
             yield Static(classes="status")
@@ -212,18 +215,25 @@ class ReplyMessage(ChatMessage, Vertical):
         if not self.finished and tail:  # none: the app closed before the reply's parts were mounted
             self._live = tail.first()
 
-    def _finished_body(self, text: str | None = None) -> Widget:
-        """The last chunk of a finished reply with its footer, or the whole reply as a heatmap."""
+    def _finished_body(self, alone: bool, text: str | None = None) -> list[Widget]:
+        """The last chunk of a finished reply with its footer, or the whole reply as a heatmap: none when the
+        chunk is `alone` in the reply (no thinking, calls or earlier chunks), which then draws it itself."""
         footer = Text((self.reply.footer or "") + self._branch_label(), style="dim")
+        self._drawn = None
+        self.refresh(layout=True)
         if self._heat_shown():
             mask = grammar_line(self.reply.tokens, self.selected) if self.has_focus else None
-            return HeatmapView(self._heat_blocks(), self._heat_styles(), self._picked(),
-                               Group(*filter(None, [mask]), footer), classes="chunk last heatmap")
-        if text is None:
-            text = self.text
-        if not self.text.strip():  # said, so an empty reply is not mistaken for a missing one
-            return Static(Group(Text("(no text)", style="dim italic"), footer), classes="chunk last")
-        return Static(Group(rendered_markdown(text.strip()), footer), classes="chunk last")
+            return [HeatmapView(self._heat_blocks(), self._heat_styles(), self._picked(),
+                                Group(*filter(None, [mask]), footer), classes="chunk last heatmap")]
+        said = rendered_markdown((self.text if text is None else text).strip()) if self.text.strip() else None
+        body = Group(Text("(no text)", style="dim italic") if said is None else said, footer)  # an empty reply said so
+        if alone:
+            self._drawn = visualize(self, body)
+            return []
+        return [Static(body, classes="chunk last")]
+
+    def render(self) -> RenderableType | Visual:
+        return self._drawn if self._drawn is not None and not self.children else Blank(self.background_colors[1])
 
     def _heat_shown(self) -> bool:
         return self.heatmap and self.finished and has_probabilities(self.reply.tokens)
@@ -325,7 +335,7 @@ class ReplyMessage(ChatMessage, Vertical):
         await self.think()
         await self.query_one(".status").remove()
         await self.query_one(LiveTail).remove()
-        await self.mount(self._finished_body(self.text[self._frozen_chars :]))
+        await self.mount_all(self._finished_body(not self.children, self.text[self._frozen_chars :]))
 
     async def give_way(self) -> None:
         """The branch being written came to nothing: the one shown before it is back."""
@@ -353,7 +363,7 @@ class ReplyMessage(ChatMessage, Vertical):
             await self.remove_children([child for child in self.children if not isinstance(child, keep)])
             await self.think()
             await self.show_calls()
-            await self.mount(self._finished_body())
+            await self.mount_all(self._finished_body(not self.children))
 
     async def set_heatmap(self, on: bool) -> None:
         if on != self.heatmap:
