@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,12 +19,15 @@ for _name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORM
     os.environ.pop(_name, None)
 
 from fake_hub import FakeHub  # noqa: E402
+from fake_openai import fake_server  # noqa: E402
 from tiny_model import write_tiny_model  # noqa: E402
 from tui_chat.engine.base import Done, Error, Loaded, Message, Request, Token  # noqa: E402
 from tui_chat.engine.local import logs  # noqa: E402
 from tui_chat.engine.local.llama import LlamaBackend, LlamaSettings  # noqa: E402
 from tui_chat.engine.models import starter_path  # noqa: E402
 from tui_chat.engine.params import LiveParams, SamplingParams  # noqa: E402
+from tui_chat.tools.mcp import ToolServers  # noqa: E402
+from tui_chat.tools.settings import ServerSpec  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, repeat_penalty=1.0, max_tokens=32)
 
@@ -180,3 +184,21 @@ def starter_server(starter_model: Path, tmp_path_factory: pytest.TempPathFactory
     log = tmp_path_factory.mktemp("server") / "starter.log"
     with llama_cpp_server(starter_model, "gemma-3-270m", 2048, log, chat_format="gemma") as url:
         yield url
+
+
+TIME = ServerSpec("time", sys.executable, ("-m", "mcp_server_time"))  # the real MCP server from PyPI
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ToolServers]:
+    """Tool servers started as a module's tests need them, stopped after its last."""
+    servers = ToolServers(tmp_path_factory.mktemp("logs"))
+    yield servers
+    servers.close()
+
+
+@pytest.fixture
+def fake():
+    """The fake OpenAI-compatible server (fake_openai.py) on loopback."""
+    with fake_server() as server:
+        yield server

@@ -47,12 +47,6 @@ def tiny_remote(tiny_server):
     backend.close()
 
 
-@pytest.fixture
-def fake():
-    with fake_server() as server:
-        yield server
-
-
 # --- against a real llama_cpp.server ---------------------------------------------------------
 
 

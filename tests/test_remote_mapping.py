@@ -65,12 +65,6 @@ def finish(session: ChatSession) -> Ending:
     return session.take(events_of(session.writing.stream)).ending
 
 
-@pytest.fixture
-def fake():
-    with fake_server() as server:
-        yield server
-
-
 @pytest.fixture(scope="module")
 def tiny_remote(tiny_server):
     backend = connect(tiny_server, "tiny")

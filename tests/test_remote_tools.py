@@ -7,36 +7,19 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import jsonschema
 import pytest
 
-from conftest import GREEDY, run_cli
-from fake_openai import NO_JINJA, ZONES, fake_server
+from conftest import GREEDY, TIME, run_cli
+from fake_openai import NO_JINJA, ZONES
 from tui_chat.engine.base import Done, Loaded, Message, Request, ToolActivity
 from tui_chat.engine.openai import MalformedEvent, OpenAIBackend, RemoteSettings, parse_chunk
 from tui_chat.engine.params import LiveParams
 from tui_chat.tools.calls import SERVED, call_form
 from tui_chat.tools.loop import ToolUse, approve_listed, call_line
 from tui_chat.tools.mcp import ToolServers
-from tui_chat.tools.settings import ServerSpec
-
-TIME = ServerSpec("time", sys.executable, ("-m", "mcp_server_time"))
-
-
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ToolServers]:
-    servers = ToolServers(tmp_path_factory.mktemp("logs"))
-    yield servers
-    servers.close()
-
-
-@pytest.fixture
-def fake():
-    with fake_server() as server:
-        yield server
 
 
 def connect(url: str, model: str) -> OpenAIBackend:

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from gguf import TokenType
 
-from conftest import GREEDY, open_backend
+from conftest import GREEDY, TIME, open_backend
 from test_session import finish
 from thinking_model import QWEN_SPECIALS, template, write_scripted_model
 from tui_chat.commands.common import opener_for
@@ -31,11 +29,9 @@ from tui_chat.recording import Saving
 from tui_chat.session import ChatSession, opened
 from tui_chat.tools.calls import GENERIC, CallForm, call_form, step_messages, template_tools
 from tui_chat.tools.loop import ToolUse, approve_listed, decided
-from tui_chat.tools.mcp import Tool, ToolServers
-from tui_chat.tools.settings import ServerSpec
+from tui_chat.tools.mcp import Tool
 from tui_chat.workspace import Workspace
 
-TIME = ServerSpec("time", sys.executable, ("-m", "mcp_server_time"))
 QUESTION = "What time is it in Tokyo?"
 # The call each model writes, token by token (each piece one token of its vocabulary, none twice).
 ARGUMENTS = ['{"timezone": ', '"Asia/Tokyo"']
@@ -64,13 +60,6 @@ def write_family(kind: str, path: Path) -> Path:
     return write_scripted_model(path, template("mistralai-Mistral-Nemo-Instruct-2407"), MISTRAL,
                                 specials=MISTRAL_SPECIALS, bos="<s>", eos="</s>", add_bos=True, pre="tekken",
                                 words=WORDS, also=[MISTRAL_ANSWER])
-
-
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ToolServers]:
-    servers = ToolServers(tmp_path_factory.mktemp("logs"))
-    yield servers
-    servers.close()
 
 
 @pytest.fixture(scope="module", params=["hermes", "llama3", "mistral"])

@@ -9,14 +9,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import jsonschema
 import pytest
 
-from conftest import GREEDY, run_cli
+from conftest import GREEDY, TIME, run_cli
 from tui_chat.engine.base import Done, Message, Request, ToolActivity
 from tui_chat.engine.local.grammar import compile_format, new_matcher, tokenizer_for
 from tui_chat.engine.params import InvalidParameter, LiveParams
@@ -27,15 +26,7 @@ from tui_chat.tools.settings import ServerSpec, parse_mcp
 from tui_chat.tools.setup import open_tools
 
 FAULTS = ServerSpec("faults", sys.executable, (str(Path(__file__).parent / "mcp_faults.py"),))
-TIME = ServerSpec("time", sys.executable, ("-m", "mcp_server_time"))
 PARAMS = GREEDY.with_changes(max_tokens=48)
-
-
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ToolServers]:
-    servers = ToolServers(tmp_path_factory.mktemp("logs"))
-    yield servers
-    servers.close()
 
 
 def reply(backend, use: ToolUse, prompt: str) -> tuple[Done, list[ToolActivity]]:

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import sys
 import time
 from functools import partial
 
 from textual.widgets import Select, Static, Switch
 
-from conftest import GREEDY
+from conftest import GREEDY, TIME
 from test_ui import SIZE, assert_help_lists, loaded, make_app, screen_open, send, wait_for
 from tui_chat.engine.base import ToolCall
 from tui_chat.session import Branch, Turn
@@ -25,7 +24,6 @@ from tui_chat.ui.widgets.chat_log import ChatLog
 from tui_chat.ui.widgets.messages import ReplyMessage
 from tui_chat.ui.widgets.tool_calls import DRAWN_RESULT, ToolCallBlock
 
-TIME = ServerSpec("time", sys.executable, ("-m", "mcp_server_time"))
 BROKEN = ServerSpec("broken", "tui-chat-no-such-server")
 QUESTION = "What time is it in Tokyo?"
 
