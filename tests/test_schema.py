@@ -13,7 +13,7 @@ from tui_chat.engine.base import Done, Error, Message, Request
 from tui_chat.engine.formats import FormatError, OutputFormat, json_schema
 from tui_chat.engine.local.grammar import check_format, compile_format, new_matcher, tokenizer_for
 from tui_chat.engine.params import LiveParams, SamplingParams
-from tui_chat.engine.schema import NUMBER_CAP, STRING_CAP, path_at, violation, writing_schema
+from tui_chat.engine.schema import ARRAY_CAP, DECIMALS, NUMBER_CAP, STRING_CAP, path_at, violation, writing_schema
 
 # (schema, valid instances, invalid instances): hand-picked after the JSON-Schema-Test-Suite's draft2020-12
 # cases for each keyword the engine claims to enforce while writing.
@@ -93,8 +93,19 @@ NARROWED = [  # (schema, what writing_schema makes of it)
       "additionalProperties": False}),
     ({"type": "string", "minLength": 600}, {"type": "string", "minLength": 600, "maxLength": 600}),
     ({"type": "integer", "minimum": 0}, {"type": "integer", "minimum": 0, "maximum": NUMBER_CAP}),
-    ({"type": "number", "exclusiveMaximum": 1}, {"type": "number", "exclusiveMaximum": 1, "minimum": -NUMBER_CAP}),
-    ({"type": "string", "pattern": "a+"}, {"type": "string", "pattern": "a+"}),
+    ({"type": "number", "exclusiveMaximum": 1},
+     {"type": "number", "exclusiveMaximum": 1, "minimum": -NUMBER_CAP, "multipleOf": DECIMALS}),
+    ({"type": "string", "pattern": "a+"}, {"type": "string", "pattern": "a+", "maxLength": STRING_CAP}),
+    ({"type": "string", "format": "uri", "maxLength": 32767},
+     {"type": "string", "format": "uri", "maxLength": STRING_CAP}),
+    ({"enum": ["a", "b"], "type": "string"}, {"enum": ["a", "b"], "type": "string"}),
+    ({"type": "array", "items": {"type": "boolean"}},
+     {"type": "array", "items": {"type": "boolean"}, "maxItems": ARRAY_CAP}),
+    ({"type": "array", "minItems": 40, "maxItems": 50}, {"type": "array", "minItems": 40, "maxItems": 40}),
+    ({"type": ["number", "null"]}, {"type": ["number", "null"], "maximum": NUMBER_CAP, "minimum": -NUMBER_CAP,
+     "multipleOf": DECIMALS}),
+    ({"type": "number", "multipleOf": 0.5}, {"type": "number", "multipleOf": 0.5, "maximum": NUMBER_CAP,
+     "minimum": -NUMBER_CAP}),
     ({"type": "object", "required": ["b"], "properties": {"a": {}}},  # requires a key it does not list
      {"type": "object", "required": ["b"], "properties": {"a": {}}}),
     ({"properties": {"a": {}}, "dependentRequired": {"a": ["b"]}},  # "a" then requires a key it does not list
@@ -161,7 +172,8 @@ def test_a_schema_with_every_common_keyword_is_enforced_whole(tokenizer):
         ({"properties": {"spec": {"properties": {"template": {"if": {"type": "string"}, "then": {"maxLength": 3}}}}}},
          '"if" and "then" at $.spec.template; no length bounds added while writing ("if" at $.spec.template): '
          'a reply may run to max tokens'),
-        ({"type": "array", "items": {"not": {"type": "null"}}}, '"not" at $[*]'),
+        ({"type": "array", "items": {"not": {"type": "null"}}},
+         '"not" at $[*]; no length bounds added while writing ("not" at $[*]): a reply may run to max tokens'),
         ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, '"oneOf" (as "anyOf") at $'),
         ({"properties": {"site": {"type": "string", "format": "hostname-ish"}}}, 'format "hostname-ish" at $.site'),
     ],

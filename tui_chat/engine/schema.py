@@ -54,22 +54,24 @@ def walk(schema: Any, path: str = "$") -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 NUMBER_CAP = 10**15  # the size a number takes at most while written, where its schema sets no bound
-STRING_CAP = 256  # characters a string takes at most while written, where its schema sets no bound
+DECIMALS = 10**-6  # a number's written fraction stops at 6 digits, where its schema sets no step of its own
+STRING_CAP = 256  # characters a string takes at most while written, where its schema sets no lower bound
+ARRAY_CAP = 24  # items an array takes at most while written, where its schema sets no lower bound
 # Where one of these appears, a narrower part could let through what the schema refuses (under "not" or an
 # "if"), or clash with a sibling part that adds properties: the schema is written as it is.
 _NEGATING = {"not", "if", "allOf", "unevaluatedProperties", "$dynamicRef", "$recursiveRef"}
 _APPLICATORS = {"anyOf", "oneOf", "$ref", "then", "else", "dependentSchemas", "dependencies"}
 _OBJECT_WORDS = {"properties", "required", "patternProperties", "additionalProperties", "propertyNames",
                  "minProperties", "maxProperties"}
-_BOUNDED_STRING = {"maxLength", "pattern", "format", "enum", "const", "contentEncoding", "contentMediaType"}
 
 
 def writing_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """A narrower schema to write a reply under, so a small model cannot loop where the schema leaves room:
-    a string with no bound of its own takes at most STRING_CAP characters, a number stays within ±NUMBER_CAP
-    (a model looping in digits stops at 16), and an object that lists its properties gets no others. Every
-    instance of it is an instance of `schema` (which the finished reply is still validated against); where
-    that could not be promised (see _NEGATING) it is `schema` itself."""
+    a string takes at most STRING_CAP characters and an array ARRAY_CAP items (or what the schema's own
+    lower bound needs; a `pattern` or `format` does not bound a length), a number stays within ±NUMBER_CAP
+    with at most 6 decimals (a model looping in digits stops), and an object that lists its properties gets
+    no others. Every instance of it is an instance of `schema` (which the finished reply is still validated
+    against); where that could not be promised (see _NEGATING) it is `schema` itself."""
     return schema if _kept_whole(schema) else _narrowed(schema)
 
 
@@ -92,17 +94,35 @@ def _narrowed(schema: dict[str, Any]) -> dict[str, Any]:
     closing = not any(part.keys() & _APPLICATORS and part.keys() & _OBJECT_WORDS for _, part in walk(schema))
     narrowed: dict[str, Any] = copy.deepcopy(schema)
     for _, part in walk(narrowed):
-        if part.get("type") == "string" and not part.keys() & _BOUNDED_STRING:
-            least = part.get("minLength")
-            part["maxLength"] = max(STRING_CAP, least if isinstance(least, int) else 0)
-        if part.get("type") in ("integer", "number"):
+        types = _types(part)
+        if "string" in types and not part.keys() & {"enum", "const"}:
+            _cap(part, "minLength", "maxLength", STRING_CAP)
+        if "array" in types:
+            _cap(part, "minItems", "maxItems", ARRAY_CAP)
+        if types & {"integer", "number"}:
             for bound, exclusive, cap in (("maximum", "exclusiveMaximum", NUMBER_CAP),
                                           ("minimum", "exclusiveMinimum", -NUMBER_CAP)):
                 if bound not in part and exclusive not in part:
                     part[bound] = cap
+        if "number" in types and "multipleOf" not in part and "integer" not in types:
+            part["multipleOf"] = DECIMALS
         if closing and _lists_every_property(part):
             part["additionalProperties"] = False
     return narrowed
+
+
+def _types(part: dict[str, Any]) -> set[str]:
+    named = part.get("type")
+    return {named} if isinstance(named, str) else {t for t in named if isinstance(t, str)} \
+        if isinstance(named, list) else set()
+
+
+def _cap(part: dict[str, Any], least: str, most: str, cap: int) -> None:
+    """`most` lowered to `cap` where the part allows more, never below what `least` demands."""
+    floor, ceiling = part.get(least), part.get(most)
+    bound = max(cap, floor if isinstance(floor, int) else 0)
+    if not isinstance(ceiling, int) or ceiling > bound:
+        part[most] = bound
 
 
 def _lists_every_property(part: dict[str, Any]) -> bool:
