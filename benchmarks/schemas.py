@@ -23,10 +23,13 @@ at every position (mean and p99).
 
     python benchmarks/schemas.py [--schemas FILE.jsonl|DIR] [--split S] [--limit N] [--model PATH]
                                  [--max-tokens 512] [--no-free] [--json]
+                                 [--kubernetes N [--kubernetes-version v1.29.0-local-strict]]
 
 `--limit N` takes the first N schemas of each split (the fixture's order is the draw's), `--split S` one
-split; `--no-free` skips the free decodes (half the time, no rate ratio). Beside each split it prints the
-paper's coverage (arXiv 2501.10868) where this project has it.
+split; `--no-free` skips the free decodes (half the time, no rate ratio). `--kubernetes N` runs instead
+the held-out split: N schemas kept out of the repo, from kubernetes-validate's package (k8s_schemas.py;
+`pip install kubernetes-validate`). Beside each split it prints the paper's coverage (arXiv 2501.10868)
+where this project has it.
 It prints numbers and asserts nothing.
 """
 
@@ -39,6 +42,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
+from k8s_schemas import VERSION, held_out
 from llguidance import LLTokenizer
 from llguidance.numpy import allocate_token_bitmask
 from shared import bench_model, greedy_settings
@@ -68,7 +72,13 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--no-free", action="store_true")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--kubernetes", type=int, metavar="N")
+    parser.add_argument("--kubernetes-version", default=VERSION)
     args = parser.parse_args()
+    if args.kubernetes:
+        schemas, source = held_out(args.kubernetes, args.kubernetes_version)
+    else:
+        schemas, source = _schemas(args.schemas, args.split, args.limit), str(args.schemas)
     model, _ = bench_model(args.model)
     backend = LlamaBackend(LlamaSettings(model, n_ctx=4096, chat_template="gemma"))
     backend.load().result()
@@ -80,7 +90,7 @@ def main() -> None:
     masks: list[float] = []
     notes: list[dict[str, str]] = []
     rates = {"schema": [0, 0.0], "free": [0, 0.0]}  # decode steps, decode seconds
-    for index, (split, name, text) in enumerate(_schemas(args.schemas, args.split, args.limit)):
+    for index, (split, name, text) in enumerate(schemas):
         try:
             output = json_schema(text)
             unchecked = backend.check_format(output)
@@ -106,7 +116,7 @@ def main() -> None:
             notes.append({"schema": f"{split}/{name}", "outcome": outcome, "why": why})
         masks += _mask_times(tokenizer, compile_format(tokenizer, output).grammar, tokens)
     backend.close()
-    report = _report(counts, masks, notes, rates)
+    report = _report(counts, masks, notes, rates) | {"source": source}
     print(json.dumps(report, indent=2) if args.json else _table(report))
 
 
@@ -179,12 +189,13 @@ def _row(c: Counter[str]) -> dict:
 
 
 def _table(report: dict) -> str:
-    lines = [f"{'split':<16}" + "".join(f"{o:>11}" for o in OUTCOMES) + f"{'enforced':>10}{'valid':>8}"]
+    width = max([16, *(len(split) + 1 for split in report["splits"])])  # "Kubernetes (held out)" is longer
+    lines = [f"{'split':<{width}}" + "".join(f"{o:>11}" for o in OUTCOMES) + f"{'enforced':>10}{'valid':>8}"]
     for split, row in [*report["splits"].items(), ("all", report["all"])]:
         paper = ", ".join(f"{engine} {value:.2f}" for engine, value in (row.get("paper") or {}).items())
-        lines.append(f"{split:<16}" + "".join(f"{row[o]:>11}" for o in OUTCOMES) + f"{row['declared']:>10.2f}"
+        lines.append(f"{split:<{width}}" + "".join(f"{row[o]:>11}" for o in OUTCOMES) + f"{row['declared']:>10.2f}"
                      + f"{row['coverage']:>8.2f}" + (f"   paper: {paper}" if paper else ""))
-    lines.append(report["paper_note"])
+    lines += [report["paper_note"], f"schemas: {report['source']}"]
     decode = report["decode"]
     if decode["ratio"]:
         lines.append(f"decode under the schema {decode['schema_tok_s']:.1f} tok/s, free {decode['free_tok_s']:.1f} "
