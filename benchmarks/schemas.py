@@ -3,7 +3,7 @@
 Why: a format's guarantee (a reply that ends unflagged validates) must hold on schemas people write, and
 the mask must cost microseconds. Each schema of --schemas (by default data/jsonschemabench_sample.jsonl,
 a fixed-seed sample of JSONSchemaBench, see data/README.md; or a folder with one folder per split and one
-`.json` file per schema) is given to the starter model greedily; the reply is checked with jsonschema and
+`.json` file per schema) is given to the starter model greedily (at most the app's default max tokens, 1024); the reply is checked with jsonschema and
 counted as
 
 - compliant: it ended unflagged and validates;
@@ -22,7 +22,7 @@ The mask's cost: each reply's tokens replayed through a fresh matcher, the whole
 at every position (mean and p99).
 
     python benchmarks/schemas.py [--schemas FILE.jsonl|DIR] [--split S] [--limit N] [--model PATH]
-                                 [--max-tokens 512] [--no-free] [--json]
+                                 [--max-tokens N] [--no-free] [--json]
                                  [--kubernetes N [--kubernetes-version v1.29.0-local-strict]]
 
 `--limit N` takes the first N schemas of each split (the fixture's order is the draw's), `--split S` one
@@ -51,7 +51,7 @@ from tui_chat.engine.base import Done, Message, Request, Token
 from tui_chat.engine.formats import TEXT, FormatError, json_schema
 from tui_chat.engine.local.grammar import compile_format, mask_of, new_matcher, tokenizer_for
 from tui_chat.engine.local.llama import LlamaBackend, LlamaSettings
-from tui_chat.engine.params import LiveParams, SamplingParams
+from tui_chat.engine.params import SPECS, LiveParams, SamplingParams
 from tui_chat.engine.schema import violation
 
 OUTCOMES = ("compliant", "refused", "incomplete", "violated", "crashed")
@@ -69,7 +69,7 @@ def main() -> None:
     parser.add_argument("--split")
     parser.add_argument("--limit", type=int)
     parser.add_argument("--model", type=Path)
-    parser.add_argument("--max-tokens", type=int, default=512)
+    parser.add_argument("--max-tokens", type=int, default=SPECS["max_tokens"].default)  # the app's own
     parser.add_argument("--no-free", action="store_true")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--kubernetes", type=int, metavar="N")

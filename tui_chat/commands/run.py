@@ -60,7 +60,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     output = run.add_mutually_exclusive_group()
     output.add_argument("--format", choices=("text", "json"),
                         help="json: the reply is any valid JSON value (a grammar allows nothing else)")
-    output.add_argument("--json-schema", metavar="FILE_OR_JSON", help="the reply is JSON matching this schema")
+    output.add_argument("--json-schema", metavar="FILE_OR_JSON",
+                        help="the reply is JSON matching this schema (its strings written with at most 256 characters "
+                        "and its arrays with at most 24 items, unless the schema's own minimum asks for more)")
     output.add_argument("--grammar", metavar="FILE", help="the reply follows this GBNF grammar (a file, or its text)")
     run.add_argument("--no-stream", action="store_true",
                      help="hold each reply until it is complete (a line on stderr shows it being written), then "
