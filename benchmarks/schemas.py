@@ -3,8 +3,8 @@
 Why: a format's guarantee (a reply that ends unflagged validates) must hold on schemas people write, and
 the mask must cost microseconds. Each schema of --schemas (by default data/jsonschemabench_sample.jsonl,
 a fixed-seed sample of JSONSchemaBench, see data/README.md; or a folder with one folder per split and one
-`.json` file per schema) is given to the starter model greedily (at most the app's default max tokens, 1024); the reply is checked with jsonschema and
-counted as
+`.json` file per schema) is given to the starter model greedily (at most the app's default max tokens,
+1024); the reply is checked with jsonschema and counted as
 
 - compliant: it ended unflagged and validates;
 - refused: the schema was refused before decoding, in one line;
