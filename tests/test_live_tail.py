@@ -5,6 +5,7 @@ the engine decoded)."""
 from __future__ import annotations
 
 from textual.app import App
+from textual.geometry import Region
 
 from tui_chat.ui.widgets.live_tail import GROW_LINES, LiveTail
 from tui_chat.ui.widgets.messages import rendered_markdown
@@ -83,3 +84,50 @@ async def test_a_selection_over_the_tail_copies_without_a_crash():
         await pilot.pause()
         app.screen.selections = {tail: Selection(None, None)}
         assert app.screen.get_selected_text() == "The capital of France"
+
+
+def drawn_text(lines: list[str]) -> list[str]:
+    """The lines' text, without the blank lines at the end."""
+    text = [line.rstrip() for line in lines]
+    while text and not text[-1]:
+        text.pop()
+    return text
+
+
+class Counted(App):
+    """A tail whose renderer counts the blocks it renders, beside the whole Markdown as one Static."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text, self.rendered = text, 0
+
+    def render_block(self, text: str):
+        self.rendered += 1
+        return rendered_markdown(text)
+
+    def compose(self):
+        from textual.widgets import Static
+
+        yield LiveTail(self.render_block, self.render_block)
+        yield Static(rendered_markdown(self.text), id="whole")
+
+
+async def test_a_frozen_part_keeps_the_tails_lines_and_looks_as_the_whole_markdown():
+    """Freezing the tail's finished blocks into a widget of their own renders none of them again (twice, for
+    the height and then the lines, was most of a layout's cost while a fast reply streamed), and blocks drawn
+    apart look as the whole Markdown does: a code block keeps its first row, its padding."""
+    frozen = "## Plan\n\nA paragraph that wraps at forty columns, long enough.\n\n- one\n- two\n\n```python\na = 1\n```"
+    app = Counted(frozen)
+    async with app.run_test(size=(40, 40)) as pilot:
+        tail = app.query_one(LiveTail)
+        tail.set_text(frozen + "\n\nStill being wr")
+        await pilot.pause()
+        whole = drawn_text([line.text for line in app.query_one("#whole").render_lines(Region(0, 0, 40, 40))])
+        assert drawn_text(shown(tail))[: len(whole)] == whole
+        drawn = app.rendered
+        part = tail.frozen(frozen)
+        await app.mount(part, before=tail)
+        tail.set_text("Still being wr")
+        await pilot.pause()
+        assert drawn_text([part.render_line(y).text for y in range(part.size.height)]) == whole
+        assert app.rendered == drawn + 1  # only the tail's last block again

@@ -9,7 +9,7 @@ within that height repaints this widget alone: a layout of the whole screen cost
 every millisecond the UI holds a core stalls all of llama.cpp's threads. Only the last block (after the
 last blank line outside a code fence) is rendered again as text comes, and without syntax colours
 (`render_last`: a code block is highlighted once it is complete); each block before it is rendered once,
-and keeps its lines until the width changes.
+and keeps its lines until the width or the colours change, also when it is frozen out of the tail.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import RenderableType
+from rich.style import Style
 from textual.geometry import Size
 from textual.selection import Selection
 from textual.strip import Strip
@@ -54,38 +55,33 @@ def stepped(lines: int) -> int:
     return -(-lines // GROW_LINES) * GROW_LINES
 
 
-class LiveTail(Widget):
-    DEFAULT_CSS = "LiveTail { height: auto; }"
+class MarkdownBlocks(Widget):
+    """Markdown drawn a top-level block at a time, each block's lines kept until the width changes: the part of
+    a reply frozen out of its live tail takes the lines the tail already drew, so freezing renders nothing
+    again (a render of a few thousand characters with syntax colours, twice: for the height, then the lines,
+    was most of a layout's cost while a reply streamed). Blocks drawn apart look as the whole Markdown does:
+    one blank line between them."""
 
-    def __init__(self, render: Callable[[str], RenderableType], render_last: Callable[[str], RenderableType],
-                 **kwargs: Any) -> None:
-        """`render(text)` gives the renderable for finished blocks of the tail's text (the reply's Markdown),
-        `render_last(text)` for the block being written."""
+    DEFAULT_CSS = "MarkdownBlocks { height: auto; }"
+
+    def __init__(self, render: Callable[[str], RenderableType], text: str = "", **kwargs: Any) -> None:
+        """`render(text)` gives the renderable of a block (the reply's Markdown)."""
         super().__init__(**kwargs)
-        self.text = ""
-        self._render_text, self._render_last = render, render_last
-        self._lines: list[Strip] = []
-        self._width = 0  # the width `_lines` were rendered at; 0: not rendered
-        self._finished: dict[str, list[Strip]] = {}  # each finished block's lines, at `_width`
-
-    def set_text(self, text: str) -> None:
-        """Show `text`; lay the screen out again only if the widget's height changes."""
-        height = stepped(len(self._lines))
         self.text = text
-        if self._width:
-            self._lines = self._rendered(self._width)
-            self.refresh(layout=stepped(len(self._lines)) != height)
-        else:
-            self.refresh(layout=True)
+        self._render_text = render
+        self._lines: list[Strip] = []
+        self._width = 0  # the width `_lines` were put together at; 0: to do again
+        self._finished: dict[str, list[Strip]] = {}  # each finished block's lines, drawn at `_drawn`
+        self._drawn: tuple[int, Style] | None = None  # the width and style the blocks were drawn at
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
-        self._width = 0  # the theme changed: render the lines again in its colours
+        self._width = 0  # the theme changed, or the widget was mounted: the blocks are drawn again if the style did
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         if width != self._width:
             self._lines, self._width = self._rendered(width), width
-        return stepped(len(self._lines))
+        return len(self._lines)
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
@@ -98,18 +94,21 @@ class LiveTail(Widget):
         return selection.extract("\n".join(line.text.rstrip() for line in self._lines)), "\n"
 
     def _rendered(self, width: int) -> list[Strip]:
-        if width != self._width:
-            self._finished = {}
-        *finished, last = blocks(self.text)
-        cache, self._finished = self._finished, {}
+        return self._blocks(blocks(self.text), width)[:-1]  # no blank line after the last block
+
+    def _blocks(self, finished: list[str], width: int) -> list[Strip]:
+        """The finished blocks' lines, a blank line after each; only these blocks' lines are kept."""
+        style = self.rich_style
+        cache, self._finished = self._finished if self._drawn == (width, style) else {}, {}
+        self._drawn = (width, style)
         lines: list[Strip] = []
         for block in finished:
             rendered = cache.get(block)
             if rendered is None:
                 rendered = self._draw(self._render_text, block, width)
             self._finished[block] = rendered
-            lines += [*rendered, Strip.blank(width, self.rich_style)] if rendered else []
-        return lines + self._draw(self._render_last, last, width)
+            lines += [*rendered, Strip.blank(width, style)] if rendered else []
+        return lines
 
     def _draw(self, render: Callable[[str], RenderableType], text: str, width: int) -> list[Strip]:
         """Not `_render`: Textual's own, which reads a selected widget's text, would be shadowed."""
@@ -119,6 +118,43 @@ class LiveTail(Widget):
         console, style = self.app.console, self.rich_style
         options = console.options.update(width=width, height=None, highlight=False)
         lines = [Strip(line, width) for line in console.render_lines(renderable, options, style=style, pad=True)]
-        while lines and not lines[0].text.strip():  # Rich opens a list with a blank line: one goes between blocks
+        # Rich opens a list with a blank line: one goes between blocks. A code block's first row, its padding in
+        # the code's background, stays
+        while lines and not lines[0].text.strip() and all(part.style == style for part in lines[0]):
             lines.pop(0)
         return lines
+
+
+class LiveTail(MarkdownBlocks):
+    DEFAULT_CSS = "LiveTail { height: auto; }"
+
+    def __init__(self, render: Callable[[str], RenderableType], render_last: Callable[[str], RenderableType],
+                 **kwargs: Any) -> None:
+        """`render(text)` gives the renderable for finished blocks of the tail's text (the reply's Markdown),
+        `render_last(text)` for the block being written."""
+        super().__init__(render, **kwargs)
+        self._render_last = render_last
+
+    def set_text(self, text: str) -> None:
+        """Show `text`; lay the screen out again only if the widget's height changes."""
+        height = stepped(len(self._lines))
+        self.text = text
+        if self._width:
+            self._lines = self._rendered(self._width)
+            self.refresh(layout=stepped(len(self._lines)) != height)
+        else:
+            self.refresh(layout=True)
+
+    def frozen(self, text: str, **kwargs: Any) -> MarkdownBlocks:
+        """The finished blocks `text` (the start of this tail's text, cut between blocks) as a widget of their
+        own, with the lines this tail drew of them."""
+        part = MarkdownBlocks(self._render_text, text, **kwargs)
+        part._finished, part._drawn = self._finished, self._drawn
+        return part
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return stepped(super().get_content_height(container, viewport, width))
+
+    def _rendered(self, width: int) -> list[Strip]:
+        *finished, last = blocks(self.text)
+        return self._blocks(finished, width) + self._draw(self._render_last, last, width)
