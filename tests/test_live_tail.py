@@ -7,7 +7,7 @@ from __future__ import annotations
 from textual.app import App
 from textual.geometry import Region
 
-from tui_chat.ui.widgets.live_tail import GROW_LINES, LiveTail
+from tui_chat.ui.widgets.live_tail import GROW_LINES, LiveTail, MarkdownBlocks
 from tui_chat.ui.widgets.messages import rendered_markdown
 
 
@@ -108,26 +108,30 @@ class Counted(App):
     def compose(self):
         from textual.widgets import Static
 
+        yield MarkdownBlocks(self.render_block)
         yield LiveTail(self.render_block, self.render_block)
         yield Static(rendered_markdown(self.text), id="whole")
 
 
-async def test_a_frozen_part_keeps_the_tails_lines_and_looks_as_the_whole_markdown():
-    """Freezing the tail's finished blocks into a widget of their own renders none of them again (twice, for
-    the height and then the lines, was most of a layout's cost while a fast reply streamed), and blocks drawn
-    apart look as the whole Markdown does: a code block keeps its first row, its padding."""
-    frozen = "## Plan\n\nA paragraph that wraps at forty columns, long enough.\n\n- one\n- two\n\n```python\na = 1\n```"
-    app = Counted(frozen)
+async def test_frozen_parts_keep_the_tails_lines_and_look_as_the_whole_markdown():
+    """Freezing the tail's finished blocks out of it renders none of them again (twice, for the height and then
+    the lines, was most of a layout's cost while a fast reply streamed), every part goes into one widget, and
+    blocks drawn apart look as the whole Markdown does: a code block keeps its first row, its padding."""
+    first = "## Plan\n\nA paragraph that wraps at forty columns, long enough."
+    second = "- one\n- two\n\n```python\na = 1\n```"
+    app = Counted(f"{first}\n\n{second}")
     async with app.run_test(size=(40, 40)) as pilot:
-        tail = app.query_one(LiveTail)
-        tail.set_text(frozen + "\n\nStill being wr")
+        tail, frozen = app.query_one(LiveTail), app.query_one(MarkdownBlocks)
+        tail.set_text(f"{first}\n\n{second}\n\nStill being wr")
         await pilot.pause()
         whole = drawn_text([line.text for line in app.query_one("#whole").render_lines(Region(0, 0, 40, 40))])
         assert drawn_text(shown(tail))[: len(whole)] == whole
         drawn = app.rendered
-        part = tail.frozen(frozen)
-        await app.mount(part, before=tail)
+        frozen.extend(first, tail)
+        tail.set_text(f"{second}\n\nStill being wr")
+        await pilot.pause()
+        frozen.extend(second, tail)
         tail.set_text("Still being wr")
         await pilot.pause()
-        assert drawn_text([part.render_line(y).text for y in range(part.size.height)]) == whole
-        assert app.rendered == drawn + 1  # only the tail's last block again
+        assert drawn_text([frozen.render_line(y).text for y in range(frozen.size.height)]) == whole
+        assert app.rendered == drawn + 2  # only the tail's last block, at each of its updates

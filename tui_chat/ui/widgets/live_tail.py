@@ -56,11 +56,11 @@ def stepped(lines: int) -> int:
 
 
 class MarkdownBlocks(Widget):
-    """Markdown drawn a top-level block at a time, each block's lines kept until the width changes: the part of
-    a reply frozen out of its live tail takes the lines the tail already drew, so freezing renders nothing
-    again (a render of a few thousand characters with syntax colours, twice: for the height, then the lines,
-    was most of a layout's cost while a reply streamed). Blocks drawn apart look as the whole Markdown does:
-    one blank line between them."""
+    """Markdown drawn a top-level block at a time, each block's lines kept until the width or the colours change:
+    the part of a reply frozen out of its live tail takes the lines the tail already drew, so freezing renders
+    nothing again (a render of a few thousand characters with syntax colours, twice: for the height, then the
+    lines, was most of a layout's cost while a reply streamed). Blocks drawn apart look as the whole Markdown
+    does: one blank line between them."""
 
     DEFAULT_CSS = "MarkdownBlocks { height: auto; }"
 
@@ -77,6 +77,16 @@ class MarkdownBlocks(Widget):
     def notify_style_update(self) -> None:
         super().notify_style_update()
         self._width = 0  # the theme changed, or the widget was mounted: the blocks are drawn again if the style did
+
+    def extend(self, text: str, tail: MarkdownBlocks) -> None:
+        """`text`, finished blocks frozen out of the live `tail`, after this widget's own, with the lines the tail
+        drew of them. One widget takes every part of a reply: a widget mounted per part was a mount, and one
+        more child to arrange, each time."""
+        self.text = f"{self.text}\n\n{text}" if self.text else text
+        if self._drawn in (None, tail._drawn):
+            self._finished, self._drawn = {**self._finished, **tail._finished}, tail._drawn
+        self._width = 0
+        self.refresh(layout=True)
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         if width != self._width:
@@ -144,13 +154,6 @@ class LiveTail(MarkdownBlocks):
             self.refresh(layout=stepped(len(self._lines)) != height)
         else:
             self.refresh(layout=True)
-
-    def frozen(self, text: str, **kwargs: Any) -> MarkdownBlocks:
-        """The finished blocks `text` (the start of this tail's text, cut between blocks) as a widget of their
-        own, with the lines this tail drew of them."""
-        part = MarkdownBlocks(self._render_text, text, **kwargs)
-        part._finished, part._drawn = self._finished, self._drawn
-        return part
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return stepped(super().get_content_height(container, viewport, width))
