@@ -115,8 +115,9 @@ class Counted(App):
 
 async def test_frozen_parts_keep_the_tails_lines_and_look_as_the_whole_markdown():
     """Freezing the tail's finished blocks out of it renders none of them again (twice, for the height and then
-    the lines, was most of a layout's cost while a fast reply streamed), every part goes into one widget, and
-    blocks drawn apart look as the whole Markdown does: a code block keeps its first row, its padding."""
+    the lines, was most of a layout's cost while a fast reply streamed), nor does a change of colours; every part
+    goes into one widget, and blocks drawn apart look as the whole Markdown does: a code block keeps its first
+    row, its padding."""
     first = "## Plan\n\nA paragraph that wraps at forty columns, long enough."
     second = "- one\n- two\n\n```python\na = 1\n```"
     app = Counted(f"{first}\n\n{second}")
@@ -135,3 +136,6 @@ async def test_frozen_parts_keep_the_tails_lines_and_look_as_the_whole_markdown(
         await pilot.pause()
         assert drawn_text([frozen.render_line(y).text for y in range(frozen.size.height)]) == whole
         assert app.rendered == drawn + 2  # only the tail's last block, at each of its updates
+        frozen.styles.background = "red"  # as a focused reply's: the lines take the colour, nothing is rendered again
+        await pilot.pause()
+        assert list(frozen.render_line(0))[0].style.bgcolor.triplet == (255, 0, 0) and app.rendered == drawn + 2

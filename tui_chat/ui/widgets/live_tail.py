@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import RenderableType
-from rich.style import Style
 from textual.geometry import Size
 from textual.selection import Selection
 from textual.strip import Strip
@@ -56,11 +55,12 @@ def stepped(lines: int) -> int:
 
 
 class MarkdownBlocks(Widget):
-    """Markdown drawn a top-level block at a time, each block's lines kept until the width or the colours change:
-    the part of a reply frozen out of its live tail takes the lines the tail already drew, so freezing renders
-    nothing again (a render of a few thousand characters with syntax colours, twice: for the height, then the
-    lines, was most of a layout's cost while a reply streamed). Blocks drawn apart look as the whole Markdown
-    does: one blank line between them."""
+    """Markdown drawn a top-level block at a time, each block's lines kept until the width changes: the part of
+    a reply frozen out of its live tail takes the lines the tail already drew, so freezing renders nothing
+    again (a render of a few thousand characters with syntax colours, twice: for the height, then the lines,
+    was most of a layout's cost while a reply streamed). The lines are kept without the widget's own colours,
+    which are put on as a line is drawn: a new theme, or the reply's focus, draws nothing again. Blocks drawn
+    apart look as the whole Markdown does: one blank line between them."""
 
     DEFAULT_CSS = "MarkdownBlocks { height: auto; }"
 
@@ -72,18 +72,14 @@ class MarkdownBlocks(Widget):
         self._lines: list[Strip] = []
         self._width = 0  # the width `_lines` were put together at; 0: to do again
         self._finished: dict[str, list[Strip]] = {}  # each finished block's lines, drawn at `_drawn`
-        self._drawn: tuple[int, Style] | None = None  # the width and style the blocks were drawn at
-
-    def notify_style_update(self) -> None:
-        super().notify_style_update()
-        self._width = 0  # the theme changed, or the widget was mounted: the blocks are drawn again if the style did
+        self._drawn = 0  # the width the blocks were drawn at
 
     def extend(self, text: str, tail: MarkdownBlocks) -> None:
         """`text`, finished blocks frozen out of the live `tail`, after this widget's own, with the lines the tail
         drew of them. One widget takes every part of a reply: a widget mounted per part was a mount, and one
         more child to arrange, each time."""
         self.text = f"{self.text}\n\n{text}" if self.text else text
-        if self._drawn in (None, tail._drawn):
+        if self._drawn in (0, tail._drawn):
             self._finished, self._drawn = {**self._finished, **tail._finished}, tail._drawn
         self._width = 0
         self.refresh(layout=True)
@@ -97,7 +93,7 @@ class MarkdownBlocks(Widget):
         width = self.size.width
         if width != self._width:
             self._lines, self._width = self._rendered(width), width
-        return self._lines[y] if y < len(self._lines) else Strip.blank(width, self.rich_style)
+        return (self._lines[y] if y < len(self._lines) else Strip.blank(width)).apply_style(self.rich_style)
 
     def get_selection(self, selection: Selection) -> tuple[str, str] | None:
         """A selection takes the lines as drawn."""
@@ -108,16 +104,14 @@ class MarkdownBlocks(Widget):
 
     def _blocks(self, finished: list[str], width: int) -> list[Strip]:
         """The finished blocks' lines, a blank line after each; only these blocks' lines are kept."""
-        style = self.rich_style
-        cache, self._finished = self._finished if self._drawn == (width, style) else {}, {}
-        self._drawn = (width, style)
+        cache, self._finished, self._drawn = self._finished if self._drawn == width else {}, {}, width
         lines: list[Strip] = []
         for block in finished:
             rendered = cache.get(block)
             if rendered is None:
                 rendered = self._draw(self._render_text, block, width)
             self._finished[block] = rendered
-            lines += [*rendered, Strip.blank(width, style)] if rendered else []
+            lines += [*rendered, Strip.blank(width)] if rendered else []
         return lines
 
     def _draw(self, render: Callable[[str], RenderableType], text: str, width: int) -> list[Strip]:
@@ -125,12 +119,12 @@ class MarkdownBlocks(Widget):
         if width <= 0 or not text.strip():
             return []
         renderable: RenderableType = render(text)
-        console, style = self.app.console, self.rich_style
+        console = self.app.console
         options = console.options.update(width=width, height=None, highlight=False)
-        lines = [Strip(line, width) for line in console.render_lines(renderable, options, style=style, pad=True)]
+        lines = [Strip(line, width) for line in console.render_lines(renderable, options, pad=True)]
         # Rich opens a list with a blank line: one goes between blocks. A code block's first row, its padding in
         # the code's background, stays
-        while lines and not lines[0].text.strip() and all(part.style == style for part in lines[0]):
+        while lines and not lines[0].text.strip() and not any(part.style and part.style.bgcolor for part in lines[0]):
             lines.pop(0)
         return lines
 
