@@ -108,7 +108,6 @@ class Counted(App):
     def compose(self):
         from textual.widgets import Static
 
-        yield MarkdownBlocks(self.render_block)
         yield LiveTail(self.render_block, self.render_block)
         yield Static(rendered_markdown(self.text), id="whole")
 
@@ -122,18 +121,21 @@ async def test_frozen_parts_keep_the_tails_lines_and_look_as_the_whole_markdown(
     second = "- one\n- two\n\n```python\na = 1\n```"
     app = Counted(f"{first}\n\n{second}")
     async with app.run_test(size=(40, 40)) as pilot:
-        tail, frozen = app.query_one(LiveTail), app.query_one(MarkdownBlocks)
+        tail = app.query_one(LiveTail)
         tail.set_text(f"{first}\n\n{second}\n\nStill being wr")
         await pilot.pause()
         whole = drawn_text([line.text for line in app.query_one("#whole").render_lines(Region(0, 0, 40, 40))])
         assert drawn_text(shown(tail))[: len(whole)] == whole
         drawn = app.rendered
-        frozen.extend(first, tail)
+        await tail.freeze(first)
         tail.set_text(f"{second}\n\nStill being wr")
         await pilot.pause()
-        frozen.extend(second, tail)
+        await tail.freeze(second)
         tail.set_text("Still being wr")
         await pilot.pause()
+        parts = [widget for widget in app.screen.children if type(widget) is MarkdownBlocks]
+        assert len(parts) == 1 and app.screen.children.index(parts[0]) == 0
+        frozen = parts[0]
         assert drawn_text([frozen.render_line(y).text for y in range(frozen.size.height)]) == whole
         assert app.rendered == drawn + 2  # only the tail's last block, at each of its updates
         frozen.styles.background = "red"  # as a focused reply's: the lines take the colour, nothing is rendered again

@@ -149,6 +149,18 @@ class LiveTail(MarkdownBlocks):
         else:
             self.refresh(layout=True)
 
+    async def freeze(self, text: str, **kwargs: Any) -> None:
+        """Move `text`, the first finished blocks of the tail's text, with the lines drawn of them, into the
+        frozen part just before the tail (mounted with `kwargs` the first time)."""
+        parent = self.parent
+        assert isinstance(parent, Widget), "a tail is frozen where it is mounted"
+        index = parent.children.index(self)
+        part = parent.children[index - 1] if index else None
+        if type(part) is not MarkdownBlocks:
+            part = MarkdownBlocks(self._render_text, **kwargs)
+            await parent.mount(part, before=self)
+        part.extend(text, self)
+
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return stepped(super().get_content_height(container, viewport, width))
 

@@ -1,9 +1,9 @@
 """Chat messages.
 
 A reply streams into a live tail (live_tail.py: the reply's Markdown as it will look finished, cheap to
-update); every few thousand characters the finished leading blocks are frozen out of it, into one widget
-that keeps the lines the tail drew of them, so the tail's Markdown, parsed again at each update, stays short
-however long the reply grows. A finished message is a single Static: hundreds of them keep layout cheap.
+update); every few thousand characters its finished leading blocks move, with the lines drawn of them, into
+one widget, so the tail's Markdown, parsed again at each update, stays short however long the reply grows.
+A finished message is a single Static: hundreds of them keep layout cheap.
 
 The tail is updated directly, once a batch: the bridge already coalesces tokens into batches while the
 UI is busy. (Not Textual's Markdown widget with its `MarkdownStream`: the stream's `stop()` on a stream
@@ -42,7 +42,7 @@ from ...safetext import screen_safe
 from ...session import Branch, Reply, Turn, Writing
 from ..clipboard import copy
 from .heatmap import HeatBlocks, HeatLines, HeatmapView, band_styles, grammar_line, has_probabilities
-from .live_tail import LiveTail, MarkdownBlocks, freeze_point
+from .live_tail import LiveTail, freeze_point
 from .thinking import ThinkingBlock, thinking_tail, thinking_view
 from .tool_calls import ToolCallBlock, show_calls
 
@@ -177,7 +177,6 @@ class ReplyMessage(ChatMessage, Widget):
         self._tail = ""
         self._frozen_chars = 0
         self._live: LiveTail | None = None  # the tail being written into, while the reply is written
-        self._frozen: MarkdownBlocks | None = None  # what was frozen out of the tail
         self._heat: HeatBlocks | None = None  # the answer's heatmap: drawn ahead while it streams, kept after
         self._thought_heat: HeatBlocks | None = None
         self._drawn: Visual | None = None  # the finished text and footer, when drawn by the reply itself
@@ -309,10 +308,7 @@ class ReplyMessage(ChatMessage, Widget):
     async def _freeze(self, tail: LiveTail, cut: int) -> None:
         frozen, self._tail = self._tail[:cut], self._tail[cut + 2 :]
         self._frozen_chars += cut + 2
-        if self._frozen is None:
-            self._frozen = MarkdownBlocks(rendered_markdown, classes="chunk")
-            await self.mount(self._frozen, before=tail)
-        self._frozen.extend(frozen, tail)
+        await tail.freeze(frozen, classes="chunk")
 
     def stop(self) -> None:
         """Nothing more is written into the tail."""
@@ -322,7 +318,7 @@ class ReplyMessage(ChatMessage, Widget):
         """Write a new branch in place; the ones before it stay in the turn."""
         self.stop()
         await self.remove_children()
-        self.reply, self._tail, self._frozen_chars, self._frozen = writing, "", 0, None
+        self.reply, self._tail, self._frozen_chars = writing, "", 0
         self._live = live_tail()
         await self.mount_all([self._live, Static(classes="status")])
 
