@@ -5,8 +5,9 @@ the engine decoded)."""
 from __future__ import annotations
 
 from textual.app import App
+from textual.geometry import Region
 
-from tui_chat.ui.widgets.live_tail import GROW_LINES, LiveTail
+from tui_chat.ui.widgets.live_tail import GROW_LINES, LiveTail, MarkdownBlocks
 from tui_chat.ui.widgets.messages import rendered_markdown
 
 
@@ -83,3 +84,60 @@ async def test_a_selection_over_the_tail_copies_without_a_crash():
         await pilot.pause()
         app.screen.selections = {tail: Selection(None, None)}
         assert app.screen.get_selected_text() == "The capital of France"
+
+
+def drawn_text(lines: list[str]) -> list[str]:
+    """The lines' text, without the blank lines at the end."""
+    text = [line.rstrip() for line in lines]
+    while text and not text[-1]:
+        text.pop()
+    return text
+
+
+class Counted(App):
+    """A tail whose renderer counts the blocks it renders, beside the whole Markdown as one Static."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text, self.rendered = text, 0
+
+    def render_block(self, text: str):
+        self.rendered += 1
+        return rendered_markdown(text)
+
+    def compose(self):
+        from textual.widgets import Static
+
+        yield LiveTail(self.render_block, self.render_block)
+        yield Static(rendered_markdown(self.text), id="whole")
+
+
+async def test_frozen_parts_keep_the_tails_lines_and_look_as_the_whole_markdown():
+    """Freezing the tail's finished blocks out of it renders none of them again (twice, for the height and then
+    the lines, was most of a layout's cost while a fast reply streamed), nor does a change of colours; every part
+    goes into one widget, and blocks drawn apart look as the whole Markdown does: a code block keeps its first
+    row, its padding."""
+    first = "## Plan\n\nA paragraph that wraps at forty columns, long enough."
+    second = "- one\n- two\n\n```python\na = 1\n```"
+    app = Counted(f"{first}\n\n{second}")
+    async with app.run_test(size=(40, 40)) as pilot:
+        tail = app.query_one(LiveTail)
+        tail.set_text(f"{first}\n\n{second}\n\nStill being wr")
+        await pilot.pause()
+        whole = drawn_text([line.text for line in app.query_one("#whole").render_lines(Region(0, 0, 40, 40))])
+        assert drawn_text(shown(tail))[: len(whole)] == whole
+        drawn = app.rendered
+        await tail.freeze(first)
+        tail.set_text(f"{second}\n\nStill being wr")
+        await pilot.pause()
+        await tail.freeze(second)
+        tail.set_text("Still being wr")
+        await pilot.pause()
+        parts = [widget for widget in app.screen.children if type(widget) is MarkdownBlocks]
+        assert len(parts) == 1 and app.screen.children.index(parts[0]) == 0
+        frozen = parts[0]
+        assert drawn_text([frozen.render_line(y).text for y in range(frozen.size.height)]) == whole
+        assert app.rendered == drawn + 2  # only the tail's last block, at each of its updates
+        frozen.styles.background = "red"  # as a focused reply's: the lines take the colour, nothing is rendered again
+        await pilot.pause()
+        assert list(frozen.render_line(0))[0].style.bgcolor.triplet == (255, 0, 0) and app.rendered == drawn + 2

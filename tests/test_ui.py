@@ -533,14 +533,14 @@ async def test_a_long_chat_mounts_only_recent_messages(tiny_model):
         screen.session.turns = turns
         await screen.view.show(screen.session)
         log = screen.query_one(ChatLog)
-        assert len(log.messages()) == MAX_MOUNTED and len(log.hidden) == 130
-        assert log.messages()[0].text == "question 65" and len(said(screen)) == 230
-        assert "130 earlier messages" in str(screen.query_one("#earlier").label)
+        assert len(log.messages()) == MAX_MOUNTED and len(log.hidden) == 190
+        assert log.messages()[0].text == "question 95" and len(said(screen)) == 230
+        assert "190 earlier messages" in str(screen.query_one("#earlier").label)
         await pilot.press("f4")
-        assert len(log.messages()) == 150 and log.messages()[0].text == "question 40"
+        assert len(log.messages()) == 90 and log.messages()[0].text == "question 70"
         await send(pilot, "Hello there")
         await wait_for(pilot, lambda: len(said(screen)) == 232 and screen.reply is None)
-        assert len(log.messages()) == MAX_MOUNTED and len(log.hidden) == 132
+        assert len(log.messages()) == MAX_MOUNTED and len(log.hidden) == 192
         assert log.messages()[-1].text == said(screen)[-1].content
         await pilot.press("ctrl+n")
         assert log.messages() == [] and log.hidden == [] and not screen.query_one("#earlier").display

@@ -1,5 +1,6 @@
 """The conversation pane. Only the most recent messages are mounted: layout and every width change
-cost time in proportion to the widgets on screen, and a long chat should stream as fast as a new one.
+cost time in proportion to the widgets on screen, and a long chat should stream as fast as a new one (the
+screen's reflow, each time the reply being written grows, took 8 ms of CPU with 100 mounted, 5 with 40).
 Earlier messages come back on request, a batch at a time. What they say lives in the session's turns:
 the log only decides which of them have widgets."""
 
@@ -15,7 +16,7 @@ from textual.widgets import Button
 from ...session import Turn
 from .messages import ChatMessage, ReplyMessage, UserMessage
 
-MAX_MOUNTED = 100
+MAX_MOUNTED = 40
 SHOW_MORE = 50
 
 # a message as the log shows it: its turn, question or reply

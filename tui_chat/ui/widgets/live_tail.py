@@ -9,7 +9,7 @@ within that height repaints this widget alone: a layout of the whole screen cost
 every millisecond the UI holds a core stalls all of llama.cpp's threads. Only the last block (after the
 last blank line outside a code fence) is rendered again as text comes, and without syntax colours
 (`render_last`: a code block is highlighted once it is complete); each block before it is rendered once,
-and keeps its lines until the width changes.
+and keeps its lines until the width or the colours change, also when it is frozen out of the tail.
 """
 
 from __future__ import annotations
@@ -54,19 +54,90 @@ def stepped(lines: int) -> int:
     return -(-lines // GROW_LINES) * GROW_LINES
 
 
-class LiveTail(Widget):
+class MarkdownBlocks(Widget):
+    """Markdown drawn a top-level block at a time, each block's lines kept until the width changes: the part of
+    a reply frozen out of its live tail takes the lines the tail already drew, so freezing renders nothing
+    again (a render of a few thousand characters with syntax colours, twice: for the height, then the lines,
+    was most of a layout's cost while a reply streamed). The lines are kept without the widget's own colours,
+    which are put on as a line is drawn: a new theme, or the reply's focus, draws nothing again. Blocks drawn
+    apart look as the whole Markdown does: one blank line between them."""
+
+    DEFAULT_CSS = "MarkdownBlocks { height: auto; }"
+
+    def __init__(self, render: Callable[[str], RenderableType], text: str = "", **kwargs: Any) -> None:
+        """`render(text)` gives the renderable of a block (the reply's Markdown)."""
+        super().__init__(**kwargs)
+        self.text = text
+        self._render_text = render
+        self._lines: list[Strip] = []
+        self._width = 0  # the width `_lines` were put together at; 0: to do again
+        self._finished: dict[str, list[Strip]] = {}  # each finished block's lines, drawn at `_drawn`
+        self._drawn = 0  # the width the blocks were drawn at
+
+    def extend(self, text: str, tail: MarkdownBlocks) -> None:
+        """`text`, finished blocks frozen out of the live `tail`, after this widget's own, with the lines the tail
+        drew of them. One widget takes every part of a reply: a widget mounted per part was a mount, and one
+        more child to arrange, each time."""
+        self.text = f"{self.text}\n\n{text}" if self.text else text
+        if self._drawn in (0, tail._drawn):
+            self._finished, self._drawn = {**self._finished, **tail._finished}, tail._drawn
+        self._width = 0
+        self.refresh(layout=True)
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        if width != self._width:
+            self._lines, self._width = self._rendered(width), width
+        return len(self._lines)
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        if width != self._width:
+            self._lines, self._width = self._rendered(width), width
+        return (self._lines[y] if y < len(self._lines) else Strip.blank(width)).apply_style(self.rich_style)
+
+    def get_selection(self, selection: Selection) -> tuple[str, str] | None:
+        """A selection takes the lines as drawn."""
+        return selection.extract("\n".join(line.text.rstrip() for line in self._lines)), "\n"
+
+    def _rendered(self, width: int) -> list[Strip]:
+        return self._blocks(blocks(self.text), width)[:-1]  # no blank line after the last block
+
+    def _blocks(self, finished: list[str], width: int) -> list[Strip]:
+        """The finished blocks' lines, a blank line after each; only these blocks' lines are kept."""
+        cache, self._finished, self._drawn = self._finished if self._drawn == width else {}, {}, width
+        lines: list[Strip] = []
+        for block in finished:
+            rendered = cache.get(block)
+            if rendered is None:
+                rendered = self._draw(self._render_text, block, width)
+            self._finished[block] = rendered
+            lines += [*rendered, Strip.blank(width)] if rendered else []
+        return lines
+
+    def _draw(self, render: Callable[[str], RenderableType], text: str, width: int) -> list[Strip]:
+        """Not `_render`: Textual's own, which reads a selected widget's text, would be shadowed."""
+        if width <= 0 or not text.strip():
+            return []
+        renderable: RenderableType = render(text)
+        console = self.app.console
+        options = console.options.update(width=width, height=None, highlight=False)
+        lines = [Strip(line, width) for line in console.render_lines(renderable, options, pad=True)]
+        # Rich opens a list with a blank line: one goes between blocks. A code block's first row, its padding in
+        # the code's background, stays
+        while lines and not lines[0].text.strip() and not any(part.style and part.style.bgcolor for part in lines[0]):
+            lines.pop(0)
+        return lines
+
+
+class LiveTail(MarkdownBlocks):
     DEFAULT_CSS = "LiveTail { height: auto; }"
 
     def __init__(self, render: Callable[[str], RenderableType], render_last: Callable[[str], RenderableType],
                  **kwargs: Any) -> None:
         """`render(text)` gives the renderable for finished blocks of the tail's text (the reply's Markdown),
         `render_last(text)` for the block being written."""
-        super().__init__(**kwargs)
-        self.text = ""
-        self._render_text, self._render_last = render, render_last
-        self._lines: list[Strip] = []
-        self._width = 0  # the width `_lines` were rendered at; 0: not rendered
-        self._finished: dict[str, list[Strip]] = {}  # each finished block's lines, at `_width`
+        super().__init__(render, **kwargs)
+        self._render_last = render_last
 
     def set_text(self, text: str) -> None:
         """Show `text`; lay the screen out again only if the widget's height changes."""
@@ -78,47 +149,21 @@ class LiveTail(Widget):
         else:
             self.refresh(layout=True)
 
-    def notify_style_update(self) -> None:
-        super().notify_style_update()
-        self._width = 0  # the theme changed: render the lines again in its colours
+    async def freeze(self, text: str, **kwargs: Any) -> None:
+        """Move `text`, the first finished blocks of the tail's text, with the lines drawn of them, into the
+        frozen part just before the tail (mounted with `kwargs` the first time)."""
+        parent = self.parent
+        assert isinstance(parent, Widget), "a tail is frozen where it is mounted"
+        index = parent.children.index(self)
+        part = parent.children[index - 1] if index else None
+        if type(part) is not MarkdownBlocks:
+            part = MarkdownBlocks(self._render_text, **kwargs)
+            await parent.mount(part, before=self)
+        part.extend(text, self)
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        if width != self._width:
-            self._lines, self._width = self._rendered(width), width
-        return stepped(len(self._lines))
-
-    def render_line(self, y: int) -> Strip:
-        width = self.size.width
-        if width != self._width:
-            self._lines, self._width = self._rendered(width), width
-        return self._lines[y] if y < len(self._lines) else Strip.blank(width, self.rich_style)
-
-    def get_selection(self, selection: Selection) -> tuple[str, str] | None:
-        """A selection takes the lines as drawn."""
-        return selection.extract("\n".join(line.text.rstrip() for line in self._lines)), "\n"
+        return stepped(super().get_content_height(container, viewport, width))
 
     def _rendered(self, width: int) -> list[Strip]:
-        if width != self._width:
-            self._finished = {}
         *finished, last = blocks(self.text)
-        cache, self._finished = self._finished, {}
-        lines: list[Strip] = []
-        for block in finished:
-            rendered = cache.get(block)
-            if rendered is None:
-                rendered = self._draw(self._render_text, block, width)
-            self._finished[block] = rendered
-            lines += [*rendered, Strip.blank(width, self.rich_style)] if rendered else []
-        return lines + self._draw(self._render_last, last, width)
-
-    def _draw(self, render: Callable[[str], RenderableType], text: str, width: int) -> list[Strip]:
-        """Not `_render`: Textual's own, which reads a selected widget's text, would be shadowed."""
-        if width <= 0 or not text.strip():
-            return []
-        renderable: RenderableType = render(text)
-        console, style = self.app.console, self.rich_style
-        options = console.options.update(width=width, height=None, highlight=False)
-        lines = [Strip(line, width) for line in console.render_lines(renderable, options, style=style, pad=True)]
-        while lines and not lines[0].text.strip():  # Rich opens a list with a blank line: one goes between blocks
-            lines.pop(0)
-        return lines
+        return self._blocks(finished, width) + self._draw(self._render_last, last, width)

@@ -1,9 +1,9 @@
 """Chat messages.
 
 A reply streams into a live tail (live_tail.py: the reply's Markdown as it will look finished, cheap to
-update); every few thousand characters the finished leading blocks are frozen into one Static, so the
-tail's Markdown, parsed again at each update, stays short however long the reply grows. A finished
-message is a single Static: hundreds of them keep layout cheap.
+update); every few thousand characters its finished leading blocks move, with the lines drawn of them, into
+one widget, so the tail's Markdown, parsed again at each update, stays short however long the reply grows.
+A finished message is a single Static: hundreds of them keep layout cheap.
 
 The tail is updated directly, once a batch: the bridge already coalesces tokens into batches while the
 UI is busy. (Not Textual's Markdown widget with its `MarkdownStream`: the stream's `stop()` on a stream
@@ -308,7 +308,7 @@ class ReplyMessage(ChatMessage, Widget):
     async def _freeze(self, tail: LiveTail, cut: int) -> None:
         frozen, self._tail = self._tail[:cut], self._tail[cut + 2 :]
         self._frozen_chars += cut + 2
-        await self.mount(Static(rendered_markdown(frozen), classes="chunk"), before=tail)
+        await tail.freeze(frozen, classes="chunk")
 
     def stop(self) -> None:
         """Nothing more is written into the tail."""
