@@ -31,6 +31,7 @@ SCHEMA = {
     "required": ["city", "country", "population"],
     "additionalProperties": False,
 }
+WORDS = "^$|(^(?:\\S+\\s+){0,99}\\S+$)"  # at most 100 words
 PROMPTS = ("Respond in JSON: what is the capital of France?", "Hello, tell me about yourself.")
 SAMPLED = [SamplingParams(seed=seed, temperature=1.0, max_tokens=200) for seed in (1, 2)]
 
@@ -125,14 +126,28 @@ def test_a_grammar_that_cannot_end_stops_at_max_tokens_marked_incomplete(tiny):
     assert done.stop_reason == "length" and done.incomplete and done.text == "a" * 20
 
 
-def test_a_grammar_with_no_complete_text_is_one_line(tiny):
+def test_a_grammar_with_no_complete_text_ends_the_reply_incomplete_in_one_line(tiny):
     """`root ::= "a" root` never ends: llama.cpp's sampler let it run to max tokens; LLGuidance sees after the
-    first `a` that nothing can complete it."""
+    first `a` that nothing can complete it. The reply keeps what it wrote, flagged, with why."""
     tokens, final = collect(tiny.generate(Request([Message("user", "Hi")], LiveParams(GREEDY),
                                                   format=grammar('root ::= "a" root'))))
     assert [t.text for t in tokens] == ["a"]
-    assert final == Error("the output format allows nothing after this, so the reply can never be complete: "
-                          "does a rule only refer to itself?")
+    assert isinstance(final, Done) and final.stop_reason == "format" and final.incomplete and final.text == "a"
+    assert final.note.startswith("the output format allowed no next token there: parser error: Too many items")
+    assert "\n" not in final.note
+
+
+def test_a_pattern_that_outran_the_grammar_engines_default_budget_is_followed_to_the_end(gemma):
+    """A real schema's pattern beside a length bound (JSONSchemaBench Github_easy o21053) ran out of LLGuidance's
+    default work per mask mid-reply on the starter, leaving no token allowed (LIMITS raises it)."""
+    schema = json.dumps({
+        "$schema": "http://json-schema.org/draft-07/schema#", "title": "Brief clarification question schema",
+        "type": "object", "properties": {name: {"minLength": 1, "maxLength": 5000, "pattern": WORDS, "type": "string"}
+                                         for name in ("question", "answer")},
+        "additionalProperties": False, "required": ["question", "answer"]})
+    prompt = f"Reply with one JSON object that follows this JSON schema:\n{schema}"
+    _, done = write(gemma, prompt, json_schema(schema), GREEDY.with_changes(max_tokens=100))
+    assert done.stop_reason in ("eos", "length"), done.note  # before: "format", 12 tokens in
 
 
 @pytest.mark.parametrize(

@@ -18,8 +18,9 @@ from .formats import KINDS, TEXT, OutputFormat
 from .params import LiveParams, SamplingParams, label
 
 Role = Literal["system", "user", "assistant", "tool"]
-# context: the KV cache is full; cut: the server ended it unasked (llama-cpp-python's, for another request)
-StopReason = Literal["eos", "stop", "length", "context", "cancelled", "cut"]
+# context: the KV cache is full; cut: the server ended it unasked (llama-cpp-python's, for another request);
+# format: the output format's engine allowed no next token (a limit of its own reached)
+StopReason = Literal["eos", "stop", "length", "context", "cancelled", "cut", "format"]
 STOP_LABELS: dict[str, str] = {  # how a reply's end is said everywhere a person reads it
     "eos": "end of text",
     "stop": "stop sequence",
@@ -27,6 +28,7 @@ STOP_LABELS: dict[str, str] = {  # how a reply's end is said everywhere a person
     "context": "context full",
     "cancelled": "stopped",
     "cut": "cut short by the server",
+    "format": "the output format allowed nothing more",
 }
 
 

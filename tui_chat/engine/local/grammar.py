@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import llama_cpp
 import llguidance
 import numpy as np
-from llguidance import LLMatcher, LLTokenizer
+from llguidance import LLMatcher, LLParserLimits, LLTokenizer
 from llguidance.llamacpp import lltokenizer_from_vocab
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
@@ -46,6 +46,10 @@ if TYPE_CHECKING:
 # At each place JSON allows whitespace: at most a newline and an indent, so a small model cannot loop in
 # blanks (LLGuidance's default allows any run of them). A schema's own "x-guidance" options still win.
 JSON_OPTIONS: JsonCompileOptions = {"whitespace_pattern": r"\n?(?: {0,16}|\t{0,4})"}
+# LLGuidance's work for one mask, raised from its default 200,000 (~14 ms): a JSON Schema pattern beside a
+# length bound (`(?:\\S+\\s+){0,99}\\S+` in at most 5,000 characters, a real schema's) ran out of it mid-reply
+# and left no token allowed; 1,000,000 still did on another path of the same reply. Only such a step spends it.
+LIMITS = LLParserLimits(step_lexer_fuel=5_000_000)
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[(.*)\]')
 _UNKNOWN_FORMAT = re.compile(r"Unknown format: (.*)")
 
@@ -96,11 +100,11 @@ def compile_format(tokenizer: LLTokenizer, output: OutputFormat) -> Compiled:
     unbounded = unnarrowed(schema)
     bounds = f"no length bounds added while writing ({unbounded}): a reply may run to max tokens" if unbounded else ""
     grammar = LLMatcher.grammar_from_json_schema(writing, defaults=JSON_OPTIONS)
-    failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+    failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer, limits=LIMITS)
     if not failed:
         return Compiled(grammar, bounds, schema if output.kind == "json_schema" else None)
     lenient = LLMatcher.grammar_from_json_schema(writing, defaults=JSON_OPTIONS, overrides={"lenient": True})
-    failed_again, dropped = LLMatcher.validate_grammar_with_warnings(lenient, tokenizer)
+    failed_again, dropped = LLMatcher.validate_grammar_with_warnings(lenient, tokenizer, limits=LIMITS)
     if failed_again:
         raise FormatError(_refusal(schema, messages[0]))
     dropped_note = "; ".join(dict.fromkeys(_approximation(schema, message) for message in dropped))
@@ -109,7 +113,7 @@ def compile_format(tokenizer: LLTokenizer, output: OutputFormat) -> Compiled:
 
 
 def _refused(grammar: str, tokenizer: LLTokenizer, prefix: str) -> None:
-    failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+    failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer, limits=LIMITS)
     if failed:
         raise FormatError(f"{prefix}: {_cause(messages[0])}")
 
@@ -156,6 +160,15 @@ def _approximation(schema: dict[str, Any], message: str) -> str:
     return one_line(message)
 
 
+class FormatStuck(FormatError):
+    """The grammar engine allows no token at this point of a reply (a limit of its own reached, or a rule
+    that leads nowhere): the reply ends there, flagged incomplete, with what it wrote so far."""
+
+    def __init__(self, cause: str) -> None:
+        why = _cause(cause.splitlines()[0]) if cause.strip() else "does a rule only refer to itself?"
+        super().__init__(f"the output format allowed no next token there: {why}")
+
+
 class Constraint:
     """One reply's matcher: the check-first draw, the accepts, and the mask it shows. Worker thread only."""
 
@@ -200,8 +213,7 @@ class Constraint:
         if not self.allows(token):
             ids = np.flatnonzero(self.allowed())
             if not len(ids):
-                raise FormatError("the output format allows nothing after this, so the reply can never be complete: "
-                                  "does a rule only refer to itself?")
+                raise FormatStuck(self.matcher.get_error() if self.matcher.is_error() else "")
             masked = self._masked.refill(ids, logits[ids])
             token = chain.apply(masked)
             if masked.selected_logit == -np.inf or not self.allows(token):
@@ -255,7 +267,7 @@ class Constraint:
 def new_matcher(tokenizer: LLTokenizer, grammar: str) -> LLMatcher:
     """A matcher at the start of a reply, or a one-line FormatError where it cannot start or where no text
     at all is allowed (a rule or a `$ref` that only refers to itself)."""
-    matcher = LLMatcher(tokenizer, grammar, log_level=0)
+    matcher = LLMatcher(tokenizer, grammar, log_level=0, limits=LIMITS)
     if matcher.is_error():
         raise FormatError(f"the output format cannot be used: {_cause(matcher.get_error())}")
     allowed = mask_of(matcher, allocate_token_bitmask(1, tokenizer.vocab_size), tokenizer.vocab_size)

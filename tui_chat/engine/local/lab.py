@@ -33,7 +33,7 @@ from ..compare import MAX_COLUMNS, ColumnStream
 from ..params import LiveParams, SamplingParams
 from ..prompts import PromptFormat
 from .chain import Chain
-from .grammar import Constraint
+from .grammar import Constraint, FormatStuck
 from .llama import METRICS_INTERVAL_S, LlamaBackend, _Turn
 from .llamacpp import FIRST_COLUMN_SEQ, Inspection, LlamaSession
 
@@ -191,7 +191,12 @@ class _Column(_Turn):
             self.sampler.accept(token)
             self.inserted += 1
         else:
-            token, seen, stages = self._draw(self.sampler, self.params)
+            try:
+                token, seen, stages = self._draw(self.sampler, self.params)
+            except FormatStuck as stuck:
+                self.stuck = str(stuck)
+                self.end("format")
+                return None
             self.first_at = self.first_at or time.perf_counter()
             self.drawn += 1
         now = self.last_at = time.perf_counter()

@@ -45,7 +45,7 @@ from .cpu import ThreadGovernor
 from .cpu_path import AUTO, ProbeResult, choose as choose_cpu_path, run_probe
 from .draft import KINDS as DRAFTERS, DraftController, Drafter, ModelDrafter, NgramDrafter, check_vocabulary
 from .ggml import build_features, build_version
-from .grammar import Constraint, check_format
+from .grammar import Constraint, FormatStuck, check_format
 from .kvcache import DiskCache, Restored, open_disk_cache
 from .kvstore import DEFAULT_BUDGET_BYTES
 from .llamacpp import Inspection, LlamaSession, PrefillAborted, quantization_of, supports_gpu_offload
@@ -435,6 +435,7 @@ class _Turn:
         self.decode_at: float | None = None  # when the reply's first token came due
         self.thought_at: float | None = None  # when its thinking ended
         self.constraint: Constraint | None = None
+        self.stuck = ""  # why the output format's engine allowed no next token, where it did not
         self.drafter = backend.new_drafter(self.prompt) if self.drafts else None
         self.control = DraftController.after(backend._drafting)
         self.guesses: list[int] = []  # the draft being walked: row i of the batch is drawn against guesses[i]
@@ -505,7 +506,10 @@ class _Turn:
         if disk is not None:
             disk.observe_prefill(len(self.context) - self.cached, self.prefill_s)
         self.decode_at = time.perf_counter()
-        reason = self._replay_forced() or self._decode()
+        try:
+            reason = self._replay_forced() or self._decode()
+        except FormatStuck as stuck:
+            reason, self.stuck = "format", str(stuck)
         self._finish(reason)
 
     def _prefill(self) -> None:
@@ -723,6 +727,7 @@ class _Turn:
         text = self.text
         constraint = self.constraint
         incomplete, note = constraint.verdict(reason == "eos", text.scanner.visible) if constraint else (False, "")
+        note = "; ".join(filter(None, (note, self.stuck)))
         return Done(reason, text.scanner.visible, self.metrics(), tuple(self.prompt), incomplete,
                     text.reasoning, text.answer_from(), note, stop_sequence=text.scanner.matched)
 
