@@ -308,6 +308,29 @@ def test_the_chains_that_need_every_token_are_run_over_every_token():
         assert shortlist(plan(params), params) is None, params
 
 
+def test_the_likeliest_of_a_few_are_found_without_partitioning_the_whole_vocabulary(monkeypatch):
+    """The estimate from every 32nd logit must leave at least k: the greedy chain's shortlist (65) and the
+    inspector's top 10 are asked for every token, and the fallback (a partition of all 262,144) costs more than
+    the rest of the token's work. It used to be paid on a quarter of the tokens for k = 10."""
+    from tui_chat.engine import pool
+
+    whole: list[int] = []
+    partition = np.argpartition
+
+    def counted(values, kth, *args, **kwargs):
+        if len(values) == 262_144:
+            whole.append(kth)
+        return partition(values, kth, *args, **kwargs)
+
+    monkeypatch.setattr(pool.np, "argpartition", counted)
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        logits = rng.normal(0.0, 3.0, 262_144).astype(np.float32)
+        for k in (1, 10, 40, 65, 104):
+            assert len(pool.likeliest(logits, k)) == k
+    assert whole == []
+
+
 @pytest.mark.parametrize("shape", ["peaked", "flat", "sorted_by_id", "few_finite"])
 def test_the_likeliest_are_exactly_the_largest_whatever_the_distribution(shape):
     """The sampler's shortlist and the inspector's top come from `likeliest`: the k largest logits exactly,
