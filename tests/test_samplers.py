@@ -309,7 +309,7 @@ def test_the_chains_that_need_every_token_are_run_over_every_token():
 
 
 def test_the_likeliest_of_a_few_are_found_without_partitioning_the_whole_vocabulary(monkeypatch):
-    """The estimate from every 32nd logit must leave at least k: the greedy chain's shortlist (65) and the
+    """The estimate from every 64th logit must leave at least k: the greedy chain's shortlist (65) and the
     inspector's top 10 are asked for every token, and the fallback (a partition of all 262,144) costs more than
     the rest of the token's work. It used to be paid on a quarter of the tokens for k = 10."""
     from tui_chat.engine import pool
@@ -334,7 +334,7 @@ def test_the_likeliest_of_a_few_are_found_without_partitioning_the_whole_vocabul
 @pytest.mark.parametrize("shape", ["peaked", "flat", "sorted_by_id", "few_finite"])
 def test_the_likeliest_are_exactly_the_largest_whatever_the_distribution(shape):
     """The sampler's shortlist and the inspector's top come from `likeliest`: the k largest logits exactly,
-    whether the estimate from every 32nd logit holds (a peaked or flat distribution) or misleads (logits
+    whether the estimate from every 64th logit holds (a peaked or flat distribution) or misleads (logits
     ordered by id, a vocabulary banned but for a few) and the whole partition has to be paid."""
     from tui_chat.engine.pool import likeliest
 
