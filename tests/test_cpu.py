@@ -293,3 +293,10 @@ def test_the_main_thread_the_ui_runs_on_counts_as_load_on_the_machine():
     while time.monotonic() < end:
         sum(range(1000))
     assert watch.busy_elsewhere() >= 0.6
+
+
+def test_fixed_thread_counts_are_never_looked_at_again():
+    """With --threads and --threads-batch the decode loop has nothing to retune: it must not call in every token."""
+    governor = ThreadGovernor(2, 2, topology=Topology(logical=4, physical=4, performance=4))
+    assert time.monotonic() < governor.next_check
+    assert ThreadGovernor(None, None, topology=Topology(logical=4, physical=4, performance=4)).next_check == 0.0

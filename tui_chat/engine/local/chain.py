@@ -16,7 +16,7 @@ from ..params import SamplingParams
 from ..stages import is_on, label, plan
 
 PENALTY_LAST_N = 64
-SHORTLIST = 1024  # the likeliest raw logits a chain that allows it is run over (see `shortlist`)
+SHORTLIST = 1024  # bounds the likeliest raw logits a chain that allows it is run over (see `shortlist`)
 _LOWERING = frozenset({"logit_bias", "penalties", "dry"})  # lower logits only (what they raise is in `raised`)
 DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")  # llama.cpp's defaults
 
@@ -66,12 +66,13 @@ class Candidates:
 
     @property
     def selected(self) -> int:
-        """The token a selector (dist, greedy, mirostat) picked."""
-        return int(self.live["id"][self.array.selected])
+        """The token a selector (dist, greedy, mirostat) picked: read through llama.cpp's pointer, as a view of
+        the buffer (`live`) costs more than the rest of a shortlist's draw."""
+        return int(self.array.data[self.array.selected].id)
 
     @property
     def selected_logit(self) -> float:
-        return float(self.live["logit"][self.array.selected])
+        return float(self.array.data[self.array.selected].logit)
 
     def copy(self) -> Candidates:
         live = self.live
@@ -147,17 +148,20 @@ class Chain:
 def shortlist(stages: Sequence[str], params: SamplingParams) -> int | None:
     """How many of the likeliest raw logits decide the chain's pick exactly, or None if it needs them all.
 
-    Before a greedy pick or a top-k cut, a stage that only lowers logits (of at most a few dozen recent
-    tokens) cannot lift a token from outside the SHORTLIST likeliest into the top k; what a stage may raise
-    is added to the candidates. Stages after the cut see only its k. Anything that reads the whole
-    distribution first (top-nσ, typical-p, XTC, min-p or top-p before the cut, mirostat) needs every token."""
+    Before a greedy pick (k = 1) or a top-k cut, the stages that only lower logits touch few tokens: the logit
+    bias its biased ones, the penalties the last PENALTY_LAST_N drawn, DRY (not bounded so) is given
+    SHORTLIST // 2. Lowered, they let in at most as many from below the k likeliest, so the k + that many
+    likeliest decide the cut; what a stage may raise is added to the candidates. Stages after the cut see only
+    its k. Anything that reads the whole distribution first (top-nσ, typical-p, XTC, min-p or top-p before the
+    cut, mirostat) needs every token. Fewer cost less each token: a greedy reply with the penalties reads 65."""
+    lowered = 0
     for stage in stages:
-        if stage == "greedy":
-            return SHORTLIST
-        if stage == "top_k":
-            return SHORTLIST if 0 < params.top_k <= SHORTLIST // 2 else None
+        if stage in ("greedy", "top_k"):
+            k = 1 if stage == "greedy" else params.top_k
+            return k + lowered if 0 < k <= SHORTLIST // 2 else None
         if stage not in _LOWERING:
             return None
+        lowered += {"logit_bias": len(params.logit_bias), "penalties": PENALTY_LAST_N}.get(stage, SHORTLIST // 2)
     return None
 
 

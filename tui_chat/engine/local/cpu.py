@@ -173,7 +173,7 @@ class ThreadGovernor:
         self.fixed = decode, batch
         self.watch = None if decode and batch else (watch or LoadWatch())
         self.threads = self._with_fixed(choose_threads(self.topology))
-        self.next_check = 0.0
+        self.next_check = 0.0 if self.watch is not None else math.inf  # fixed counts: a loop never looks again
 
     def retune(self, now: float | None = None) -> bool:
         """Look at the load again; True when the thread counts changed."""
