@@ -13,7 +13,16 @@ from tui_chat.engine.base import Done, Error, Message, Request
 from tui_chat.engine.formats import FormatError, OutputFormat, json_schema
 from tui_chat.engine.local.grammar import check_format, compile_format, new_matcher, tokenizer_for
 from tui_chat.engine.params import LiveParams, SamplingParams
-from tui_chat.engine.schema import ARRAY_CAP, DECIMALS, NUMBER_CAP, STRING_CAP, path_at, violation, writing_schema
+from tui_chat.engine.schema import (
+    ARRAY_CAP,
+    DECIMALS,
+    NUMBER_CAP,
+    SHALLOW,
+    STRING_CAP,
+    path_at,
+    violation,
+    writing_schema,
+)
 
 # (schema, valid instances, invalid instances): hand-picked after the JSON-Schema-Test-Suite's draft2020-12
 # cases for each keyword the engine claims to enforce while writing.
@@ -106,10 +115,13 @@ NARROWED = [  # (schema, what writing_schema makes of it)
      "multipleOf": DECIMALS}),
     ({"type": "number", "multipleOf": 0.5}, {"type": "number", "multipleOf": 0.5, "maximum": NUMBER_CAP,
      "minimum": -NUMBER_CAP}),
-    ({"type": "object", "required": ["b"], "properties": {"a": {}}},  # requires a key it does not list
-     {"type": "object", "required": ["b"], "properties": {"a": {}}}),
+    ({"type": "object", "required": ["b"], "properties": {"a": {"type": "null"}}},  # requires a key not listed
+     {"type": "object", "required": ["b"], "properties": {"a": {"type": "null"}}, "additionalProperties": SHALLOW}),
     ({"properties": {"a": {}}, "dependentRequired": {"a": ["b"]}},  # "a" then requires a key it does not list
-     {"properties": {"a": {}}, "dependentRequired": {"a": ["b"]}}),
+     {"properties": {"a": SHALLOW}, "dependentRequired": {"a": ["b"]}, "additionalProperties": SHALLOW}),
+    ({"type": "object", "additionalProperties": {"description": "anything"}},
+     {"type": "object", "additionalProperties": SHALLOW}),
+    ({"type": "object", "patternProperties": {"^x": True}}, {"type": "object", "patternProperties": {"^x": SHALLOW}}),
     ({"properties": {"kind": {"enum": [1]}}, "anyOf": [{"properties": {"x": {"type": "boolean"}}}]},
      {"properties": {"kind": {"enum": [1]}}, "anyOf": [{"properties": {"x": {"type": "boolean"}}}]}),
     ({"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]},

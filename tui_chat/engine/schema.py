@@ -63,15 +63,23 @@ _NEGATING = {"not", "if", "allOf", "unevaluatedProperties", "$dynamicRef", "$rec
 _APPLICATORS = {"anyOf", "oneOf", "$ref", "then", "else", "dependentSchemas", "dependencies"}
 _OBJECT_WORDS = {"properties", "required", "patternProperties", "additionalProperties", "propertyNames",
                  "minProperties", "maxProperties"}
+_NOTES = {"description", "title", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly"}
+_SCALAR = {"anyOf": [{"type": "string", "maxLength": STRING_CAP}, {"type": "boolean"}, {"type": "null"},
+                     {"type": "number", "minimum": -NUMBER_CAP, "maximum": NUMBER_CAP, "multipleOf": DECIMALS}]}
+# Any value, as written where a schema allows any: one level of arrays or objects around scalars, so a
+# small model cannot nest keys inside keys (`properties.properties…`, seen fifty deep on real schemas).
+SHALLOW = {"anyOf": [*_SCALAR["anyOf"], {"type": "array", "items": _SCALAR, "maxItems": ARRAY_CAP},
+                     {"type": "object", "additionalProperties": _SCALAR}]}
 
 
 def writing_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """A narrower schema to write a reply under, so a small model cannot loop where the schema leaves room:
     a string takes at most STRING_CAP characters and an array ARRAY_CAP items (or what the schema's own
     lower bound needs; a `pattern` or `format` does not bound a length), a number stays within ±NUMBER_CAP
-    with at most 6 decimals (a model looping in digits stops), and an object that lists its properties gets
-    no others. Every instance of it is an instance of `schema` (which the finished reply is still validated
-    against); where that could not be promised (see _NEGATING) it is `schema` itself."""
+    with at most 6 decimals (a model looping in digits stops), an object that lists its properties gets
+    no others, and where any value is allowed one is written SHALLOW. Every instance of it is an instance of
+    `schema` (which the finished reply is still validated against); where that could not be promised (see
+    _NEGATING) it is `schema` itself."""
     return schema if _kept_whole(schema) else _narrowed(schema)
 
 
@@ -108,7 +116,19 @@ def _narrowed(schema: dict[str, Any]) -> dict[str, Any]:
             part["multipleOf"] = DECIMALS
         if closing and _lists_every_property(part):
             part["additionalProperties"] = False
+        elif closing and ("object" in types or "properties" in part) and "patternProperties" not in part \
+                and _allows_anything(part.get("additionalProperties", True)):
+            part["additionalProperties"] = copy.deepcopy(SHALLOW)
+        for keyword in ("properties", "patternProperties"):
+            table = part.get(keyword)
+            if isinstance(table, dict):
+                table.update({name: copy.deepcopy(SHALLOW) for name, value in table.items() if _allows_anything(value)})
     return narrowed
+
+
+def _allows_anything(part: Any) -> bool:
+    """`true`, or a schema of notes only (`{}`, `{"description": …}`): any value is valid under it."""
+    return part is True or isinstance(part, dict) and part.keys() <= _NOTES
 
 
 def _types(part: dict[str, Any]) -> set[str]:
