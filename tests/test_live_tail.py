@@ -7,7 +7,7 @@ from __future__ import annotations
 from textual.app import App
 from textual.geometry import Region
 
-from tui_chat.ui.widgets.live_tail import GROW_LINES, LiveTail, MarkdownBlocks
+from tui_chat.ui.widgets.live_tail import GROW_LINES, LiveTail, MarkdownBlocks, warm_lexer
 from tui_chat.ui.widgets.messages import rendered_markdown
 
 
@@ -141,3 +141,20 @@ async def test_frozen_parts_keep_the_tails_lines_and_look_as_the_whole_markdown(
         frozen.styles.background = "red"  # as a focused reply's: the lines take the colour, nothing is rendered again
         await pilot.pause()
         assert list(frozen.render_line(0))[0].style.bgcolor.triplet == (255, 0, 0) and app.rendered == drawn + 2
+
+
+def test_a_code_blocks_lexer_is_compiled_off_the_ui_thread_while_the_block_is_written():
+    """Pygments compiles a lexer's regexes at its first use: 20-40 ms on the UI thread when the finished block
+    was first highlighted (the worst stall of a fresh app at 5,000 tok/s). Once a language, on a thread."""
+    from pygments.lexers.haskell import HaskellLexer
+
+    assert "_tokens" not in HaskellLexer.__dict__
+    thread = warm_lexer("```haskell\nmain = pure ()")
+    assert thread is not None and thread.name == "lexer-warm"
+    thread.join(10)
+    assert "_tokens" in HaskellLexer.__dict__
+    assert warm_lexer("```Haskell\nmain = print 1") is None
+    assert warm_lexer("Some prose, no fence") is None
+    unknown = warm_lexer("```no-such-language\nx")
+    assert unknown is not None
+    unknown.join(10)

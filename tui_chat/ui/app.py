@@ -24,6 +24,7 @@ from .screens.chat import ChatScreen
 from .screens.consent import ConsentScreen, ConsentWanted, ask_consent
 from .themes import load_themes
 from .widgets.conversation import ConversationView
+from .widgets.live_tail import COMMON_CODE, warm_lexer
 from .widgets.sampling import SamplingPanel
 
 DEFAULT_THEME = "tui-chat-dusk"
@@ -46,6 +47,7 @@ class ChatApp(App[None]):
     def on_mount(self) -> None:
         if self.lag is not None:
             self.lag.start()
+        self.call_after_refresh(warm_lexer, f"```{COMMON_CODE}")  # the first screen is drawn first
         themes, problems = load_themes(config_dir() / "themes")
         for theme in themes:
             self.register_theme(theme)
