@@ -132,9 +132,11 @@ def _allows_anything(part: Any) -> bool:
 
 
 def _types(part: dict[str, Any]) -> set[str]:
+    """The types a part names, one (`"string"`) or a list (`["number", "null"]`); none where it names none."""
     named = part.get("type")
-    return {named} if isinstance(named, str) else {t for t in named if isinstance(t, str)} \
-        if isinstance(named, list) else set()
+    if isinstance(named, str):
+        return {named}
+    return {name for name in named if isinstance(name, str)} if isinstance(named, list) else set()
 
 
 def _cap(part: dict[str, Any], least: str, most: str, cap: int) -> None:
