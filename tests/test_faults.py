@@ -29,11 +29,11 @@ MB = 2**20
 # --- a model too big for memory ----------------------------------------------------------------------
 
 
-def peak_address_space(*args: str) -> int:
+def peak_address_space(*args: str, env: dict[str, str] | None = None) -> int:
     """Bytes of address space `tui-chat ARGS` reached, read from its own /proc status as it ends."""
     script = "import sys; from tui_chat.cli import main; main(sys.argv[1:]); print(open('/proc/self/status').read())"
     result = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120,
-                            check=True)
+                            check=True, env=env)
     line = next(line for line in result.stdout.splitlines() if line.startswith("VmPeak:"))
     return int(line.split()[1]) * 1024
 
@@ -59,20 +59,54 @@ def test_a_model_too_big_for_memory_is_one_line_and_exit_2(tiny_model):
     assert too_big.stderr.count("\n") == 1
 
 
+# One malloc arena and two threads: the peak a small run reaches is then close to what a load starts from,
+# on any number of cores (each thread's arena reserves 64 MB of address space).
+STEADY = {**os.environ, "MALLOC_ARENA_MAX": "1"}
+TWO_THREADS = ("--threads", "2", "--threads-batch", "2")
+
+
 @pytest.mark.starter
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the peak address space from /proc")
 def test_weights_that_do_not_fit_in_memory_are_one_line(tiny_model, starter_model):
-    """Room for the tiny model but not for the starter's 253 MB of weights: llama.cpp cannot map them."""
-    small = ("run", "-m", str(tiny_model), "-p", "Hello", "--max-tokens", "4", "--n-ctx", "512")
-    limit = peak_address_space(*small) + 32 * MB
+    """Room for the tiny model but not for the starter's 241 MB of weights: they cannot be mapped."""
+    small = ("run", "-m", str(tiny_model), "-p", "Hello", "--max-tokens", "4", "--n-ctx", "512", *TWO_THREADS)
+    limit = peak_address_space(*small, env=STEADY) + 32 * MB
 
     def cap_memory() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-    result = run_cli("run", "-m", str(starter_model), "-p", "Hello", "--n-ctx", "512", preexec_fn=cap_memory)
+    result = run_cli("run", "-m", str(starter_model), "-p", "Hello", "--n-ctx", "512", *TWO_THREADS,
+                     preexec_fn=cap_memory, env=STEADY)
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr == (f"tui-chat: error: cannot load {starter_model.name}: not enough memory "
-                             "(mmap failed: Cannot allocate memory)\n")
+    assert result.stderr.startswith(f"tui-chat: error: cannot load {starter_model.name}: not enough memory (")
+    assert result.stderr.count("\n") == 1
+
+
+LOAD_UNDER_A_LIMIT = textwrap.dedent("""
+    import resource, sys
+    from pathlib import Path
+    from tui_chat.cli import main
+    import tui_chat.engine.local.llamacpp
+
+    model = Path(sys.argv[1])
+    in_use = int(Path("/proc/self/statm").read_text().split()[0]) * resource.getpagesize()
+    limit = in_use + model.stat().st_size + 32 * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    sys.exit(main(["run", "-m", str(model), "-p", "Hello", "--n-ctx", "512"]))
+""")
+
+
+@pytest.mark.starter
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the address space in use from /proc")
+def test_room_to_map_the_weights_but_not_to_load_them_is_refused_before_llama_cpp_aborts(starter_model):
+    """Room for the mapped file and 32 MB more: llama.cpp would map it and then abort on a small allocation
+    (GGML_ASSERT); the load is refused first, naming the limit and what a load needs."""
+    result = subprocess.run([sys.executable, "-c", LOAD_UNDER_A_LIMIT, str(starter_model)], capture_output=True,
+                            text=True, timeout=120, check=False, env=STEADY)
+    assert result.returncode == 2 and result.stdout == ""
+    assert re.fullmatch(rf"tui-chat: error: cannot load {re.escape(starter_model.name)}: not enough memory \(the "
+                        r"address-space limit, ulimit -v, leaves \d+ MB; loading needs about 305 MB\)\n",
+                        result.stderr), result.stderr
 
 
 # --- the disk fills up under the history -------------------------------------------------------------

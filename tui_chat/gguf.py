@@ -10,6 +10,7 @@ files here without either importing the other.
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import math
@@ -95,6 +96,8 @@ def check_model_file(path: Path) -> GgufHeader:
     except IsADirectoryError:
         raise UnusableModel(f"{path} is a directory, not a .gguf model file") from None
     except OSError as error:
+        if error.errno == errno.ENOMEM:  # the file is mapped to be read: no room for it is no room for the model
+            raise UnusableModel(f"cannot load {path.name}: not enough memory (mmap failed: {error.strerror})") from None
         raise UnusableModel(f"cannot read model file {path}: {error.strerror}") from None
     except GgufProblem as problem:
         raise UnusableModel(f"{path} {problem}") from None

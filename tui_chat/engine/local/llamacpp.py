@@ -48,6 +48,8 @@ POOL_SCAN = 1024  # with top-k off, the pool cut is counted among this many like
 # float32 (a million tokens at e^60 is 1e32), and what underflows (below e^-87) is under 1e-20 of it.
 EXP_SAFE = (-20.0, 60.0)
 _ALL_LAYERS = 0x7FFF_FFFF
+LOAD_OVERHEAD = 64 * 2**20  # a load allocates this beside the mapped file (vocabulary, repacks): 62 MB, starter
+_STATM = Path("/proc/self/statm")
 _SESSION_HEADER = struct.Struct("<III")  # llama.cpp's session file: magic, version, token count; then the tokens
 _QUANT_IN_NAME = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32)(?![A-Za-z0-9])", re.IGNORECASE)
 
@@ -121,6 +123,7 @@ class LlamaSession:
             self._progress = llama_cpp.llama_progress_callback(lambda fraction, _data: bool(on_progress(fraction)))
             model_params.progress_callback = self._progress
         check_gguf(path)
+        _check_address_space(path)
         self.model = llama_cpp.llama_model_load_from_file(os.fsencode(path), model_params)
         if not self.model:
             raise EngineError(_load_failure(path))
@@ -665,6 +668,23 @@ def _init_backend() -> None:
     if not _backend_ready:
         llama_cpp.llama_backend_init()
         _backend_ready = True
+
+
+def _check_address_space(path: Path) -> None:
+    """Under an address-space limit (`ulimit -v`) too small for the weights, llama.cpp may map them and then
+    abort on a small allocation (GGML_ASSERT) instead of failing the load: refused before, with the sizes."""
+    if not _STATM.exists():  # Linux only: elsewhere the load is left to fail as it does
+        return
+    import resource  # not on Windows, which has no /proc either
+
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit == resource.RLIM_INFINITY:
+        return
+    in_use = int(_STATM.read_text().split()[0]) * resource.getpagesize()
+    needed = path.stat().st_size + LOAD_OVERHEAD
+    if in_use + needed > limit:
+        raise EngineError(f"cannot load {path.name}: not enough memory (the address-space limit, ulimit -v, "
+                          f"leaves {max(0, limit - in_use) // 2**20} MB; loading needs about {needed // 2**20} MB)")
 
 
 def _load_failure(path: Path) -> str:
