@@ -72,11 +72,15 @@ class ConversationView(Vertical):
 
     @property
     def log_view(self) -> ChatLog:
-        return self.query_one(ChatLog)
+        return self.get_child_by_id("log", ChatLog)  # a child by id: no walk through the whole chat
 
     @property
     def prompt(self) -> PromptInput:
-        return self.query_one(PromptInput)
+        return self.get_child_by_id("prompt", PromptInput)
+
+    @property
+    def draft_meter(self) -> DraftMeter:
+        return self.get_child_by_id("draft", DraftMeter)
 
     def show_title(self, model: str, metrics: TurnMetrics | None = None) -> None:
         """The chat's title and model at the top; the side panel's key figures too, where it is hidden.
@@ -89,13 +93,13 @@ class ConversationView(Vertical):
         tail = " · ".join(part for part in (model, figures) if part)
         room = max(8, self.size.width - 2 - len(tail) - 3)
         title = self.session.title if len(self.session.title) <= room else self.session.title[: room - 1] + "…"
-        show(self.query_one("#chat-title", Static), Content(screen_safe(f"{title} · {tail}")))
+        show(self.get_child_by_id("chat-title", Static), Content(screen_safe(f"{title} · {tail}")))
 
     def on_resize(self) -> None:
         self.show_title(*self._title)
 
     def set_status(self, text: str, error: bool = False) -> None:
-        status = self.query_one("#status", Static)
+        status = self.get_child_by_id("status", Static)
         status.update(Content(screen_safe(text)))
         status.display = bool(text)
         status.set_class(error, "-error")
@@ -243,7 +247,7 @@ class ConversationView(Vertical):
         if not event.delete:
             self.prompt.set_draft(event.turn.question)
         self.prompt.focus()
-        self.query_one(DraftMeter).recount()
+        self.draft_meter.recount()
 
     def _confirmed(self, turn: Turn) -> bool:
         asked, self._delete_asked = self._delete_asked, (turn, time.monotonic())
@@ -306,16 +310,16 @@ class ConversationView(Vertical):
             return
         self.session.switch(event.index)
         await event.reply.show_branch()
-        self.query_one(DraftMeter).recount()
+        self.draft_meter.recount()
 
     # --- the draft -----------------------------------------------------------------------------
 
     @on(PromptInput.Changed)
     def _draft_changed(self) -> None:
-        self.query_one(DraftMeter).draft_changed(self.prompt.text)
+        self.draft_meter.draft_changed(self.prompt.text)
 
     def recount_draft(self) -> None:
-        meter = self.query_one(DraftMeter)
+        meter = self.draft_meter
         meter.backend = self._backend()
         meter.text = self.prompt.text
         meter.recount()
@@ -330,7 +334,7 @@ class ConversationView(Vertical):
 
     def show_legend(self) -> None:
         """The heatmap's legend while it is on; it names the underline only where the model in use drafts."""
-        shown = self.query_one("#legend", Static)
+        shown = self.get_child_by_id("legend", Static)
         shown.display = self.heatmap
         if self.heatmap:
             reopened = any(turn.reply is not None and not turn.reply.tokens for turn in self.session.turns)
