@@ -340,4 +340,4 @@ class ConversationView(Vertical):
             reopened = any(turn.reply is not None and not turn.reply.tokens for turn in self.session.turns)
             info = backend.info if (backend := self._backend()) is not None else None
             drafting = info is not None and bool(info.draft) and self.session.live.snapshot()[1].draft_max > 0
-            shown.update(legend(band_styles(self.app.get_css_variables()), reopened, drafting))
+            shown.update(legend(band_styles(self.app.theme_variables), reopened, drafting))
