@@ -30,6 +30,7 @@ import shared
 import textual
 from textual import events
 
+from tui_chat.commands.chat import SWITCH_INTERVAL_S
 from tui_chat.config import Config
 from tui_chat.engine.base import Candidate, Done, Loaded, Metrics, ModelInfo, Request, Stream, Token, TurnMetrics
 from tui_chat.engine.local.cpu import cpu_model
@@ -457,10 +458,10 @@ def print_markdown(cases: list[Case]) -> None:
               f"| {ms(c.worst_stall_s)} {mark(c.worst_stall_s < STALL_TARGET_S)} |")
 
 
-def run_alone(history: int, rate: int, seconds: float, mode: str) -> Case:
+def run_alone(history: int, rate: int, seconds: float, mode: str, switch_interval: float) -> Case:
     """Each case in a process of its own, as the app runs."""
     command = [sys.executable, __file__, "--one-case", str(history), str(rate), "--seconds", str(seconds),
-               "--mode", mode]
+               "--mode", mode, "--switch-interval", str(switch_interval)]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     return Case(**json.loads(done.stdout.strip().splitlines()[-1]))
 
@@ -474,6 +475,8 @@ def main() -> None:
                         help="plain runs every rate into an empty chat and a long one; the others the top rate "
                              "into the long chat (default: all)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the tables")
+    parser.add_argument("--switch-interval", type=float, default=SWITCH_INTERVAL_S, metavar="S",
+                        help=f"the interpreter's switch interval, default the app's own ({SWITCH_INTERVAL_S} s)")
     parser.add_argument("--one-case", type=int, nargs=2, metavar=("HISTORY", "RATE"), help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="plain", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -481,6 +484,7 @@ def main() -> None:
         parser.error("--rates must be >= 1, --seconds > 0, --history >= 0")
     if args.one_case:
         history, rate = args.one_case
+        sys.setswitchinterval(args.switch_interval)  # as `tui-chat` sets it: the synthetic engine shares the GIL
         case = asyncio.run(run_case(history, rate, round(rate * args.seconds), seed=rate, mode=args.mode))
         print(json.dumps(dataclasses.asdict(case)))
         return
@@ -493,13 +497,14 @@ def main() -> None:
     started = time.perf_counter()
     cases = []
     for history, rate, mode in plan:
-        case = run_alone(history, rate, args.seconds, mode)
+        case = run_alone(history, rate, args.seconds, mode, args.switch_interval)
         cases.append(case)
         if not args.json:
             print_case(case)
     if args.json:
         print(json.dumps({"cases": [case.summary() for case in cases], "cpu": cpu_model() or platform.machine(),
-                          "cpus": os.cpu_count(), "textual": textual.__version__, "seconds": args.seconds}, indent=1))
+                          "cpus": os.cpu_count(), "textual": textual.__version__, "seconds": args.seconds,
+                          "switch_interval_s": args.switch_interval}, indent=1))
         return
     print(f"\nfinished in {time.perf_counter() - started:.0f} s, load avg {os.getloadavg()[0]:.2f}")
     print_markdown(cases)

@@ -10,9 +10,12 @@ from ..guard import watch
 from .common import RUNTIME_ERROR, opener_for
 
 # The engine's worker thread waits for the GIL between llama.cpp calls while the UI thread draws; Python hands
-# it over every 5 ms by default, which delayed each token's next decode (measured: decode in the app 0.73 x
-# `run`'s at 5 ms, 0.78 x at 0.5 ms, the UI's own CPU unchanged).
-SWITCH_INTERVAL_S = 0.0005
+# it over every 5 ms by default, which once delayed each token's next decode (app decode 0.73 x `run`'s at 5 ms,
+# 0.78 x at 0.5 ms, when the UI took a third of a core). With today's UI (0.12 of a core), measured in
+# alternating runs on 2 cores: app / run decode the same at 0.5 and 2 ms (medians 0.92 of 4 runs each), the
+# prompt read faster at 2 ms (0.86 x pp512 against 0.80), and at 5,000 tok/s the UI's worst stalls over 50 ms
+# in 3 of 14 cases at 0.5 ms, in none at 2 ms.
+SWITCH_INTERVAL_S = 0.002
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
