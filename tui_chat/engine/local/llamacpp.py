@@ -568,9 +568,10 @@ class LlamaSession:
     def _pool_scan(self, top_n: int, params: SamplingParams) -> int:
         """How many of the likeliest `inspect` ranks: the top N, and what the pool cut counts among (top-k's, or
         POOL_SCAN); at temperature 0 the pool is the one token drawn, so the top N alone."""
-        wanted = top_n if params.temperature <= 0 else max(top_n, params.top_k if 0 < params.top_k < POOL_SCAN
-                                                                else POOL_SCAN)
-        return min(int(self.n_vocab), wanted)
+        if params.temperature <= 0:
+            return min(int(self.n_vocab), top_n)
+        pool = params.top_k if 0 < params.top_k < POOL_SCAN else POOL_SCAN
+        return min(int(self.n_vocab), max(top_n, pool))
 
     # --- counters and teardown ----------------------------------------------------------------
 
