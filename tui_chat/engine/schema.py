@@ -116,14 +116,19 @@ def _narrowed(schema: dict[str, Any]) -> dict[str, Any]:
             part["multipleOf"] = DECIMALS
         if closing and _lists_every_property(part):
             part["additionalProperties"] = False
-        elif closing and ("object" in types or "properties" in part) and "patternProperties" not in part \
-                and _allows_anything(part.get("additionalProperties", True)):
+        elif closing and _takes_any_other_key(part, types):
             part["additionalProperties"] = copy.deepcopy(SHALLOW)
         for keyword in ("properties", "patternProperties"):
             table = part.get(keyword)
             if isinstance(table, dict):
                 table.update({name: copy.deepcopy(SHALLOW) for name, value in table.items() if _allows_anything(value)})
     return narrowed
+
+
+def _takes_any_other_key(part: dict[str, Any], types: set[str]) -> bool:
+    """An object schema whose unlisted keys may hold any value (no `patternProperties` to say which)."""
+    is_object = "object" in types or "properties" in part
+    return is_object and "patternProperties" not in part and _allows_anything(part.get("additionalProperties", True))
 
 
 def _allows_anything(part: Any) -> bool:
