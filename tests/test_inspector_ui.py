@@ -9,7 +9,7 @@ from textual.color import Color
 from textual.widgets import OptionList
 
 from conftest import GREEDY
-from test_ui import SIZE, loaded, make_app, reply_done, said, screen_open, scripted_app, send, wait_for
+from test_ui import SIZE, loaded, make_app, reply_done, said, screen_open, scripted_app, send, streaming_reply, wait_for
 from tui_chat.engine.base import Message, XRay
 from tui_chat.engine.models import STARTER_NAME
 from tui_chat.engine.params import SamplingParams
@@ -352,3 +352,19 @@ async def test_a_special_token_the_model_wrote_is_named_dimmed_in_the_inspector_
         facts = inspector.query_one("#facts").render()
         assert str(facts).startswith("<start_of_image> not text: a special token")
         assert any("dim" in str(span.style) for span in facts.spans)
+
+
+async def test_enter_on_a_reply_being_written_says_why_no_inspector_opens(tiny_model):
+    """The footer offers Enter on a reply while it streams; the inspector opens on finished replies only, and
+    the key said nothing (seen in tmux). It says so, and no screen opens."""
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        streaming = streaming_reply()
+        await screen.query_one("#log").mount(streaming)
+        streaming.focus()
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.screen is screen
+        assert [str(note.message) for note in app._notifications] == [
+            "Enter inspects once the reply is finished; click a token to inspect it now."]

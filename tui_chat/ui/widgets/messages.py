@@ -1,21 +1,19 @@
 """Chat messages.
 
-A reply streams into a live tail (live_tail.py: the reply's Markdown as it will look finished, cheap to
-update); every few thousand characters its finished leading blocks move, with the lines drawn of them, into
-one widget, so the tail's Markdown, parsed again at each update, stays short however long the reply grows.
-A finished message is a single Static: hundreds of them keep layout cheap.
+A reply streams into a live tail (live_tail.py: its Markdown as it will look finished, cheap to update); every few
+thousand characters its finished leading blocks move, with the lines drawn of them, into one widget, so the tail
+stays short however long the reply grows. A finished message is one Static: hundreds keep layout cheap.
 
 The tail is updated directly, once a batch: the bridge already coalesces tokens into batches while the
 UI is busy. (Not Textual's Markdown widget with its `MarkdownStream`: the stream's `stop()` on a stream
 whose task has not run yet re-raises the task's cancellation in the caller, which ended the screen's
 message loop for good; and each update laid the whole screen out again.)
 
-Model text is untrusted: it is shown literally, never parsed as Rich markup, and control
-characters become visible escapes before anything reaches the terminal (emoji sequences are drawn
-as their parts, so the terminal and Textual agree on the row's cells: safetext.screen_safe). Its
-Markdown is honest formatting, but a link's text may lie about where it goes: a finished reply shows
-each link's target after its text, and no link is a terminal hyperlink (OSC 8) or opens anything
-when clicked.
+Model text is untrusted: it is shown literally, never parsed as Rich markup, and control characters become
+visible escapes before anything reaches the terminal (emoji sequences are drawn as their parts, so the terminal
+and Textual agree on the row's cells: safetext.screen_safe). Its Markdown is honest formatting, but a link's
+text may lie about where it goes: a finished reply shows each link's target after its text, and no link is a
+terminal hyperlink (OSC 8) or opens anything when clicked.
 """
 
 from __future__ import annotations
@@ -379,6 +377,8 @@ class ReplyMessage(ChatMessage, Widget):
     def action_inspect(self) -> None:
         if self.finished:
             self.post_message(self.Inspect(self, self.selected))
+        else:  # the footer offers Enter here too: say why nothing opens (a click on a token still does)
+            self.notify("Enter inspects once the reply is finished; click a token to inspect it now.", timeout=4)
 
     def action_switch_branch(self, step: int) -> None:
         target = self.active + step
