@@ -11,6 +11,11 @@ reply streams, the CPU time of its main (UI) thread is sampled from /proc. It pr
 asserts nothing; --json prints one JSON document (rounds, medians, ratios, the CPU) instead.
 
     python benchmarks/app_speed.py [--rounds 3] [--threads N] [--llama-bench PATH] [--json]
+                                   [--model PATH] [--gpu-layers N] [--max-tokens N]
+
+On a GPU a reply of 128 tokens lasts a fifth of a second: too short to time, so give it --max-tokens 1024.
+The app runs its engine in a process of its own: the UI thread's CPU and the whole app's (both processes) are
+reported apart.
 
 The first run builds llama-bench once (pip download of the sdist, cmake, minutes on 2 cores) into
 the user cache dir, keyed by llama-cpp-python's version; CMAKE_ARGS is passed on, as pip does.
@@ -19,6 +24,7 @@ the user cache dir, keyed by llama-cpp-python's version; CMAKE_ARGS is passed on
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -26,6 +32,7 @@ import platform
 import re
 import shlex
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tarfile
@@ -87,14 +94,14 @@ def quiet(command: list[str]) -> None:
         sys.exit(f"{shlex.join(command)} failed:\n{(done.stdout + done.stderr)[-3000:]}")
 
 
-def isolated_env(root: Path) -> dict[str, str]:
+def isolated_env(root: Path, max_tokens: int) -> dict[str, str]:
     """XDG dirs of our own under `root`, with a config that makes every reply greedy and 128 tokens long;
     no KV cache on disk, so no reply starts from a saved state."""
     env = os.environ | {f"XDG_{name}_HOME": str(root / name.lower()) for name in ("CONFIG", "DATA", "STATE", "CACHE")}
     config = root / "config" / "tui-chat" / "config.toml"
     config.parent.mkdir(parents=True)
     config.write_text(f"kv_cache_budget_gb = 0\ninspector_top = {INSPECTOR_TOP}\n\n"
-                      f"[sampling]\ntemperature = 0.0\nmax_tokens = {MAX_TOKENS}\n")
+                      f"[sampling]\ntemperature = 0.0\nmax_tokens = {max_tokens}\n")
     return env
 
 
@@ -102,10 +109,10 @@ def tui_chat(*args: str) -> list[str]:
     return [sys.executable, "-m", "tui_chat", *args]
 
 
-def run_turn(env: dict[str, str], model_args: list[str], prompt: str) -> dict:
+def run_turn(env: dict[str, str], model_args: list[str], prompt: str, max_tokens: int) -> dict:
     """`tui-chat run --json` on one prompt: its turn's metrics."""
     done = subprocess.run(tui_chat("run", *model_args, "-p", prompt, "--json", "--temperature", "0",
-                                   "--max-tokens", str(MAX_TOKENS), "--top-logprobs", str(INSPECTOR_TOP)),
+                                   "--max-tokens", str(max_tokens), "--top-logprobs", str(INSPECTOR_TOP)),
                           env=env, capture_output=True, text=True, start_new_session=True)
     if done.returncode:
         sys.exit(f"tui-chat run failed: {done.stderr.strip()}")
@@ -181,47 +188,70 @@ def thread_cpu_s(pid: int) -> dict[int, float]:
     return seconds
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of `pid` and its child processes (the app and its engine process)."""
+    children = [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                for c in (task / "children").read_text().split()]
+    return sum(thread_cpu_s(pid).values()) + sum(tree_cpu_s(child) for child in children)
+
+
+def last_reply_metrics(env: dict[str, str]) -> dict:
+    """The figures the app saved with its last reply: the ones its panel shows, for when the panel cannot be read
+    (text in a script whose width the terminal and Rich disagree on shifts the panel's edge on those lines)."""
+    database = Path(env["XDG_DATA_HOME"]) / "tui-chat" / "history.sqlite3"
+    with contextlib.closing(sqlite3.connect(database)) as history:
+        row = history.execute("SELECT metrics FROM messages WHERE role = 'assistant' ORDER BY id DESC LIMIT 1"
+                              ).fetchone()
+    return json.loads(row[0])
+
+
 def app_turn(env: dict[str, str], model_args: list[str], prompt: str) -> dict:
     """Launch the app, paste the prompt, wait for the reply's footer, read the panel; with the CPU use of
-    the UI (main) thread and the whole process from Enter to the footer."""
+    the UI (main) thread and the whole app (its engine process too) from Enter to the footer."""
     app = Tmux(env, tui_chat(*model_args))
     try:
-        app.wait_for(lambda s: re.search(r"· \d+\s+threads?", panel(s)), 120)  # the model is loaded
+        app.wait_for(lambda s: re.search(r"· \d+\s+threads?|GPU \d+/\d+ layers", panel(s)), 120)  # loaded
         app("load-buffer", "-b", "prompt", "-", stdin=prompt)
         app("paste-buffer", "-p", "-d", "-b", "prompt", "-t", "app")
         app.wait_for(lambda s: "Type a message" not in s, 10, 0.05)  # the placeholder gave way to the prompt
-        before, started = thread_cpu_s(app.pid), time.monotonic()
+        before, whole, started = thread_cpu_s(app.pid), tree_cpu_s(app.pid), time.monotonic()
         app("send-keys", "-t", "app", "Enter")
         screen = app.wait_for(lambda s: FOOTER.search(s), REPLY_TIMEOUT_S)
         after, wall = thread_cpu_s(app.pid), time.monotonic() - started
+        whole = tree_cpu_s(app.pid) - whole
     finally:
         app.close()
     text = panel(screen)
+    stored = last_reply_metrics(env)
     tokens = re.search(r"Tokens\s+in ~?([\d,]+) · out ([\d,]+)", text)
-    completion, ui_s = int(tokens[2].replace(",", "")), after[app.pid] - before[app.pid]
+    completion = int(tokens[2].replace(",", "")) if tokens else stored["completion_tokens"]
+    ui_s = after[app.pid] - before[app.pid]
     return {
-        "decode_tok_s": panel_rate(text, "Decode"),
-        "prefill_tok_s": panel_rate(text, "Prefill"),
-        "prompt_tokens": int(tokens[1].replace(",", "")),
+        "decode_tok_s": panel_rate(text, "Decode") or stored["decode_tok_s"],
+        "prefill_tok_s": panel_rate(text, "Prefill") or stored["prefill_tok_s"],
+        "panel_read": bool(tokens),  # False: a script whose width Rich and the terminal disagree on moved the panel
+        "prompt_tokens": int(tokens[1].replace(",", "")) if tokens else stored["prompt_tokens"],
         "completion_tokens": completion,
-        "threads": int(re.search(r"· (\d+)\s+threads?", text)[1]),
+        "threads": stored["threads"],
         "ui_core": ui_s / wall,
         "ui_ms_per_token": ui_s * 1000 / completion,
-        "app_cores": (sum(after.values()) - sum(before.get(t, 0.0) for t in after)) / wall,
+        "app_cores": whole / wall,
     }
 
 
-def bench_turn(binary: Path, model: Path, threads: dict[str, int], repack: bool) -> dict:
+def bench_turn(binary: Path, model: Path, threads: dict[str, int], repack: bool, max_tokens: int,
+               gpu_layers: int) -> dict:
     """llama-bench's pp512 on the reading threads and tg128 on the decode threads, with the engine's batch,
     ubatch, flash attention and CPU path."""
     def rate(prompt: int, gen: int, threads: int) -> float:
         done = subprocess.run([str(binary), "-m", str(model), "-p", str(prompt), "-n", str(gen), "-t", str(threads),
                                "-b", str(PREFILL_CHUNK), "-ub", str(PREFILL_CHUNK), "-fa", "auto",
-                               "--repack", str(int(repack)), "-r", "1", "-o", "json"],
+                               "--repack", str(int(repack)), "-ngl", str(99 if gpu_layers < 0 else gpu_layers),
+                               "-r", "1", "-o", "json"],
                               capture_output=True, text=True, check=True, start_new_session=True)
         return json.loads(done.stdout)[0]["avg_ts"]
 
-    return {"pp512_tok_s": rate(512, 0, threads["batch"]), "tg128_tok_s": rate(0, MAX_TOKENS, threads["decode"]),
+    return {"pp512_tok_s": rate(512, 0, threads["batch"]), "tg_tok_s": rate(0, max_tokens, threads["decode"]),
             "threads": threads}
 
 
@@ -233,17 +263,24 @@ def main() -> None:
                              "llama-bench gets what run used in the same round)")
     parser.add_argument("--llama-bench", type=Path, metavar="PATH", help="an existing llama-bench binary")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the tables")
+    parser.add_argument("--model", type=Path, metavar="PATH", help="a GGUF model (default: the starter)")
+    parser.add_argument("--gpu-layers", type=int, metavar="N", help="layers offloaded, -1 all, 0 none (default: "
+                        "the app's own choice; llama-bench gets the same)")
+    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS, metavar="N",
+                        help=f"reply tokens, and llama-bench's tgN (default {MAX_TOKENS}; 1024 on a GPU)")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
 
     version = importlib.metadata.version("llama-cpp-python")
     binary = args.llama_bench or llama_bench_binary(version)
-    model = starter_path(models_dir())
+    model = args.model or starter_path(models_dir())
     fixed = ["--threads", str(args.threads), "--threads-batch", str(args.threads)] if args.threads else []
-    model_args = ["--model", str(model), *fixed]
+    offload = [] if args.gpu_layers is None else ["--gpu-layers", str(args.gpu_layers)]
+    model_args = ["--model", str(model), *fixed, *offload]
+    max_tokens = args.max_tokens
     home = Path(tempfile.mkdtemp(prefix="tui-chat-app-speed-"))
-    env = isolated_env(home)
+    env = isolated_env(home, max_tokens)
     info = json.loads(subprocess.run(tui_chat("info", "--json"), env=env, capture_output=True, text=True,
                                      check=True).stdout)
     extra_buffers = info["cpu"]["extra_buffers"]
@@ -253,9 +290,11 @@ def main() -> None:
         "engine": f"n_batch = n_ubatch = {PREFILL_CHUNK}, flash attention auto, swa_full on, extra buffers "
                   f"{extra_buffers}, threads {'fixed' if args.threads else 'following the load'}",
         "llama-bench": f"-b {PREFILL_CHUNK} -ub {PREFILL_CHUNK} -fa auto --repack {int(repack)} -r 1, -t "
-                       f"{args.threads or 'as run (its decode threads: the reading ones too but on a hybrid CPU)'}, "
+                       f"{args.threads or 'as run (its decode threads: the reading ones too but on a hybrid CPU)'}"
+                       ", -ngl "
+                       f"{'99 (all)' if (args.gpu_layers or 0) < 0 else args.gpu_layers or 0}, "
                        "swa_full off (it has no flag)",
-        "replies": f"temperature 0, {MAX_TOKENS} tokens, the config's n_ctx, no KV cache on disk, the top "
+        "replies": f"temperature 0, {max_tokens} tokens, the config's n_ctx, no KV cache on disk, the top "
                    f"{INSPECTOR_TOP} of every token recorded on both sides (the app's inspector, run's --top-logprobs)",
     }
     log = sys.stderr if args.json else sys.stdout
@@ -265,17 +304,19 @@ def main() -> None:
           file=log)
     for name, value in settings.items():
         print(f"{name + ':':<13}{value}", file=log)
-    columns = ("app dec", "run dec", "tg128", "app read", "run read", "pp512", "thr a/r/b(pp)", "UI core", "UI ms/tok")
+    columns = ("app dec", "run dec", f"tg{max_tokens}", "app read", "run read", "pp512", "thr a/r/b(pp)", "UI core",
+               "UI ms/tok")
     print("\nround " + "".join(f"{c:>14}" for c in columns), file=log)
 
     rounds = []
     for index in range(args.rounds):
         app = {"short": app_turn(env, model_args, SHORT_PROMPT), "long": app_turn(env, model_args, LONG_PROMPT)}
-        run = {"short": run_turn(env, model_args, SHORT_PROMPT), "long": run_turn(env, model_args, LONG_PROMPT)}
+        run = {"short": run_turn(env, model_args, SHORT_PROMPT, max_tokens),
+               "long": run_turn(env, model_args, LONG_PROMPT, max_tokens)}
         threads = {"decode": args.threads or run["short"]["threads"], "batch": args.threads or run["long"]["threads"]}
-        bench = bench_turn(binary, model, threads, repack)
+        bench = bench_turn(binary, model, threads, repack, max_tokens, args.gpu_layers or 0)
         rounds.append({"app": app, "run": run, "llama_bench": bench})
-        cells = (app["short"]["decode_tok_s"], run["short"]["decode_tok_s"], bench["tg128_tok_s"],
+        cells = (app["short"]["decode_tok_s"], run["short"]["decode_tok_s"], bench["tg_tok_s"],
                  app["long"]["prefill_tok_s"], run["long"]["prefill_tok_s"], bench["pp512_tok_s"])
         used = f"{app['short']['threads']}/{run['short']['threads']}/{threads['decode']}({threads['batch']})"
         print(f"{index + 1:>5} " + "".join(f"{fmt(c):>14}" for c in cells) + f"{used:>14}"
@@ -287,7 +328,7 @@ def main() -> None:
     med = {
         "app_decode_tok_s": pick("app", "short", "decode_tok_s"),
         "run_decode_tok_s": pick("run", "short", "decode_tok_s"),
-        "tg128_tok_s": median([r["llama_bench"]["tg128_tok_s"] for r in rounds]),
+        "tg_tok_s": median([r["llama_bench"]["tg_tok_s"] for r in rounds]),
         "app_prefill_tok_s": pick("app", "long", "prefill_tok_s"),
         "run_prefill_tok_s": pick("run", "long", "prefill_tok_s"),
         "pp512_tok_s": median([r["llama_bench"]["pp512_tok_s"] for r in rounds]),
@@ -297,8 +338,8 @@ def main() -> None:
     }
     ratios = {
         "app/run decode": ratio(med["app_decode_tok_s"], med["run_decode_tok_s"]),
-        "run/tg128": ratio(med["run_decode_tok_s"], med["tg128_tok_s"]),
-        "app/tg128": ratio(med["app_decode_tok_s"], med["tg128_tok_s"]),
+        f"run/tg{max_tokens}": ratio(med["run_decode_tok_s"], med["tg_tok_s"]),
+        f"app/tg{max_tokens}": ratio(med["app_decode_tok_s"], med["tg_tok_s"]),
         "run read/pp512": ratio(med["run_prefill_tok_s"], med["pp512_tok_s"]),
         "app read/pp512": ratio(med["app_prefill_tok_s"], med["pp512_tok_s"]),
     }
@@ -308,7 +349,7 @@ def main() -> None:
                           "llama_cpp_python": version, "model": str(model), "settings": settings,
                           "prompt_tokens": prompts, "rounds": rounds, "median": med, "ratios": ratios}, indent=2))
         return
-    cells = [med[k] for k in ("app_decode_tok_s", "run_decode_tok_s", "tg128_tok_s", "app_prefill_tok_s",
+    cells = [med[k] for k in ("app_decode_tok_s", "run_decode_tok_s", "tg_tok_s", "app_prefill_tok_s",
                               "run_prefill_tok_s", "pp512_tok_s")]
     print("median" + "".join(f"{fmt(c):>14}" for c in cells) + f"{'':>14}{fmt(med['app_ui_core'], '.2f'):>14}"
           f"{fmt(med['app_ui_ms_per_token']):>14}")

@@ -38,8 +38,8 @@ from shared import alternate, bench_model, greedy_settings
 from tui_chat.engine.base import Message, PromptProgress, Request, Token
 from tui_chat.engine.formats import TEXT, choose, json_schema
 from tui_chat.engine.local.llama import LlamaBackend, LlamaSettings
-from tui_chat.engine.local.xray import position_context
 from tui_chat.engine.params import LiveParams, SamplingParams
+from tui_chat.probe import position_context
 
 REPO = Path(__file__).resolve().parent.parent
 N_CTX = 4096

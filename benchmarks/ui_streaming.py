@@ -2,10 +2,11 @@
 
 Why: a fast model writes thousands of tokens a second, and the UI must show them as fast as they come
 (target: achieved >= 0.95 x offered) while the prompt box still takes keys (target: < 50 ms), also
-deep into a long chat. A synthetic backend paces tokens exactly on its own thread, as the engine
-does, so what is measured is the real `ChatApp` alone, run headless. It prints numbers, asserts nothing.
+deep into a long chat. A synthetic backend (synthetic.py) paces tokens exactly, in an engine process of its
+own as the app runs its model, so the real `ChatApp`, run headless, gets them as it gets a model's: in batches
+over a socket. It prints numbers, asserts nothing.
 
-    python benchmarks/ui_streaming.py [--rates 2000 5000] [--seconds 5] [--history 300]
+    python benchmarks/ui_streaming.py [--rates 2000 5000] [--seconds 5] [--history 300] [--source process|thread]
 """
 
 from __future__ import annotations
@@ -18,22 +19,25 @@ import json
 import os
 import platform
 import random
-import re
 import subprocess
 import sys
-import threading
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
 
 import shared
 import textual
+from synthetic import SHORT_ASK, SyntheticBackend, markdown_reply, sentence, split_tokens
 from textual import events
 
 from tui_chat.commands.chat import SWITCH_INTERVAL_S
-from tui_chat.config import Config
-from tui_chat.engine.base import Candidate, Done, Loaded, Metrics, ModelInfo, Request, Stream, Token, TurnMetrics
+from tui_chat.config import Config, log_dir
+from tui_chat.engine.base import Backend
 from tui_chat.engine.local.cpu import cpu_model
+from tui_chat.engine.process import EngineProcess
 from tui_chat.lag import LagMonitor, Stall
 from tui_chat.session import Branch, Turn
 from tui_chat.ui.app import ChatApp
@@ -42,6 +46,7 @@ from tui_chat.ui.screens.inspector import InspectorScreen
 from tui_chat.ui.widgets.messages import ReplyMessage
 from tui_chat.ui.widgets.prompt import PromptInput
 
+HERE = Path(__file__).parent
 SIZE = (100, 32)
 KEY_EVERY_S = 0.25
 BEAT_S = 0.005
@@ -50,167 +55,6 @@ HISTORY_REPLY_TOKENS = 300
 KEY_TARGET_S = 0.050
 STALL_TARGET_S = 0.050
 RATIO_TARGET = 0.95
-INFO = ModelInfo(
-    name="synthetic", path="-", description="paced synthetic tokens", quantization="-", size_bytes=0,
-    n_params=0, n_layers=0, gpu_layers=0, n_ctx=262_144, n_ctx_train=262_144, chat_format="plain",
-    backend="synthetic",
-)
-WORDS = (
-    "the model cache layer token batch thread queue widget screen render stream parser value "
-    "request reply context buffer memory prompt decode sample window update latency budget table "
-    "frame markdown terminal config schedule worker result chunk offset index number simple small "
-    "fast slow every first last other useful careful bounded stable because while before after "
-    "returns keeps moves reads writes grows holds checks builds skips sends shows waits"
-).split()
-CODE = (
-    "def moving_average(values: list[float], window: int) -> list[float]:\n"
-    "    total = sum(values[:window])\n"
-    "    out = [total / window]\n"
-    "    for i in range(window, len(values)):\n"
-    "        total += values[i] - values[i - window]\n"
-    "        out.append(total / window)\n"
-    "    return out",
-    "import asyncio\n\n"
-    "async def fetch_all(urls: list[str], limit: int = 8) -> dict[str, int]:\n"
-    "    gate = asyncio.Semaphore(limit)\n"
-    "    async def one(url: str) -> tuple[str, int]:\n"
-    "        async with gate:\n"
-    "            return url, len(await download(url))\n"
-    "    return dict(await asyncio.gather(*(one(u) for u in urls)))",
-    "class LRU:\n"
-    "    def __init__(self, size: int) -> None:\n"
-    "        self.size, self.items = size, {}\n\n"
-    "    def get(self, key):\n"
-    "        value = self.items.pop(key)\n"
-    "        self.items[key] = value\n"
-    "        return value",
-)
-
-
-# --- the reply text ------------------------------------------------------------------------------
-
-
-def split_tokens(text: str) -> list[str]:
-    """Pieces of at most 4 visible characters with the whitespace before them: about a real token each."""
-    return re.findall(r"\s*\S{1,4}", text)
-
-
-def sentence(rng: random.Random) -> str:
-    words = rng.choices(WORDS, k=rng.randint(8, 16))
-    return " ".join(words).capitalize() + "."
-
-
-def paragraph(rng: random.Random) -> str:
-    return " ".join(sentence(rng) for _ in range(rng.randint(3, 6)))
-
-
-def section(rng: random.Random) -> str:
-    """A heading, paragraphs, a list and a fenced python block: about 400 tokens."""
-    items = "\n".join(f"- **{rng.choice(WORDS)}**: {sentence(rng)}" for _ in range(rng.randint(3, 5)))
-    return (f"## {sentence(rng)[:-1]}\n\n{paragraph(rng)}\n\n{paragraph(rng)}\n\n{items}\n\n"
-            f"{paragraph(rng)}\n\n```python\n{rng.choice(CODE)}\n```\n\n")
-
-
-def markdown_reply(rng: random.Random, tokens: int) -> str:
-    """A Markdown reply of at least `tokens` pieces."""
-    text = ""
-    while len(split_tokens(text)) < tokens:
-        text += section(rng)
-    return text.strip()
-
-
-# --- the backend ---------------------------------------------------------------------------------
-
-
-class SyntheticBackend:
-    """A `Backend` that replies with `pieces` at exactly `rate` tokens/s, each job on its own thread.
-
-    Token i is due at t0 + i/rate. The thread sleeps until the next one is due and then puts every
-    token that is due, so when the OS (or the GIL, held by the UI) wakes it late, it catches up in a
-    batch instead of falling behind the schedule.
-    """
-
-    def __init__(self, pieces: list[str], rate: float, probabilities: bool = False, thinking: int = 0) -> None:
-        self.info: ModelInfo | None = None
-        self.pieces = pieces
-        self.rate = rate
-        self.probabilities = probabilities  # each token with its probability and top 10, as the engine records
-        self.thinking = thinking  # the first `thinking` tokens are the reply's thinking
-        self.first_at: float | None = None
-        self.last_at: float | None = None
-        self.done = threading.Event()
-        self._jobs: list[tuple[threading.Thread, Stream]] = []
-
-    def load(self) -> Stream:
-        return self._start(self._load)
-
-    def generate(self, request: Request) -> Stream:
-        return self._start(lambda stream: self._generate(request, stream))
-
-    def count_tokens(self, text: str) -> int:
-        return len(split_tokens(text))
-
-    def close(self) -> None:
-        for thread, stream in self._jobs:
-            stream.cancel()
-            thread.join()
-
-    def _start(self, job: Callable[[Stream], None]) -> Stream:
-        stream = Stream()
-        thread = threading.Thread(target=job, args=(stream,), name="synthetic-worker", daemon=True)
-        self._jobs.append((thread, stream))
-        thread.start()
-        return stream
-
-    def _load(self, stream: Stream) -> None:
-        self.info = INFO
-        stream.put(Loaded(INFO))
-
-    def _generate(self, request: Request, stream: Stream) -> None:
-        version = request.params.snapshot()[0]
-        prompt = sum(self.count_tokens(m.content) for m in request.messages)
-        pieces, n = self.pieces, len(self.pieces)
-        self.first_at = self.last_at = None
-        self.done.clear()
-
-        def metrics(done: int) -> TurnMetrics:
-            started = self.first_at is not None
-            return TurnMetrics(
-                prompt_tokens=prompt, completion_tokens=done, context_tokens=prompt + done, n_ctx=INFO.n_ctx,
-                ttft_s=self.first_at - request.submitted_at if started else None,
-                decode_s=self.last_at - self.first_at if started else 0.0,
-            )
-
-        start = time.perf_counter()
-        next_metrics = start + METRICS_EVERY_S
-        i = 0
-        while i < n and not stream.cancelled.is_set():
-            due = min(n, int((time.perf_counter() - start) * self.rate) + 1)
-            while i < due:
-                now = time.perf_counter()
-                stream.put(self._token(i, now, version))
-                self.first_at = self.first_at or now
-                self.last_at = now
-                i += 1
-            if self.last_at >= next_metrics:
-                stream.put(Metrics(metrics(i)))
-                next_metrics = self.last_at + METRICS_EVERY_S
-            if i < n:
-                time.sleep(max(0.0, start + i / self.rate - time.perf_counter()))
-        answer = pieces[self.thinking:i]
-        stream.put(Done("cancelled" if i < n else "length", "".join(answer), metrics(i),
-                        reasoning="".join(pieces[:min(i, self.thinking)]), answer_from=min(i, self.thinking)))
-        self.done.set()
-
-    def _token(self, i: int, now: float, version: int) -> Token:
-        piece = self.pieces[i]
-        top = tuple(Candidate(j, f"alt{j}", 0.5 / (j + 1)) for j in range(10)) if self.probabilities else ()
-        prob = 0.3 + (i % 7) / 10 if self.probabilities else None
-        if i < self.thinking:
-            return Token(i, "", now, version, piece, prob, top, reasoning=piece, thinking=True)
-        return Token(i, piece, now, version, piece, prob, top)
-
-
 # --- measuring the app ---------------------------------------------------------------------------
 
 
@@ -228,6 +72,7 @@ class Case:
     rate: int
     tokens: int
     mode: str = "plain"
+    source: str = "process"  # where the tokens come from: an engine process, or a thread of the app's own
     produced_tok_s: float = 0.0
     achieved_tok_s: float = 0.0
     shown_lag_s: float = 0.0
@@ -341,12 +186,23 @@ async def prefill(screen: ChatScreen, messages: int, rng: random.Random) -> None
     await screen.view.show(screen.session)
 
 
-async def run_case(history: int, rate: int, tokens: int, seed: int, mode: str = "plain") -> Case:
+def token_source(source: str, pieces: list[str], rate: int, mode: str, logs: Path) -> Backend:
+    """The synthetic backend in an engine process of its own, as the app runs its model; or on a thread here."""
+    make = partial(SyntheticBackend, pieces, rate, probabilities=mode in ("heatmap", "inspector"),
+                   thinking=len(pieces) // 3 if mode == "thinking" else 0)
+    if source == "thread":
+        return make()
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(HERE), os.environ.get("PYTHONPATH"))))
+    return EngineProcess(make, logs)
+
+
+async def run_case(history: int, rate: int, tokens: int, seed: int, mode: str = "plain",
+                   source: str = "process") -> Case:
     rng = random.Random(seed)
     pieces = split_tokens(markdown_reply(rng, tokens))[:tokens]
-    backend = SyntheticBackend(pieces, rate, probabilities=mode in ("heatmap", "inspector"),
-                               thinking=tokens // 3 if mode == "thinking" else 0)
-    case = Case(history, rate, tokens, mode)
+    thinking = tokens // 3 if mode == "thinking" else 0
+    backend = token_source(source, pieces, rate, mode, log_dir())
+    case = Case(history, rate, tokens, mode, source)
     app = ChatApp(Config(), lambda name: backend, "synthetic")
     async with app.run_test(size=SIZE) as pilot:
         screen: ChatScreen = app.screen
@@ -355,7 +211,7 @@ async def run_case(history: int, rate: int, tokens: int, seed: int, mode: str = 
         if mode == "heatmap":
             await screen.view.set_heatmap(True)
         if mode == "inspector":
-            await answered_once(screen, backend, pieces)
+            await answered_once(screen)
         await pilot.pause()  # the history's first layout is done before anything is timed
         prompt = screen.query_one(PromptInput)
         prompt.text = "Write it all out, please."
@@ -368,11 +224,11 @@ async def run_case(history: int, rate: int, tokens: int, seed: int, mode: str = 
         await until(lambda: screen.reply is not None and screen.view.log_view.reply_of(screen.reply.turn), 30)
         widget = screen.view.log_view.reply_of(screen.reply.turn)
         widget.unfolded = mode == "thinking"  # as if unfolded the moment it showed
-        monitor.watch(widget, sum(map(len, pieces[backend.thinking:])))
+        monitor.watch(widget, sum(map(len, pieces[thinking:])))
 
         typed = ""
         next_key = time.perf_counter()
-        while not backend.done.is_set():
+        while screen.reply is not None:
             next_key += KEY_EVERY_S  # on a fixed schedule, so a slow key does not thin out the next ones
             await asyncio.sleep(max(0.0, next_key - time.perf_counter()))
             if mode == "inspector":
@@ -385,9 +241,10 @@ async def run_case(history: int, rate: int, tokens: int, seed: int, mode: str = 
             case.keys_s.append(time.perf_counter() - sent)
         await until(monitor.finished, 600, poll=0.05)
         monitor.stop()
+        written = screen.session.turns[-1].reply.tokens  # stamped as the source wrote them (one clock for both)
 
     backend.close()
-    first, last = backend.first_at, backend.last_at
+    first, last = written[0].at, written[-1].at
     case.produced_tok_s = (tokens - 1) / (last - first)
     case.achieved_tok_s = tokens / (monitor.shown_at - first)
     case.shown_lag_s = monitor.shown_at - last
@@ -409,14 +266,12 @@ async def open_inspector(app: ChatApp, screen: ChatScreen, monitor: Monitor, cas
     case.open_stall_s = max((stall.late_s for stall in monitor.lag.stalls if stall.at >= asked), default=0.0)
 
 
-async def answered_once(screen: ChatScreen, backend: SyntheticBackend, pieces: list[str]) -> None:
+async def answered_once(screen: ChatScreen) -> None:
     """A short reply with probabilities first, for the inspector to open on."""
-    backend.pieces = pieces[:40]
-    screen.query_one(PromptInput).text = "A short one first."
+    screen.query_one(PromptInput).text = SHORT_ASK
     press(screen.app, "enter", "\r")
     await until(lambda: screen.reply is not None, 30)
     await until(lambda: screen.reply is None, 30)
-    backend.pieces = pieces
 
 
 # --- reporting -----------------------------------------------------------------------------------
@@ -458,11 +313,14 @@ def print_markdown(cases: list[Case]) -> None:
               f"| {ms(c.worst_stall_s)} {mark(c.worst_stall_s < STALL_TARGET_S)} |")
 
 
-def run_alone(history: int, rate: int, seconds: float, mode: str, switch_interval: float) -> Case:
-    """Each case in a process of its own, as the app runs."""
+def run_alone(history: int, rate: int, seconds: float, mode: str, switch_interval: float, source: str) -> Case:
+    """Each case in a process of its own, as the app runs, with data dirs of its own: the chats it writes never
+    reach the user's history."""
     command = [sys.executable, __file__, "--one-case", str(history), str(rate), "--seconds", str(seconds),
-               "--mode", mode, "--switch-interval", str(switch_interval)]
-    done = subprocess.run(command, capture_output=True, text=True, check=True)
+               "--mode", mode, "--switch-interval", str(switch_interval), "--source", source]
+    root = Path(tempfile.mkdtemp(prefix="tui-chat-ui-streaming-"))
+    env = os.environ | {f"XDG_{name}_HOME": str(root / name.lower()) for name in ("CONFIG", "DATA", "STATE", "CACHE")}
+    done = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
     return Case(**json.loads(done.stdout.strip().splitlines()[-1]))
 
 
@@ -477,6 +335,9 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the tables")
     parser.add_argument("--switch-interval", type=float, default=SWITCH_INTERVAL_S, metavar="S",
                         help=f"the interpreter's switch interval, default the app's own ({SWITCH_INTERVAL_S} s)")
+    parser.add_argument("--source", choices=("process", "thread"), default="process",
+                        help="where the tokens come from: an engine process of their own, as the app runs its "
+                             "model (default), or a thread in the app's process (the old measure)")
     parser.add_argument("--one-case", type=int, nargs=2, metavar=("HISTORY", "RATE"), help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="plain", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -485,7 +346,8 @@ def main() -> None:
     if args.one_case:
         history, rate = args.one_case
         sys.setswitchinterval(args.switch_interval)  # as `tui-chat` sets it: the synthetic engine shares the GIL
-        case = asyncio.run(run_case(history, rate, round(rate * args.seconds), seed=rate, mode=args.mode))
+        case = asyncio.run(run_case(history, rate, round(rate * args.seconds), seed=rate, mode=args.mode,
+                                    source=args.source))
         print(json.dumps(dataclasses.asdict(case)))
         return
 
@@ -497,14 +359,14 @@ def main() -> None:
     started = time.perf_counter()
     cases = []
     for history, rate, mode in plan:
-        case = run_alone(history, rate, args.seconds, mode, args.switch_interval)
+        case = run_alone(history, rate, args.seconds, mode, args.switch_interval, args.source)
         cases.append(case)
         if not args.json:
             print_case(case)
     if args.json:
         print(json.dumps({"cases": [case.summary() for case in cases], "cpu": cpu_model() or platform.machine(),
                           "cpus": os.cpu_count(), "textual": textual.__version__, "seconds": args.seconds,
-                          "switch_interval_s": args.switch_interval}, indent=1))
+                          "switch_interval_s": args.switch_interval, "source": args.source}, indent=1))
         return
     print(f"\nfinished in {time.perf_counter() - started:.0f} s, load avg {os.getloadavg()[0]:.2f}")
     print_markdown(cases)
@@ -513,6 +375,8 @@ def main() -> None:
 def print_header(args: argparse.Namespace) -> None:
     print(f"machine   {cpu_model() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"textual {textual.__version__}, load avg {os.getloadavg()[0]:.2f}")
+    where = "an engine process of their own, over its socket" if args.source == "process" else "a thread of the app"
+    print(f"source    tokens from {where}")
     print(f"app       ChatApp headless at {SIZE[0]}x{SIZE[1]}; a key into the prompt every "
           f"{KEY_EVERY_S * 1000:.0f} ms while tokens flow; stalls from tui_chat/lag.py (>= 20 ms, with their cause)")
     sample = split_tokens(markdown_reply(random.Random(0), 4000))

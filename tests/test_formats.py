@@ -15,9 +15,9 @@ from conftest import GREEDY, collect, open_backend
 from tui_chat.engine.base import Done, Error, Message, Request, Token
 from tui_chat.engine.formats import TEXT, FormatError, choose, from_dict, grammar, json_schema
 from tui_chat.engine.local.grammar import Constraint
-from tui_chat.engine.local.xray import position_context
 from tui_chat.engine.params import LiveParams, SamplingParams
 from tui_chat.engine.server_params import format_fields
+from tui_chat.probe import position_context
 from tui_chat.ui.widgets.xray import grammar_summary
 
 SCHEMA = {

@@ -158,3 +158,53 @@ def test_a_code_blocks_lexer_is_compiled_off_the_ui_thread_while_the_block_is_wr
     unknown = warm_lexer("```no-such-language\nx")
     assert unknown is not None
     unknown.join(10)
+
+
+class Wrapping(LiveTail):
+    """Counts the characters each frame wraps."""
+
+    def __init__(self) -> None:
+        super().__init__(rendered_markdown, rendered_markdown)
+        self.wrapped: list[int] = []
+
+    def _draw(self, render, text, width):
+        self.wrapped.append(len(text))
+        return super()._draw(render, text, width)
+
+
+class WrappingHolder(App):
+    def compose(self):
+        yield Wrapping()
+
+
+async def test_one_long_paragraph_is_not_wrapped_whole_at_every_frame_and_looks_as_a_whole_render():
+    """A reply that is one paragraph of 20,000 characters: each frame wraps at most a few lines more than
+    LONG_PARAGRAPH characters, and the lines are those of the whole paragraph drawn at once."""
+    import random
+
+    from tui_chat.ui.widgets.live_tail import LONG_PARAGRAPH
+
+    rng = random.Random(5)
+    words = "the model cache layer token batch thread queue widget screen render stream parser value".split()
+    text = " ".join(rng.choice(words) + ("." if rng.random() < 0.1 else "") for _ in range(3000)).capitalize()
+    app = WrappingHolder()
+    async with app.run_test(size=(60, 10)) as pilot:
+        tail = app.query_one(Wrapping)
+        await pilot.pause()
+        for end in range(0, len(text), 37):  # about nine tokens a frame
+            tail.set_text(text[: end + 37])
+        assert max(tail.wrapped) < LONG_PARAGRAPH + 3 * 60 and len(tail.wrapped) > 500
+        lines, width = [line.text for line in tail._lines], tail._width
+        assert lines == [line.text for line in tail._draw(rendered_markdown, text, width)]
+
+
+async def test_a_paragraph_with_markdown_in_it_is_still_drawn_whole():
+    """Inline Markdown may change how the words above draw (a closing `**`): no line of it is settled."""
+    app = WrappingHolder()
+    async with app.run_test(size=(60, 10)) as pilot:
+        tail = app.query_one(Wrapping)
+        await pilot.pause()
+        text = "word " * 400 + "**bold** " + "word " * 400
+        tail.set_text(text)
+        tail.set_text(text + "more")
+        assert tail._settled is None and tail.wrapped[-1] == len(text + "more")

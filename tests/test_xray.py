@@ -10,10 +10,9 @@ import pytest
 
 from conftest import GREEDY, open_backend, run_cli
 from tui_chat.engine.base import Candidate, Done, Error, Message, PromptProgress, Request, Token, XRay
-from tui_chat.engine.local.xray import position_context
 from tui_chat.engine.params import LiveParams, SamplingParams
 from tui_chat.engine.stages import plan
-from tui_chat.probe import TokenProbe
+from tui_chat.probe import TokenProbe, position_context
 from tui_chat.session import ChatSession
 
 PROMPT = "Hello, what is the capital of France?"
@@ -110,7 +109,10 @@ def test_word_probability_of_the_top_word_equals_the_inspectors(steady_starter):
         word = steady_starter.word_probability(position_context(prompt_ids, tokens, index), best.text).result()
         if [t.token_id for t in word.tokens] != [best.token_id]:
             continue  # this piece tokenizes differently when written on its own
-        assert word.prob == pytest.approx(best.prob, abs=1e-6)
+        # Recomputed in the scratch sequence, the position's logits come from another llama_decode than the
+        # reply's step: the same numbers on an AMD EPYC (1e-6), ~2 % apart on an Intel Xeon with AVX-512, whose
+        # kernels sum a batch's rows in another order (issue 38). Near-ties aside, the rank holds on both.
+        assert word.prob == pytest.approx(best.prob, rel=0.05)
         assert word.rank == 1
         checked += 1
     assert checked >= 5

@@ -82,7 +82,7 @@ def exit_code(status: int, terminal: list[Any] | None, log: Path, pid: int,
     number = os.WTERMSIG(status)
     restore_terminal(terminal)
     if number not in forwarded:
-        print(crash_line(number, own_part(_read_tail(log), pid), log), file=sys.stderr, flush=True)
+        print(crash_line(number, own_part(read_tail(log), pid), log), file=sys.stderr, flush=True)
     return 128 + number
 
 
@@ -105,6 +105,13 @@ def own_part(log_text: str, pid: int) -> str:
 
 def crash_line(number: int, log_text: str, log: Path) -> str:
     """One line: who crashed, with which signal, doing what, llama.cpp's last words if any, the log."""
+    who, what, where, said = crash_parts(number, log_text)
+    return _line(who, what, where, said, f"details in {log}")
+
+
+def crash_parts(number: int, log_text: str) -> tuple[str, str, str, str]:
+    """Who died of signal `number` (llama.cpp or the app), the signal by name, what it was doing, and
+    llama.cpp's last words (""), from the crashed process's part of the log."""
     try:
         signal_name = f"{signal.Signals(number).name} ({signal.strsignal(number)})"
     except ValueError:
@@ -118,7 +125,7 @@ def crash_line(number: int, log_text: str, log: Path) -> str:
         else:
             where = f"in {function} ({Path(file).name})"
     last_words = _ABORT_LINE.findall(log_text)
-    return _line(who, signal_name, where, last_words[-1] if last_words else "", f"details in {log}")
+    return who, signal_name, where, one_said(last_words[-1] if last_words else "")
 
 
 def exception_line(error: BaseException, log: Path) -> str:
@@ -136,9 +143,14 @@ def exception_line(error: BaseException, log: Path) -> str:
     return _line("the app", type(error).__name__, where, str(error), details)
 
 
-def _line(who: str, what: str, where: str, said: str, details: str) -> str:
+def one_said(said: str) -> str:
+    """What a crashed process said last, as one safe line of at most 160 characters."""
     said = terminal_safe(said.strip().splitlines()[0] if said.strip() else "")
-    said = f": {said[:160]}{'…' if len(said) > 160 else ''}" if said else ""
+    return f"{said[:160]}{'…' if len(said) > 160 else ''}"
+
+
+def _line(who: str, what: str, where: str, said: str, details: str) -> str:
+    said = f": {one_said(said)}" if said.strip() else ""
     return (f"tui-chat: {who} crashed with {what}{' ' + where if where else ''}{said}. "
             f"The chat so far is kept; {details}")
 
@@ -236,7 +248,7 @@ def _crashed_frames(log_text: str) -> list[dict[str, str]]:
     return [match.groupdict() for match in _FRAME.finditer(after.split("\n\n")[0])] if found else []
 
 
-def _read_tail(log: Path, size: int = 64 * 1024) -> str:
+def read_tail(log: Path, size: int = 64 * 1024) -> str:
     try:
         with log.open("rb") as handle:
             handle.seek(max(0, log.stat().st_size - size))

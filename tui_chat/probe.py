@@ -8,9 +8,17 @@ token ids as other text. No Textual here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .engine.base import Backend, Recomputing, Stream, Token
 from .engine.params import LiveParams, SamplingParams
 from .session import Branch
+
+
+def position_context(prompt_ids: Sequence[int], tokens: Sequence[Token], index: int) -> tuple[int, ...]:
+    """All the model had read before `tokens[index]` came: the prompt the reply follows (`Done.prompt_ids`,
+    or the first `PromptProgress.prompt_ids`) and the reply's tokens before it, a branch's given ones too."""
+    return tuple(prompt_ids) + tuple(t.token_id for t in tokens[:index])
 
 
 class TokenProbe:
@@ -37,8 +45,6 @@ class TokenProbe:
 
     def context(self, index: int) -> tuple[int, ...]:
         """All the model had read before token `index` of the reply."""
-        from .engine.local.xray import position_context  # with numpy and llama.cpp's bindings, loaded by a local model
-
         _, branch = self._ready()
         return position_context(branch.prompt_ids, branch.tokens, index)
 

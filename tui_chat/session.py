@@ -21,6 +21,7 @@ from .engine.base import (
     Done,
     Error,
     Event,
+    LoadProgress,
     Message,
     Metrics,
     ModelInfo,
@@ -480,6 +481,8 @@ class ChatSession:
                     update.versions.append((event.params_version, len(writing.tokens)))
             elif isinstance(event, PromptProgress):
                 update.status = progress_line(event)
+            elif isinstance(event, LoadProgress):  # the model loads again first (its engine process had died)
+                update.status = event.stage
             elif isinstance(event, Metrics):
                 update.metrics = writing.metrics = event.metrics
             elif isinstance(event, ToolActivity):
@@ -563,9 +566,10 @@ class ChatSession:
         return ""
 
     def _fail(self, writing: Writing, error: Error) -> Ending:
-        """The engine gave up. What it wrote stays (a server's stream cut mid-reply), marked as such."""
+        """The engine gave up. What it wrote stays (a server's stream cut mid-reply, an engine process that died),
+        marked as such."""
         self.writing = None
-        error = replace(error, reasoning=error.reasoning or writing.reasoning)
+        error = replace(error, text=error.text or writing.text, reasoning=error.reasoning or writing.reasoning)
         reasoning = error.reasoning
         if not written(error):
             self._take_back(writing)

@@ -21,7 +21,7 @@ SWITCH_INTERVAL_S = 0.002
 def run(args: argparse.Namespace, config: Config) -> int:
     from ..ui.app import ChatApp
 
-    opener, model = opener_for(config, args)
+    opener, model = opener_for(config, args, engine_process=True)
     if args.watched:
         watch(log_dir())
     app = ChatApp(config, opener, model)

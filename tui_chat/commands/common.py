@@ -96,8 +96,10 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remote", metavar="PROFILE", help="a [remotes.PROFILE] server from the config")
 
 
-def opener_for(config: Config, args: argparse.Namespace | None = None) -> tuple[BackendOpener, str | None]:
-    """The backend opener for this run and the model name to open first, with the flags laid over the config."""
+def opener_for(config: Config, args: argparse.Namespace | None = None, *,
+               engine_process: bool = False) -> tuple[BackendOpener, str | None]:
+    """The backend opener for this run and the model name to open first, with the flags laid over the config.
+    `engine_process`: each model's engine in a process of its own (the chat UI)."""
     from ..engine.factory import (  # the engine: only for a command that opens one
         REMOTE_MARK,
         BackendOpener,
@@ -113,6 +115,7 @@ def opener_for(config: Config, args: argparse.Namespace | None = None) -> tuple[
         gpu_layers=config.gpu_layers, chat_template=config.chat_template, threads=config.threads,
         threads_batch=config.threads_batch, extra_buffers=config.extra_buffers, cache_dir=cache_dir(),
         kv_dir=kv_cache_dir(), kv_budget_bytes=config.kv_cache_budget_bytes, draft=config.draft,
+        engine_process=engine_process,
     )
     model = getattr(args, "model", None)
     if remote is not None:

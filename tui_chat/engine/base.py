@@ -90,6 +90,19 @@ class Request:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceMemory:
+    """What llama.cpp allocated on one device as it loaded (its own log of each buffer, in bytes): the weights, the
+    KV cache (all its cells: the panel's KV bar says how many are filled), the compute and output buffers; and
+    what the device had left after, where it says (a GPU; None for the CPU's memory)."""
+
+    device: str
+    weights: int = 0
+    kv: int = 0
+    compute: int = 0
+    free: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ModelInfo:
     name: str
     path: str
@@ -115,6 +128,7 @@ class ModelInfo:
     draft: str = ""  # speculative decoding's drafter: "ngram" or the draft model's file name ("" none)
     tool_syntax: str = ""  # how its chat template writes tool calls (prompts.CALL_SYNTAXES); "": it takes no tools
     call_tokens: tuple[tuple[str, int], ...] = ()  # that syntax's markers that are one token each, and their ids
+    memory: tuple[DeviceMemory, ...] = ()  # where the model, its KV cache and its buffers sit (a local model)
 
     @property
     def server_facts(self) -> tuple[str, ...]:

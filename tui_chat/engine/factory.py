@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .base import Backend, EngineError
 from .models import resolve_model
+
+if TYPE_CHECKING:
+    from .local.settings import LlamaSettings
 
 REMOTE_MARK = "@"
 
@@ -40,6 +44,9 @@ class LocalOptions:
     kv_dir: Path | None = None  # KV states saved after each reply, restored later (None: none saved)
     kv_budget_bytes: int = 0  # their total size (0: none saved)
     draft: str = "off"  # speculative decoding's drafter (local/draft.py)
+    # Each model's engine in a process of its own (process.py): the chat UI's choice; `run`, which has no UI to
+    # share a lock with, keeps it in its own process
+    engine_process: bool = False
 
 
 class ServerProfile(Protocol):
@@ -78,20 +85,22 @@ class BackendOpener:
 
     def _open_local(self, name: str | None) -> Backend:
         from ..hub.local import mark_used
-        from .local import logs
-        from .local.lab import LlamaLab
-        from .local.llama import LlamaSettings
+        from .local.settings import LlamaSettings
 
         local = self.local
         path = model_file(name, local.default_model, local.models_dir)
-        logs.install(local.log_dir)
         mark_used(local.models_dir, path)
         shown = name if name and not name.lower().endswith(".gguf") else path.stem
         settings = LlamaSettings(path, n_ctx=local.n_ctx, gpu_layers=local.gpu_layers,
                                  chat_template=local.chat_template, extra_buffers=local.extra_buffers,
                                  threads=local.threads, threads_batch=local.threads_batch, cache_dir=local.cache_dir,
                                  kv_dir=local.kv_dir, kv_budget_bytes=local.kv_budget_bytes, draft=local.draft)
-        return LlamaLab(settings, name=shown)
+        make = partial(local_backend, settings, shown, local.log_dir)
+        if not local.engine_process:
+            return make()
+        from .process import LocalEngineProcess
+
+        return LocalEngineProcess(make, local.log_dir)
 
     def _open_server(self, name: str) -> Backend:
         from .openai import OpenAIBackend, RemoteSettings
@@ -105,7 +114,22 @@ class BackendOpener:
             api_key = profile.resolved_api_key()
         except ValueError as error:  # the config's one-line error: the key's variable is not set
             raise EngineError(str(error)) from None
-        return OpenAIBackend(RemoteSettings(profile.base_url, model or profile.model, api_key, profile.timeout_s))
+        make = partial(OpenAIBackend, RemoteSettings(profile.base_url, model or profile.model, api_key,
+                                                     profile.timeout_s))
+        if not self.local.engine_process:
+            return make()
+        from .process import EngineProcess
+
+        return EngineProcess(make, self.local.log_dir)
+
+
+def local_backend(settings: LlamaSettings, name: str, log_dir: Path) -> Backend:
+    """The llama.cpp backend, built where it runs (in the engine process, or in this one)."""
+    from .local import logs
+    from .local.lab import LlamaLab
+
+    logs.install(log_dir)
+    return LlamaLab(settings, name=name)
 
 
 def model_file(name: str | None, default_model: str | None, models_dir: Path) -> Path:

@@ -6,6 +6,7 @@ one (stop sequences, logit bias, the sampler order) is a `ListSpec` row with its
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from collections.abc import Callable
@@ -319,15 +320,21 @@ class LiveParams:
     The engine compares `version` (a plain int read) per token and takes a snapshot only when it moved,
     so an unchanged setting costs nothing on the decode path. The last few versions stay readable
     (`at`), so a token can be explained with the settings it was drawn with after a slider moved on.
+
+    Sent to the engine process (pickled), it arrives as a mirror with the same `key`: the UI's changes reach it
+    through `watch` on this side and `follow` on that one, version numbers and all.
     """
 
     KEPT_VERSIONS = 256
+    _keys = itertools.count(1)
 
     def __init__(self, params: SamplingParams | None = None) -> None:
         self._lock = threading.Lock()
         self._params = params or SamplingParams()
         self.version = 0
         self._history: dict[int, SamplingParams] = {0: self._params}
+        self.key = next(LiveParams._keys)
+        self._watchers: list[Callable[[LiveParams], None]] = []
 
     def update(self, **changes: Any) -> SamplingParams:
         with self._lock:
@@ -335,7 +342,10 @@ class LiveParams:
             self.version += 1
             self._history[self.version] = self._params
             self._history.pop(self.version - self.KEPT_VERSIONS, None)
-            return self._params
+            params, watchers = self._params, tuple(self._watchers)
+        for watcher in watchers:
+            watcher(self)
+        return params
 
     def snapshot(self) -> tuple[int, SamplingParams]:
         with self._lock:
@@ -345,3 +355,30 @@ class LiveParams:
         """The settings as they were at `version` (a Token's `params_version`); KeyError once forgotten."""
         with self._lock:
             return self._history[version]
+
+    def watch(self, watcher: Callable[[LiveParams], None]) -> None:
+        """`watcher` is called after every change, on the changing thread (the engine process's link)."""
+        with self._lock:
+            self._watchers.append(watcher)
+
+    def unwatch(self, watcher: Callable[[LiveParams], None]) -> None:
+        with self._lock:
+            if watcher in self._watchers:
+                self._watchers.remove(watcher)
+
+    def follow(self, version: int, params: SamplingParams) -> None:
+        """A mirror takes the original's change (an older one arriving late is ignored)."""
+        with self._lock:
+            if version > self.version:
+                self._params, self.version = params, version
+                self._history[version] = params
+
+    def __getstate__(self) -> dict[str, Any]:
+        with self._lock:
+            return {"key": self.key, "version": self.version, "params": self._params}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._lock = threading.Lock()
+        self.key, self.version, self._params = state["key"], state["version"], state["params"]
+        self._history = {self.version: self._params}
+        self._watchers = []

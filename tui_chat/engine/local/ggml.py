@@ -8,9 +8,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import re
 from dataclasses import dataclass
 
 import llama_cpp
+
+from ..base import DeviceMemory
 
 _DEVICE_KINDS = {0: "CPU", 1: "GPU", 2: "integrated GPU", 3: "accelerator"}
 
@@ -22,6 +25,23 @@ class Device:
     kind: str
     memory_total: int
     memory_free: int
+
+
+_BUFFER = re.compile(r"(\S+)\s+(model|KV|compute|output) buffer size =\s+([\d.]+) MiB")
+_PARTS = {"model": "weights", "KV": "kv", "compute": "compute", "output": "compute"}
+
+
+def device_memory(log_lines: list[str]) -> tuple[DeviceMemory, ...]:
+    """What a load allocated on each device, from llama.cpp's own lines (`load_tensors: CUDA0 model buffer size =
+    290.00 MiB`, `llama_kv_cache: CPU KV buffer size = 72.00 MiB`…), with what each GPU has left now. Host memory
+    (mapped, repacked, pinned for a GPU) counts as the CPU's."""
+    sizes: dict[str, dict[str, int]] = {}
+    for name, part, mib in _BUFFER.findall("".join(log_lines)):
+        device = "CPU" if name.startswith("CPU") or name.endswith("_Host") else name
+        counts = sizes.setdefault(device, {})
+        counts[_PARTS[part]] = counts.get(_PARTS[part], 0) + round(float(mib) * 1024 * 1024)
+    free = {device.name: device.memory_free for device in devices() if device.kind != "CPU"}
+    return tuple(DeviceMemory(device, free=free.get(device), **counts) for device, counts in sizes.items())
 
 
 def system_info() -> str:

@@ -8,7 +8,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
@@ -42,40 +41,18 @@ from ..stops import StopScanner
 from . import logs
 from .chain import Chain
 from .cpu import ThreadGovernor
-from .cpu_path import AUTO, ProbeResult, choose as choose_cpu_path, run_probe
+from .cpu_path import ProbeResult, choose as choose_cpu_path, run_probe
 from .draft import KINDS as DRAFTERS, DraftController, Drafter, ModelDrafter, NgramDrafter, check_vocabulary
-from .ggml import build_features, build_version
+from .ggml import build_features, build_version, device_memory
 from .grammar import Constraint, FormatStuck, check_format
 from .kvcache import DiskCache, Restored, open_disk_cache
-from .kvstore import DEFAULT_BUDGET_BYTES
-from .llamacpp import Inspection, LlamaSession, PrefillAborted, quantization_of, supports_gpu_offload
+from .llamacpp import Inspection, LlamaSession, PrefillAborted, quantization_of
+from .settings import LlamaSettings
 from .xray import word_probability, xray_at
 
 METRICS_INTERVAL_S = 0.1
 PREFILL_CHUNK = 256
 _UNSEEN = Inspection(None, (), None)  # a token drawn with the inspector off
-
-
-@dataclass(frozen=True, slots=True)
-class LlamaSettings:
-    path: Path
-    n_ctx: int = 4096
-    gpu_layers: int | None = None
-    chat_template: str = "auto"
-    extra_buffers: str = AUTO  # the CPU path (cpu_path.py): auto, all, no-amx or none
-    threads: int | None = None  # decode threads; None follows the machine and its load
-    threads_batch: int | None = None  # prompt-reading threads; likewise
-    cache_dir: Path | None = None  # where the CPU path's self-test answer is kept
-    kv_dir: Path | None = None  # where KV states are saved after each reply (None: not saved)
-    kv_budget_bytes: int = DEFAULT_BUDGET_BYTES  # their total size; the least recently used go first
-    draft: str = "off"  # speculative decoding's drafter: "ngram" (prompt lookup), a draft model's .gguf, or "off"
-
-    @property
-    def resolved_gpu_layers(self) -> int:
-        """All layers where this build can offload, else none."""
-        if self.gpu_layers is not None:
-            return self.gpu_layers
-        return -1 if supports_gpu_offload() else 0
 
 
 def kept_token_count(ends: list[int | None], visible_len: int) -> int:
@@ -132,7 +109,7 @@ class LlamaBackend:
         return stream
 
     def xray(self, context: Sequence[int], token: int, params: SamplingParams) -> Stream:
-        """Why `token` was drawn after `context` (`xray.position_context`) under `params` (the settings it
+        """Why `token` was drawn after `context` (`probe.position_context`) under `params` (the settings it
         was drawn with: `LiveParams.at(token.params_version)`): ends with an `XRay` or an `Error`.
         Runs between two tokens when a reply is being written."""
         context = tuple(context)
@@ -255,6 +232,7 @@ class LlamaBackend:
             draft="" if settings.draft == "off" else Path(settings.draft).name,  # "ngram" stays itself
             tool_syntax=prompt_format.calls.family if prompt_format.calls else "",
             call_tokens=_single_tokens(session, prompt_format.calls.markers) if prompt_format.calls else (),
+            memory=device_memory(session.allocated),
         )
         self._disk = open_disk_cache(settings.kv_dir, settings.kv_budget_bytes, session, settings.path, header,
                                      build_version())

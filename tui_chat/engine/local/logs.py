@@ -10,6 +10,7 @@ import collections
 import contextlib
 import threading
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal, TextIO
 
@@ -22,6 +23,7 @@ _lock = threading.Lock()
 _sink: TextIO | None = None
 _recent_errors: collections.deque[str] = collections.deque(maxlen=8)
 _installed = False
+_collected: list[str] | None = None  # every line while `collecting`
 
 
 def _on_log(level: int, text: bytes | None, _user_data: object) -> None:
@@ -31,6 +33,8 @@ def _on_log(level: int, text: bytes | None, _user_data: object) -> None:
         return
     line = text.decode("utf-8", errors="replace")
     with _lock:
+        if _collected is not None:
+            _collected.append(line)
         if level == _LEVEL_ERROR and line.strip():
             _recent_errors.append(line.strip())
         if _sink is not None:
@@ -71,6 +75,20 @@ def install(log_dir: Path | None) -> Path | None:
         llama_cpp.llama_log_set(_CALLBACK, None)
         _installed = True
     return path
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[list[str]]:
+    """The lines llama.cpp logs meanwhile (a load's: what it allocated where), besides the file."""
+    global _collected
+    lines: list[str] = []
+    with _lock:
+        _collected = lines
+    try:
+        yield lines
+    finally:
+        with _lock:
+            _collected = None
 
 
 def take_errors() -> list[str]:

@@ -16,18 +16,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..base import Candidate, EngineError, Stage, Token, WordProbability, XRay
+from ..base import Candidate, EngineError, Stage, WordProbability, XRay
 from ..params import DEFAULT_ORDER, SamplingParams
 from ..stages import plan
 from .llamacpp import LlamaSession
 
 _REORDERING = {"logit_bias": "raised or lowered", "penalties": "lowered", "dry": "lowered"}  # the rest cut
-
-
-def position_context(prompt_ids: Sequence[int], tokens: Sequence[Token], index: int) -> tuple[int, ...]:
-    """All the model had read before `tokens[index]` came: the prompt the reply follows (`Done.prompt_ids`,
-    or the first `PromptProgress.prompt_ids`) and the reply's tokens before it, a branch's given ones too."""
-    return tuple(prompt_ids) + tuple(t.token_id for t in tokens[:index])
 
 
 def raw_probability(logits: np.ndarray, token: int) -> tuple[float, int]:

@@ -8,6 +8,7 @@ events, batched → session → the views.
 
 from __future__ import annotations
 
+import threading
 import time
 from functools import partial
 
@@ -91,8 +92,11 @@ class ChatScreen(Screen[None]):
         self.view.session = self.workspace.new_chat(self.live, **self.options)
 
     def on_unmount(self) -> None:
+        model = self.workspace.backend
         self.workspace.close()
         self.memory.close()
+        if model is not None:  # its engine process ends with the chat, and the exit does not wait for it
+            threading.Thread(target=model.close, name="close-model", daemon=True).start()
 
     @property
     def view(self) -> ConversationView:

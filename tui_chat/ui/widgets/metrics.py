@@ -13,9 +13,10 @@ from textual.content import Content
 from textual.message import Message
 from textual.widgets import Select, Sparkline, Static
 
-from ...engine.base import PREFILL_RATE_MIN_TOKENS, ModelInfo, TurnMetrics, restore_note
+from ...engine.base import PREFILL_RATE_MIN_TOKENS, DeviceMemory, ModelInfo, TurnMetrics, restore_note
 from ...pricing import Price, format_usd, turn_cost
 from ...safetext import terminal_safe
+from ...units import format_size
 from .figures import show
 
 BAR_WIDTH = 20
@@ -71,6 +72,13 @@ def _tools(m: TurnMetrics) -> str:
 def _calls_cost(price: Price, m: TurnMetrics) -> str:
     """The calls' share of the output (the results are in the input already: the last prompt holds them)."""
     return f"  of it calls {_usd(price.cost(0, 0, m.tool_call_tokens))}\n" if m.tool_call_tokens else ""
+
+
+def memory_line(device: DeviceMemory) -> str:
+    """`CUDA0 290.0 MiB weights · 72.0 MiB KV · 257.3 MiB compute · 139.1 GiB free`: llama.cpp's own accounting."""
+    free = f" · {format_size(device.free)} free" if device.free is not None else ""
+    return (f"{device.device} {format_size(device.weights)} weights · {format_size(device.kv)} KV · "
+            f"{format_size(device.compute)} compute{free}")
 
 
 def kv_bar(used: int, total: int, width: int = BAR_WIDTH) -> str:
@@ -183,7 +191,9 @@ class MetricsPanel(Vertical):
             hardware = f"{info.offload} · {threads} thread{'s' if threads != 1 else ''}" if threads else info.offload
             thinks = f"\nThinking {'on' if self.thinking else 'off'} · F7" if info.thinking else ""
             server = "".join(f"\n{line}" for line in info.server_facts)
-            show(facts, Content(terminal_safe(f"{info.quantization} · {hardware}\n{info.description}{thinks}{server}")))
+            memory = "".join(f"\n{memory_line(device)}" for device in info.memory)
+            show(facts, Content(terminal_safe(f"{info.quantization} · {hardware}{memory}\n{info.description}{thinks}"
+                                              f"{server}")))
         server = f"\n  server {_rate(m.server_decode_tok_s)}" if m.server_decode_tok_s else ""  # by its own clock
         grammar = m.grammar_ms_per_token
         show(self.query_one("#speed", Static), Content(

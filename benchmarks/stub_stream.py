@@ -1,0 +1,171 @@
+"""The real app in a terminal, fed by a real token source: a stub OpenAI server streaming at 5,000 tok/s.
+
+Why: `ui_streaming.py` runs the app headless beside a synthetic source; this is what a user of a fast server
+sees. The stub (stub_server.py, a process of its own) streams over HTTP into the app's engine process, which
+sends batches to the UI; the app runs in tmux (a pseudo-terminal) as `tui-chat --backend openai`. While the
+reply streams, a letter is typed into the message box every 250 ms and timed until the terminal shows it
+(tmux capture-pane, polled: a few ms of resolution); the app's event loop writes its stalls (TUI_CHAT_LAG_LOG).
+At the end the panel's decode rate is read beside the rate the stub sent at. Then Esc mid-reply: how long until
+the footer says stopped, and whether the stub saw the connection cut. Prints numbers, asserts nothing.
+
+    python benchmarks/stub_stream.py [--rate 5000] [--seconds 4] [--rounds 3] [--paragraph] [--json]
+
+Targets (issue 37, 2 cores): panel rate within 2 % of the server's, key shown within 50 ms at p95, no loop stall
+over 50 ms, Esc stops at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from app_speed import FOOTER, Tmux, panel, panel_rate, tui_chat
+from shared import fmt, median
+
+from tui_chat.engine.local.cpu import cpu_model
+
+HERE = Path(__file__).parent
+KEY_EVERY_S = 0.25
+PROMPT = "Write it all out, please."
+STOPPED = "stopped ·"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def environment(root: Path) -> dict[str, str]:
+    env = os.environ | {f"XDG_{name}_HOME": str(root / name.lower()) for name in ("CONFIG", "DATA", "STATE", "CACHE")}
+    config = root / "config" / "tui-chat" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text("kv_cache_budget_gb = 0\n\n[sampling]\nmax_tokens = 100000\n")
+    return env | {"TUI_CHAT_LAG_LOG": str(root / "lag.jsonl")}
+
+
+def prompt_line(screen: str) -> str:
+    """The message box's text line (between its heavy borders)."""
+    for line in screen.splitlines():
+        if line.lstrip().startswith("┃"):
+            return line.split("┃")[1]
+    return ""
+
+
+def one_round(rate: float, tokens: int, paragraph: bool, stop_after_s: float | None) -> dict:
+    root = Path(tempfile.mkdtemp(prefix="tui-chat-stub-stream-"))
+    env, stats, port = environment(root), root / "stub.json", free_port()
+    server = subprocess.Popen([sys.executable, str(HERE / "stub_server.py"), str(port), str(stats), "--rate", str(rate),
+                               "--tokens", str(tokens), *(["--paragraph"] if paragraph else [])],
+                              start_new_session=True)
+    try:
+        app = Tmux(env, tui_chat("--backend", "openai", "--base-url", f"http://127.0.0.1:{port}/v1"))
+        try:
+            return drive(app, rate, stats, root, stop_after_s)
+        finally:
+            app.close()
+    finally:
+        server.kill()
+        server.wait()
+
+
+def drive(app: Tmux, rate: float, stats: Path, root: Path, stop_after_s: float | None) -> dict:
+    app.wait_for(lambda s: "server 127.0.0.1" in panel(s), 60)
+    app("send-keys", "-t", "app", "-l", PROMPT)
+    app.wait_for(lambda s: PROMPT[:20] in prompt_line(s), 10, 0.02)
+    app("send-keys", "-t", "app", "C-u")  # the box emptied again: each typed letter is then its whole text
+    app.wait_for(lambda s: PROMPT[:20] not in prompt_line(s), 10, 0.02)
+    app("send-keys", "-t", "app", "-l", PROMPT)
+    app.wait_for(lambda s: PROMPT[:20] in prompt_line(s), 10, 0.02)
+    app("send-keys", "-t", "app", "Enter")
+    app.wait_for(lambda s: PROMPT[:20] not in prompt_line(s) and "out " in panel(s) and "out 0" not in panel(s),
+                 30, 0.01)
+    started = time.monotonic()
+    if stop_after_s is not None:
+        time.sleep(stop_after_s)
+        asked = time.monotonic()
+        app("send-keys", "-t", "app", "Escape")
+        app.wait_for(lambda s: STOPPED in s, 30, 0.005)
+        stopped_s = time.monotonic() - asked
+        time.sleep(0.5)
+        return {"stop_s": stopped_s, "server": json.loads(stats.read_text()) if stats.exists() else None}
+    keys: list[float] = []
+    typed = ""
+    while not FOOTER.search(screen := app.screen()):
+        next_key = started + (len(keys) + 1) * KEY_EVERY_S
+        time.sleep(max(0.0, next_key - time.monotonic()))
+        typed = (typed + chr(ord("a") + len(keys) % 26))[-20:]
+        sent = time.monotonic()
+        app("send-keys", "-t", "app", "-l", typed[-1])
+        try:
+            app.wait_for(lambda s, shown=typed: shown in prompt_line(s) or FOOTER.search(s), 5, 0.002)
+        except RuntimeError:
+            continue
+        keys.append(time.monotonic() - sent)
+    server = json.loads(stats.read_text())
+    shown = panel_rate(panel(screen), "Decode")
+    lag = root / "lag.jsonl"
+    stalls = [json.loads(line) for line in lag.read_text().splitlines()] if lag.exists() else []
+    during = [s for s in stalls if server["first"] <= s["at"] <= server["last"] + 1.0]
+    keys.sort()
+    return {
+        "server_tok_s": server["sent_tok_s"], "panel_tok_s": shown,
+        "ratio": shown / server["sent_tok_s"] if shown and server["sent_tok_s"] else None,
+        "tokens": server["tokens"], "keys": len(keys),
+        "key_p50_ms": keys[len(keys) // 2] * 1000 if keys else None,
+        "key_p95_ms": keys[min(len(keys) - 1, int(len(keys) * 0.95))] * 1000 if keys else None,
+        "key_max_ms": keys[-1] * 1000 if keys else None,
+        "worst_stall_ms": max((s["late_s"] for s in during), default=0.0) * 1000,
+        "stalls_over_50ms": sum(s["late_s"] > 0.05 for s in during),
+        "worst_stalls": sorted(during, key=lambda s: -s["late_s"])[:3],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", type=float, default=5000.0, help="tokens a second the stub sends, default 5000")
+    parser.add_argument("--seconds", type=float, default=4.0, help="seconds of tokens a reply, default 4")
+    parser.add_argument("--rounds", type=int, default=3, help="streams timed (each in a fresh app), default 3")
+    parser.add_argument("--paragraph", action="store_true", help="the reply one paragraph of plain words")
+    parser.add_argument("--json", action="store_true", help="one JSON document instead of the table")
+    args = parser.parse_args()
+    tokens = round(args.rate * args.seconds)
+    log = sys.stderr if args.json else sys.stdout
+    print(f"machine   {cpu_model() or platform.machine()}, {os.cpu_count()} CPUs, load avg {os.getloadavg()[0]:.2f}",
+          file=log)
+    print(f"stream    {tokens:,} tokens at {args.rate:,.0f} tok/s from stub_server.py "
+          f"({'one paragraph' if args.paragraph else 'Markdown sections'}) into `tui-chat --backend openai` in tmux",
+          file=log)
+    rounds = []
+    for index in range(args.rounds):
+        result = one_round(args.rate, tokens, args.paragraph, None)
+        rounds.append(result)
+        worst = result["worst_stalls"][0] if result["worst_stalls"] else None
+        cause = f" ({worst['cause']} in {worst['where'] or worst['hottest']})" if worst else ""
+        print(f"round {index + 1}: server {fmt(result['server_tok_s'])} tok/s, panel {fmt(result['panel_tok_s'])} "
+              f"(ratio {fmt(result['ratio'], '.3f')}), keys {result['keys']} p50/p95/max "
+              f"{fmt(result['key_p50_ms'])}/{fmt(result['key_p95_ms'])}/{fmt(result['key_max_ms'])} ms, worst stall "
+              f"{fmt(result['worst_stall_ms'])} ms{cause}, {result['stalls_over_50ms']} over 50 ms", file=log)
+    stop = one_round(args.rate, tokens, args.paragraph, 1.0)
+    print(f"Esc 1 s into a stream: the footer said stopped after {fmt(stop['stop_s'] * 1000)} ms (tmux polled); "
+          f"the stub {'saw the connection cut' if stop['server'] and stop['server']['stopped'] else 'sent it all'}",
+          file=log)
+    summary = {key: median([r[key] for r in rounds if r[key] is not None]) for key in
+               ("server_tok_s", "panel_tok_s", "ratio", "key_p95_ms", "worst_stall_ms")}
+    print("median  " + ", ".join(f"{key} {fmt(value, '.3f' if key == 'ratio' else '.1f')}"
+                                 for key, value in summary.items()), file=log)
+    if args.json:
+        print(json.dumps({"cpu": cpu_model(), "cpus": os.cpu_count(), "rate": args.rate, "tokens": tokens,
+                          "paragraph": args.paragraph, "rounds": rounds, "stop": stop, "median": summary}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""The engine in a process of its own (engine/process.py, engine/host.py), on the real starter and llama.cpp.
+
+The app's process never loads llama.cpp; what crosses is requests one way and batches of events the other. A
+reply is the same tokens with the same probabilities as in one process; settings changed mid-reply and Esc reach
+it; and when the engine process dies (kill -9, an abort) the reply ends in one line, the app goes on, and the
+next request loads the model again in a new process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from conftest import GREEDY, collect
+from test_ui import loaded, reply_done, send, wait_for
+from tui_chat.commands.common import opener_for
+from tui_chat.config import Config
+from tui_chat.engine.base import (
+    ColumnEvent,
+    Done,
+    Error,
+    LabDone,
+    Loaded,
+    LoadProgress,
+    Message,
+    Request,
+    Token,
+    WordProbability,
+    XRay,
+)
+from tui_chat.engine.factory import local_backend
+from tui_chat.engine.local.settings import LlamaSettings
+from tui_chat.engine.params import LiveParams, SamplingParams
+from tui_chat.engine.process import LocalEngineProcess
+from tui_chat.probe import position_context
+from tui_chat.ui.app import ChatApp
+from tui_chat.ui.widgets.messages import ReplyMessage
+
+pytestmark = pytest.mark.starter
+
+QUESTION = [Message("user", "Name three colours of the sea.")]
+COUNTING = [Message("user", "Count from 1 to 100, separated by commas.")]  # the starter runs on to max tokens
+
+
+@pytest.fixture
+def engine(starter_model: Path, tmp_path: Path):
+    backend = LocalEngineProcess(partial(local_backend, LlamaSettings(starter_model, n_ctx=2048), "starter",
+                                         tmp_path / "logs"), tmp_path / "logs")
+    assert isinstance(backend.load().result(), Loaded)
+    yield backend
+    backend.close()
+
+
+def request(messages: list[Message], params: SamplingParams = GREEDY, **fields) -> Request:
+    return Request(messages, LiveParams(params), **fields)
+
+
+def first_tokens(stream, count: int) -> list[Token]:
+    """Drain until `count` tokens have come (the reply goes on)."""
+    tokens: list[Token] = []
+    deadline = time.monotonic() + 60
+    while len(tokens) < count:
+        assert time.monotonic() < deadline, "no tokens came"
+        for event in stream.drain(timeout=1.0):
+            assert not isinstance(event, (Done, Error)), event
+            if isinstance(event, Token):
+                tokens.append(event)
+    return tokens
+
+
+def rest(stream, tokens: list[Token]) -> Done | Error:
+    more, final = collect(stream)
+    tokens.extend(more)
+    return final
+
+
+def test_a_reply_has_the_tokens_and_probabilities_of_the_engine_in_this_process(engine, starter):
+    """Greedy text identical and recorded probabilities within 1e-4, on the same machine."""
+    there, there_done = collect(engine.generate(request(QUESTION, top_logprobs=5)))
+    here, here_done = collect(starter.generate(request(QUESTION, top_logprobs=5)))
+    assert isinstance(there_done, Done) and isinstance(here_done, Done)
+    assert there_done.text == here_done.text and there_done.text.strip()
+    assert [t.token_id for t in there] == [t.token_id for t in here]
+    for a, b in zip(there, here, strict=True):
+        assert a.prob == pytest.approx(b.prob, abs=1e-4)
+        assert [c.token_id for c in a.top] == [c.token_id for c in b.top]
+        assert [c.prob for c in a.top] == pytest.approx([c.prob for c in b.top], abs=1e-4)
+    assert engine.info is not None and engine.info.n_ctx == 2048
+    assert engine.count_tokens("Hello there") == starter.count_tokens("Hello there")
+
+
+def test_settings_changed_mid_reply_reach_the_engine_process(engine):
+    live = LiveParams(GREEDY.with_changes(max_tokens=400))
+    stream = engine.generate(Request(COUNTING, live))
+    tokens = first_tokens(stream, 3)
+    live.update(max_tokens=len(tokens) + 10)
+    final = rest(stream, tokens)
+    assert isinstance(final, Done) and final.stop_reason == "length", final
+    assert len(tokens) < 60  # cut near the new limit, long before 400
+    assert tokens[-1].params_version == live.version  # the last tokens were drawn under the change
+
+
+def test_cancel_stops_a_reply_in_the_engine_process(engine):
+    stream = engine.generate(request(COUNTING, GREEDY.with_changes(max_tokens=400)))
+    tokens = first_tokens(stream, 2)
+    asked = time.perf_counter()
+    stream.cancel()
+    final = rest(stream, tokens)
+    assert isinstance(final, Done) and final.stop_reason == "cancelled", final
+    assert time.perf_counter() - asked < 1.0
+    assert len(tokens) < 100
+
+
+def test_the_lab_and_the_inspector_cross_to_the_engine_process(engine):
+    columns = [LiveParams(GREEDY), LiveParams(GREEDY.with_changes(temperature=0.8, seed=7))]
+    events = list(engine.compare(request(QUESTION), columns))
+    assert isinstance(events[-1], LabDone), events[-1]
+    assert {e.column for e in events if isinstance(e, ColumnEvent) and isinstance(e.event, Token)} == {0, 1}
+    tokens, done = collect(engine.generate(request(QUESTION, top_logprobs=5)))
+    assert isinstance(done, Done)
+    context = position_context(done.prompt_ids, tokens, 1)
+    xray = engine.xray(context, tokens[1].token_id, GREEDY).result()
+    assert isinstance(xray, XRay) and xray.token_id == tokens[1].token_id
+    word = engine.word_probability(context, tokens[1].piece).result()
+    assert isinstance(word, WordProbability) and word.prob == pytest.approx(tokens[1].prob, rel=0.05)
+
+
+@pytest.mark.parametrize("number, said", [(signal.SIGKILL, "was killed (SIGKILL"),
+                                          (signal.SIGABRT, "crashed with SIGABRT")])
+def test_an_engine_that_dies_mid_reply_ends_it_in_one_line_and_the_next_request_loads_again(engine, number, said):
+    stream = engine.generate(request(COUNTING, GREEDY.with_changes(max_tokens=400)))
+    tokens = first_tokens(stream, 3)
+    os.kill(engine.pid, number)
+    final = rest(stream, tokens)
+    assert isinstance(final, Error), final
+    assert said in final.message and "\n" not in final.message
+    assert "the next message loads the model again" in final.message
+    if number == signal.SIGABRT:  # Python's stack at the signal went to the log the line names
+        log = Path(final.message.rsplit("details in ", 1)[1])
+        assert "Fatal Python error: Aborted" in log.read_text()
+    again, done = collect(engine.generate(request(QUESTION)))
+    assert isinstance(done, Done) and done.text.strip(), done
+    assert engine.pid is not None
+
+
+async def test_the_app_outlives_its_engine_and_keeps_the_chat(starter_model: Path):
+    config = Config(sampling=GREEDY.with_changes(max_tokens=400), n_ctx=1024)
+    app = ChatApp(config, opener_for(config, engine_process=True)[0], str(starter_model))
+    async with app.run_test(size=(100, 32)) as pilot:
+        screen = await loaded(pilot)
+        backend = screen.workspace.backend
+        assert isinstance(backend, LocalEngineProcess)
+        await send(pilot, COUNTING[0].content)
+        await wait_for(pilot, lambda: screen.reply is not None and len(screen.reply.text) > 20)
+        os.kill(backend.pid, signal.SIGKILL)
+        reply = await reply_done(pilot)
+        branch = reply.turn.reply
+        assert branch.text.startswith(screen.session.turns[0].reply.text[:20]) and len(branch.text) > 20
+        assert branch.footer.startswith("cut short: the engine process was killed")
+        await send(pilot, "Name three colours of the sea.")
+        await wait_for(pilot, lambda: len(screen.session.turns) == 2 and screen.reply is None, 60)
+        await pilot.pause()
+        assert screen.session.turns[1].reply.text.strip()
+        assert len(pilot.app.screen.query(ReplyMessage)) == 2
+
+
+def test_the_app_process_never_loads_llama_cpp(starter_model: Path, tmp_path: Path):
+    """A chat with the starter in a fresh interpreter: the reply comes, and llama_cpp is not in its modules."""
+    script = textwrap.dedent(f"""
+        import asyncio, json, sys, time
+        from tui_chat.commands.common import opener_for
+        from tui_chat.config import Config
+        from tui_chat.engine.params import SamplingParams
+        from tui_chat.ui.app import ChatApp
+        from tui_chat.ui.screens.chat import ChatScreen
+        from tui_chat.ui.widgets.prompt import PromptInput
+
+        async def main():
+            config = Config(sampling=SamplingParams(temperature=0.0, max_tokens=24), n_ctx=1024)
+            app = ChatApp(config, opener_for(config, engine_process=True)[0], {str(starter_model)!r})
+            async with app.run_test(size=(100, 32)) as pilot:
+                screen = app.screen
+                deadline = time.monotonic() + 120
+                while screen.workspace.backend is None and time.monotonic() < deadline:
+                    await pilot.pause(0.05)
+                prompt = screen.query_one(PromptInput)
+                prompt.focus()
+                prompt.text = "Name three colours of the sea."
+                await pilot.press("enter")
+                await pilot.pause(0.2)
+                while (screen.reply is not None or not screen.session.turns) and time.monotonic() < deadline:
+                    await pilot.pause(0.05)
+                reply = screen.session.turns[0].reply
+                print(json.dumps({{"reply": reply.text if reply else "", "footer": reply.footer if reply else "",
+                                  "llama_cpp": sorted(m for m in sys.modules if m.startswith("llama_cpp"))}}))
+
+        asyncio.run(main())
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["reply"].strip(), seen
+    assert seen["llama_cpp"] == [], seen
+
+
+def test_an_engine_that_died_between_replies_is_loaded_again_and_the_reply_says_so(engine):
+    os.kill(engine.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while engine.pid is not None and time.monotonic() < deadline:  # its link sees the socket close
+        time.sleep(0.02)
+    stream = engine.generate(request(QUESTION))
+    first = stream.drain(timeout=5)[0]
+    assert isinstance(first, LoadProgress), first
+    assert first.stage.startswith("Loading the model again: the engine process was killed (SIGKILL")
+    tokens, done = collect(stream)
+    assert isinstance(done, Done) and done.text.strip(), done
+
+
+def test_what_the_model_takes_on_each_device_is_llama_cpps_own_accounting(engine, starter_model: Path):
+    """The weights, the KV cache and the compute buffers llama.cpp logged as it allocated them (on this machine's
+    CPU: every layer in host memory), carried with the model's info out of the engine process, and in the panel."""
+    from tui_chat.ui.widgets.metrics import memory_line
+
+    (cpu,) = engine.info.memory
+    assert cpu.device == "CPU" and cpu.free is None
+    assert 0.9 < cpu.weights / starter_model.stat().st_size < 1.1
+    assert cpu.kv > 0 and cpu.compute > 0
+    assert memory_line(cpu).startswith("CPU ") and " weights · " in memory_line(cpu)
