@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from app_speed import FOOTER, Tmux, panel, panel_rate, tui_chat
+from app_speed import FOOTER, Tmux, panel, panel_rate, thread_cpu_s, tree_cpu_s, tui_chat
 from shared import fmt, median
 
 from tui_chat.engine.local.cpu import cpu_model
@@ -69,7 +69,7 @@ def one_round(rate: float, tokens: int, paragraph: bool, stop_after_s: float | N
     try:
         app = Tmux(env, tui_chat("--backend", "openai", "--base-url", f"http://127.0.0.1:{port}/v1"))
         try:
-            return drive(app, rate, stats, root, stop_after_s)
+            return drive(app, rate, stats, root, stop_after_s, server.pid)
         finally:
             app.close()
     finally:
@@ -77,7 +77,14 @@ def one_round(rate: float, tokens: int, paragraph: bool, stop_after_s: float | N
         server.wait()
 
 
-def drive(app: Tmux, rate: float, stats: Path, root: Path, stop_after_s: float | None) -> dict:
+def cpu_by_process(app: Tmux, server: int) -> dict[str, float]:
+    """CPU seconds so far of the app's UI process, its engine process, the terminal (tmux) and the stub."""
+    ui, terminal = sum(thread_cpu_s(app.pid).values()), int(app("display-message", "-p", "#{pid}"))
+    return {"ui": ui, "engine": tree_cpu_s(app.pid) - ui, "tmux": sum(thread_cpu_s(terminal).values()),
+            "stub": tree_cpu_s(server)}
+
+
+def drive(app: Tmux, rate: float, stats: Path, root: Path, stop_after_s: float | None, server_pid: int) -> dict:
     app.wait_for(lambda s: "server 127.0.0.1" in panel(s), 60)
     app("send-keys", "-t", "app", "-l", PROMPT)
     app.wait_for(lambda s: PROMPT[:20] in prompt_line(s), 10, 0.02)
@@ -85,6 +92,7 @@ def drive(app: Tmux, rate: float, stats: Path, root: Path, stop_after_s: float |
     app.wait_for(lambda s: PROMPT[:20] not in prompt_line(s), 10, 0.02)
     app("send-keys", "-t", "app", "-l", PROMPT)
     app.wait_for(lambda s: PROMPT[:20] in prompt_line(s), 10, 0.02)
+    before = cpu_by_process(app, server_pid)
     app("send-keys", "-t", "app", "Enter")
     app.wait_for(lambda s: PROMPT[:20] not in prompt_line(s) and "out " in panel(s) and "out 0" not in panel(s),
                  30, 0.01)
@@ -111,6 +119,8 @@ def drive(app: Tmux, rate: float, stats: Path, root: Path, stop_after_s: float |
             continue
         keys.append(time.monotonic() - sent)
     server = json.loads(stats.read_text())
+    wall = server["last"] - server["first"]
+    cores = {name: (spent - before[name]) / wall for name, spent in cpu_by_process(app, server_pid).items()}
     shown = panel_rate(panel(screen), "Decode")
     lag = root / "lag.jsonl"
     stalls = [json.loads(line) for line in lag.read_text().splitlines()] if lag.exists() else []
@@ -126,6 +136,7 @@ def drive(app: Tmux, rate: float, stats: Path, root: Path, stop_after_s: float |
         "worst_stall_ms": max((s["late_s"] for s in during), default=0.0) * 1000,
         "stalls_over_50ms": sum(s["late_s"] > 0.05 for s in during),
         "worst_stalls": sorted(during, key=lambda s: -s["late_s"])[:3],
+        "cores": cores,  # while it streamed: the UI, the engine process, tmux drawing it, the stub sending
     }
 
 
@@ -153,7 +164,8 @@ def main() -> None:
         print(f"round {index + 1}: server {fmt(result['server_tok_s'])} tok/s, panel {fmt(result['panel_tok_s'])} "
               f"(ratio {fmt(result['ratio'], '.3f')}), keys {result['keys']} p50/p95/max "
               f"{fmt(result['key_p50_ms'])}/{fmt(result['key_p95_ms'])}/{fmt(result['key_max_ms'])} ms, worst stall "
-              f"{fmt(result['worst_stall_ms'])} ms{cause}, {result['stalls_over_50ms']} over 50 ms", file=log)
+              f"{fmt(result['worst_stall_ms'])} ms{cause}, {result['stalls_over_50ms']} over 50 ms; cores "
+              + ", ".join(f"{name} {value:.2f}" for name, value in result["cores"].items()), file=log)
     stop = one_round(args.rate, tokens, args.paragraph, 1.0)
     print(f"Esc 1 s into a stream: the footer said stopped after {fmt(stop['stop_s'] * 1000)} ms (tmux polled); "
           f"the stub {'saw the connection cut' if stop['server'] and stop['server']['stopped'] else 'sent it all'}",

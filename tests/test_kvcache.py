@@ -124,7 +124,7 @@ def test_the_reply_is_never_kept_waiting_by_the_save(tiny_model, tmp_path, monke
     monkeypatch.setattr(DiskCache, "save", lambda *args: (release.wait(10), save(*args)))
     backend = open_backend(tiny_model, n_ctx=1024, kv_dir=tmp_path / "kv")
     try:
-        done = backend.generate(Request(chat(NOTES, "Hi"), LiveParams(GREEDY))).result()
+        done = backend.generate(Request(chat(NOTES, "Hi"), LiveParams(GREEDY), conversation="3")).result()
         assert isinstance(done, Done) and not (tmp_path / "kv").exists()
         release.set()
     finally:
@@ -153,6 +153,12 @@ def test_a_turn_lists_the_folder_once_and_rereads_no_state_it_wrote(tiny_model, 
     assert reopened.metrics.restored_tokens > 0
     assert len(looks) == 2, "one look a turn"
     assert reads == [reads[0]], "the first process's state read once; those this one saved never read back"
+
+
+def test_a_reply_no_chat_keeps_leaves_no_state(tiny_model, tmp_path):
+    """`run` without --save: its state would only fill the disk and change a later cold run's reply (issue 38)."""
+    run_closed(tiny_model, tmp_path / "kv", chat(NOTES, "What is the capital of France?"), "", n_ctx=1024)
+    assert KvStore(tmp_path / "kv").list_entries() == []
 
 
 def test_a_zero_budget_saves_nothing(tiny_model, tmp_path):

@@ -104,3 +104,26 @@ async def test_the_lab_opens_on_a_contrast_and_tab_goes_from_settings_to_setting
         assert pilot.app.focused is first
         await pilot.press("tab")
         assert pilot.app.focused is second  # not the first column's empty reply
+
+
+async def test_a_column_that_ended_on_a_stop_sequence_does_not_show_it():
+    """As the chat and `run --compare` show it: the reply's text, not the tokens that made up the stop (issue 38)."""
+    from textual.app import App
+
+    from tui_chat.engine.base import Done, Token, TurnMetrics
+    from tui_chat.engine.params import LiveParams
+    from tui_chat.lab import Column
+
+    class Holder(App):
+        def compose(self):
+            yield LabColumn(0, "temperature=0")
+
+    pieces = [" Red", ",", " blue", " and", " green", ".", "\n", "User", ":"]
+    column = Column("temperature=0", LiveParams(), [Token(i, piece, 0.0, 0, piece)
+                                                    for i, piece in enumerate(pieces)])
+    column.done = Done("stop", "Red, blue and green.", TurnMetrics(), stop_sequence="\nUser:")
+    async with Holder().run_test() as pilot:
+        lab_column = pilot.app.query_one(LabColumn)
+        lab_column.show(column, [], None, "")
+        await pilot.pause()
+        assert str(lab_column.query_one(".lab-text", Static).render()) == "Red, blue and green."

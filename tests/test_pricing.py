@@ -87,6 +87,7 @@ def test_overrides_and_new_presets():
     ("table", "message"),
     [
         ({"X": {"input": 1}}, r"\[prices.X\] needs at least input and output"),
+        ({"X": {"input": "cheap"}}, r"\[prices.X\] input must be a number of dollars \(got 'cheap'\)"),
         ({"GPT-4o": {"output": -1}}, "output must be zero or more dollars"),
         ({"GPT-4o": {"output": "lots"}}, "output must be a number of dollars"),
         ({"GPT-4o": {"outptu": 1}}, "unknown field 'outptu'"),

@@ -116,6 +116,9 @@ def presets_with(overrides: dict[str, Any]) -> dict[str, Price]:
         unknown = sorted(set(table) - {"input", "cached_input", "output", "read_on", "cache_min_tokens"})
         if unknown:
             raise PricingError(f"[prices.{name}]: unknown field {unknown[0]!r}")
+        for field in ("input", "cached_input", "output"):  # a wrong value is named before a missing one
+            if field in table:
+                money(table[field], f"[prices.{name}] {field}")
         base = presets.get(name)
         if base is None:
             if not {"input", "output"} <= set(table):

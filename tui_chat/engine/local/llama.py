@@ -293,8 +293,9 @@ class LlamaBackend:
         except (EngineError, PromptError, FormatError) as error:
             stream.put(Error(str(error)))
             return
-        if self._disk is not None and turn is None:  # a lab leaves the conversation's cache at its prompt
-            # after Done: the reply is not kept waiting
+        # After Done, so the reply is not kept waiting. Not for a lab (it leaves the conversation's cache at its
+        # prompt), nor for a reply no chat keeps (`run` without --save): its state would only fill the disk
+        if self._disk is not None and turn is None and request.conversation:
             self._disk.save(session, request.conversation, (self._history_text, self._history_tokens),
                             self._last_prompt)
 

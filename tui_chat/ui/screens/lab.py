@@ -71,6 +71,8 @@ class LabColumn(Vertical):
             piece = piece if started else piece.lstrip()
             started = started or bool(piece)
             text.append(piece, style)
+        if column.done is not None:  # its tokens' pieces end where its text does: a stop sequence is not shown
+            text = text[: len(screen_safe(column.done.text).lstrip())]
         self.query_one(".lab-text", Static).update(text)
         self.query_one(".lab-figures", Static).update(Text(figures))
 
