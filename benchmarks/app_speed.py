@@ -188,11 +188,17 @@ def thread_cpu_s(pid: int) -> dict[int, float]:
     return seconds
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds of process `pid`, its threads that ended too."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
+
+
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds of `pid` and its child processes (the app and its engine process)."""
     children = [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
                 for c in (task / "children").read_text().split()]
-    return sum(thread_cpu_s(pid).values()) + sum(tree_cpu_s(child) for child in children)
+    return process_cpu_s(pid) + sum(tree_cpu_s(child) for child in children)
 
 
 def last_reply_metrics(env: dict[str, str]) -> dict:

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from app_speed import FOOTER, Tmux, panel, panel_rate, thread_cpu_s, tree_cpu_s, tui_chat
+from app_speed import FOOTER, Tmux, panel, panel_rate, process_cpu_s, tree_cpu_s, tui_chat
 from shared import fmt, median
 
 from tui_chat.engine.local.cpu import cpu_model
@@ -78,10 +78,10 @@ def one_round(rate: float, tokens: int, paragraph: bool, stop_after_s: float | N
 
 
 def cpu_by_process(app: Tmux, server: int) -> dict[str, float]:
-    """CPU seconds so far of the app's UI process, its engine process, the terminal (tmux) and the stub."""
-    ui, terminal = sum(thread_cpu_s(app.pid).values()), int(app("display-message", "-p", "#{pid}"))
-    return {"ui": ui, "engine": tree_cpu_s(app.pid) - ui, "tmux": sum(thread_cpu_s(terminal).values()),
-            "stub": tree_cpu_s(server)}
+    """CPU seconds so far of the app's UI process (all its threads), its engine process, the terminal (tmux) and the
+    stub."""
+    ui, terminal = process_cpu_s(app.pid), int(app("display-message", "-p", "#{pid}"))
+    return {"ui": ui, "engine": tree_cpu_s(app.pid) - ui, "tmux": process_cpu_s(terminal), "stub": tree_cpu_s(server)}
 
 
 def drive(app: Tmux, rate: float, stats: Path, root: Path, stop_after_s: float | None, server_pid: int) -> dict:

@@ -8,7 +8,7 @@ from textual.app import App
 from textual.geometry import Region
 
 from tui_chat.ui.widgets.live_tail import GROW_LINES, LiveTail, MarkdownBlocks, warm_lexer
-from tui_chat.ui.widgets.messages import rendered_markdown
+from tui_chat.ui.widgets.markdown import rendered_markdown
 
 
 class Spied(LiveTail):
@@ -208,3 +208,21 @@ async def test_a_paragraph_with_markdown_in_it_is_still_drawn_whole():
         tail.set_text(text)
         tail.set_text(text + "more")
         assert tail._settled is None and tail.wrapped[-1] == len(text + "more")
+
+
+def test_a_replys_markdown_draws_as_richs_own_with_one_parser_for_all():
+    """ReplyMarkdown sets Rich's attributes itself to share one parser: what it draws must stay Rich's."""
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    from tui_chat.ui.widgets.markdown import ReplyMarkdown, WritingMarkdown
+
+    text = ("# Title\n\nSome **bold**, `code`, ~~gone~~ and [a link](https://example.com).\n\n- one\n- two\n\n"
+            "| a | b |\n|---|---|\n| 1 | 2 |\n\n```python\nprint('hi')\n```\n\n> quoted")
+    console = Console(width=60, record=True, color_system="truecolor", force_terminal=True)
+
+    def drawn(markdown) -> list:
+        return [[(segment.text, segment.style) for segment in line] for line in console.render_lines(markdown)]
+
+    assert drawn(ReplyMarkdown(text)) == drawn(Markdown(text, code_theme="monokai", hyperlinks=False))
+    assert drawn(WritingMarkdown(text))[:8] == drawn(ReplyMarkdown(text))[:8]  # the same until its code block

@@ -20,10 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
-from rich.markdown import CodeBlock, Markdown as RichMarkdown
+from rich.console import Group, RenderableType
 from rich.style import Style
-from rich.syntax import Syntax
 from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
@@ -41,31 +39,16 @@ from ...session import Branch, Reply, Turn, Writing
 from ..clipboard import copy
 from .heatmap import HeatBlocks, HeatLines, HeatmapView, band_styles, grammar_line, has_probabilities
 from .live_tail import LiveTail, freeze_point
+from .markdown import rendered_markdown, writing_markdown
 from .thinking import ThinkingBlock, thinking_tail, thinking_view
 from .tool_calls import ToolCallBlock, show_calls
 
 FREEZE_AFTER_CHARS = 3000
 
 
-def rendered_markdown(text: str) -> RichMarkdown:
-    return RichMarkdown(screen_safe(text), code_theme="monokai", hyperlinks=False)
-
-
-class _PlainCode(CodeBlock):
-    """A code block not yet complete: drawn without colours, which pygments would compute again at every batch."""
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield Syntax(str(self.text).rstrip(), "text", theme=self.theme, word_wrap=True, padding=1)
-
-
-class _WritingMarkdown(RichMarkdown):
-    elements = {**RichMarkdown.elements, "fence": _PlainCode, "code_block": _PlainCode}
-
-
 def live_tail() -> LiveTail:
     """Where a reply streams in."""
-    return LiveTail(rendered_markdown, lambda text: _WritingMarkdown(screen_safe(text), code_theme="monokai",
-                                                                     hyperlinks=False), classes="tail")
+    return LiveTail(rendered_markdown, writing_markdown, classes="tail")
 
 
 class ChatMessage(Widget):
