@@ -1,5 +1,5 @@
 """The layers, checked: no Textual in the engine, the hub or the session; no llama_cpp in the UI, and none
-outside the engine's local wing; the engine reaches the hub only through its factory, the hub never the
+outside the engine's local wing; the engine process's two sides know no backend; the engine reaches the hub only through its factory, the hub never the
 engine; widgets never import screens; the GGUF reader is a leaf; and no module imports itself round a cycle.
 
 Every import counts, the ones inside functions too (they are how a layer would sneak in late)."""
@@ -71,6 +71,13 @@ def test_no_llama_cpp_in_the_ui():
 
 def test_llama_cpp_only_in_the_engines_local_wing():
     assert offenders("tui_chat", "llama_cpp", allowed=tuple(m for m in MODULES if within(m, LOCAL_WING))) == []
+
+
+@pytest.mark.parametrize("module", ["tui_chat.engine.process", "tui_chat.engine.host"])
+def test_the_engine_process_and_its_link_know_no_backend(module):
+    """The engine process runs whatever backend its first message builds, and the app's side of it only sends and
+    receives: neither imports the local wing (llama.cpp is loaded there, by the backend) or a server's client."""
+    assert offenders(module, LOCAL_WING) == [] and offenders(module, "tui_chat.engine.openai") == []
 
 
 def test_the_engine_reaches_the_hub_only_through_its_factory():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import pickle
 import signal
 import socket
 import subprocess
@@ -105,7 +106,10 @@ class _Link:
             job.put(LoadProgress(0.0, f"Loading the model again: {reload}…"))
         for live in lives:  # before the request leaves: a change made meanwhile is sent after it, never lost
             live.watch(self._changed)
-        self.send(("job", key, method, args, bool(reload)))
+        try:
+            self.send(("job", key, method, args, bool(reload)))
+        except (pickle.PicklingError, TypeError, AttributeError) as error:  # a bug: one line, not a traceback
+            self._end(job, Error(f"internal error (the request could not be sent to the engine: {error})"))
         if self.death is not None:
             self._end(job, Error(self.death))
         return job
