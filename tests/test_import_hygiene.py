@@ -1,6 +1,7 @@
 """The layers, checked: no Textual in the engine, the hub or the session; no llama_cpp in the UI, and none
-outside the engine's local wing; the engine process's two sides know no backend; the engine reaches the hub only through its factory, the hub never the
-engine; widgets never import screens; the GGUF reader is a leaf; and no module imports itself round a cycle.
+outside the engine's local wing; the engine process's two sides know no backend; the engine reaches the hub only
+through its factory, the hub never the engine; widgets never import screens; the GGUF reader is a leaf; and no
+module imports itself round a cycle.
 
 Every import counts, the ones inside functions too (they are how a layer would sneak in late)."""
 
