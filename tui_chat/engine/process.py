@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import pickle
 import signal
 import socket
@@ -38,6 +39,7 @@ from .formats import OutputFormat
 from .params import LiveParams, SamplingParams
 
 MakeBackend = Callable[[], Backend]  # picklable (a module-level function or a partial of one): run over there
+UI_PROCESS_ENV = "TUI_CHAT_UI_PROCESS"  # the app's pid, for the engine's thread governor (local/cpu.py)
 CLOSE_TIMEOUT_S = 10.0  # a closing engine finishes the job in hand first (a stopped reply ends within a token)
 AFTER_DEATH = "the chat is kept, and the next message loads the model again"
 
@@ -84,7 +86,8 @@ class _Link:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tui_chat.engine.host", str(theirs.fileno()), str(self.log)],
-            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True,
+            env=os.environ | {UI_PROCESS_ENV: str(os.getpid())})  # its thread governor counts the UI as load
         theirs.close()
         self.connection = Connection(ours.detach())
         self.send(("make", make))

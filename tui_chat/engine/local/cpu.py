@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..process import UI_PROCESS_ENV
 
 SYS = Path("/sys")
 PROC_STAT = Path("/proc/stat")
@@ -68,15 +69,18 @@ def choose_threads(topology: Topology, busy_elsewhere: float = 0.0) -> Threads:
 
 
 class LoadWatch:
-    """What else uses our CPUs, from /proc/stat minus the CPU time of this process's engine threads.
+    """What else uses our CPUs, from /proc/stat minus the CPU time of the engine's own threads.
 
-    The process's main thread counts as "else": in the chat app it is the UI, which shares the machine
-    with llama.cpp. Its CPU time is subtracted from the process's (os.times) to leave the engine's own."""
+    The UI's main thread counts as "else": it shares the machine with llama.cpp. In one process (`run`, the tests)
+    that is this process's main thread, whose time is taken out of the process's own (os.times). In an engine
+    process of its own, the UI is the app's main thread, and the app's other threads (the socket's reader, the
+    bridge that batches events for the screen) work for the engine: they count as its own, as they did when
+    they lived in its process."""
 
-    def __init__(self, cpus: set[int] | None = None, stat: Path = PROC_STAT, main_thread: Path | None = None) -> None:
+    def __init__(self, cpus: set[int] | None = None, stat: Path = PROC_STAT, ui_process: int | None = None) -> None:
         self.cpus = cpus if cpus is not None else _allowed_cpus()
         self.stat = stat
-        self.main_thread = main_thread or Path(f"/proc/self/task/{threading.main_thread().native_id}/stat")
+        self.ui_process = ui_process or int(os.environ.get(UI_PROCESS_ENV) or os.getpid())
         self._last = self._sample()
 
     def busy_elsewhere(self) -> float | None:
@@ -105,15 +109,19 @@ class LoadWatch:
                 user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
                 busy_ticks += user + nice + system + irq + softirq + steal
         times = os.times()
-        return time.monotonic(), busy_ticks / _TICKS_PER_S, times.user + times.system - self._main_thread_s()
+        ui = self.ui_process
+        helpers = _cpu_s(f"/proc/{ui}/stat") - _cpu_s(f"/proc/{ui}/task/{ui}/stat")  # the UI's other threads
+        own = times.user + times.system + (helpers if ui != os.getpid() else -_cpu_s(f"/proc/{ui}/task/{ui}/stat"))
+        return time.monotonic(), busy_ticks / _TICKS_PER_S, own
 
-    def _main_thread_s(self) -> float:
-        """The main thread's CPU seconds (utime + stime, fields 14 and 15 of its stat); 0 if unreadable."""
-        try:
-            fields = self.main_thread.read_text().rpartition(")")[2].split()
-        except OSError:
-            return 0.0
-        return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
+
+def _cpu_s(stat: str) -> float:
+    """A process's or thread's CPU seconds (utime + stime, fields 14 and 15 of its stat); 0 if unreadable."""
+    try:
+        fields = Path(stat).read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
