@@ -59,7 +59,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                          metavar=LIST_METAVARS[listed.name], help=listed.hint + more)
     output = run.add_mutually_exclusive_group()
     output.add_argument("--format", choices=("text", "json"),
-                        help="json: the reply is any valid JSON value (a grammar allows nothing else)")
+                        help="json: the reply is a JSON object, as OpenAI's JSON mode (a grammar allows nothing "
+                             "else; its values shallow, numbers within ±10^15 with at most 6 decimals, strings of at "
+                             "most 256 characters, arrays of at most 24 items)")
     output.add_argument("--json-schema", metavar="FILE_OR_JSON",
                         help="the reply is JSON matching this schema (its strings written with at most 256 characters "
                         "and its arrays with at most 24 items, unless the schema's own minimum asks for more)")

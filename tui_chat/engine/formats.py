@@ -1,4 +1,4 @@
-"""Output formats: free text, any JSON value, JSON that matches a schema, or a GBNF grammar; each
+"""Output formats: free text, a JSON object (JSON mode), JSON that matches a schema, or a GBNF grammar; each
 reply has its own (`Request.format`).
 
 What holds for any engine is checked here, when the format is chosen: a schema is JSON, valid against its

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .formats import KINDS, TEXT, OutputFormat
-from .local.gbnf import json_value_gbnf
 from .params import DEFAULT_ORDER, SamplingParams
 from .stages import is_on
 
@@ -150,29 +149,25 @@ def _openai_schema(output: OutputFormat) -> dict[str, Any]:
                                 "json_schema": {"name": "reply", "schema": json.loads(output.source)}}}
 
 
-# Per family: output kind -> the request fields asking for it; a kind left out cannot be asked for.
-# llama-server reads json_object as the empty schema: any JSON value, as ours. llama-cpp-python's
-# json_object is an object only, so it gets our JSON grammar instead; OpenAI's and vLLM's is an object
-# only too, and they take no GBNF.
+# Per family: output kind -> the request fields asking for it; a kind left out cannot be asked for. JSON mode is
+# an object at the top everywhere, as OpenAI's json_object (and the local engine's): llama-server reads a bare
+# json_object as the empty schema (any JSON value), so it is sent the object's schema; OpenAI's, vLLM's and
+# llama-cpp-python's json_object is an object already. OpenAI and vLLM take no GBNF.
 _FORMAT_FIELDS: dict[str, dict[str, Callable[[OutputFormat], dict[str, Any]]]] = {
     "llama.cpp server": {
-        "json": lambda o: {"response_format": {"type": "json_object"}},
+        "json": lambda o: {"response_format": {"type": "json_object", "schema": {"type": "object"}}},
         "json_schema": lambda o: {"response_format": {"type": "json_schema",
                                                       "json_schema": {"schema": json.loads(o.source)}}},
         "grammar": lambda o: {"grammar": o.source},
     },
     "llama-cpp-python server": {
-        "json": lambda o: {"grammar": json_value_gbnf()},
+        "json": lambda o: {"response_format": {"type": "json_object"}},
         "json_schema": lambda o: {"response_format": {"type": "json_object", "schema": json.loads(o.source)}},
         "grammar": lambda o: {"grammar": o.source},
     },
     "vLLM": {"json": lambda o: {"response_format": {"type": "json_object"}}, "json_schema": _openai_schema},
     "OpenAI-compatible server": {"json": lambda o: {"response_format": {"type": "json_object"}},
                                  "json_schema": _openai_schema},
-}
-FORMAT_NOTES = {
-    ("vLLM", "json"): "the server's JSON mode writes an object, not any JSON value",
-    ("OpenAI-compatible server", "json"): "the server's JSON mode writes an object, not any JSON value",
 }
 
 
@@ -194,6 +189,4 @@ def format_fields(server: str, output: OutputFormat) -> dict[str, Any] | None:
 def server_notes(server: str) -> tuple[str, ...]:
     """Where this family's meaning of a setting or a format differs from ours, a line each (for the model info)."""
     fields = SERVER_FIELDS.get(server, _OPENAI)
-    notes = [f"{name.replace('_', ' ')}: {spec.note}" for name, spec in fields.items() if spec.note]
-    formats = [f"{KINDS[kind]}: {note}" for (family, kind), note in FORMAT_NOTES.items() if family == server]
-    return tuple(notes + formats)
+    return tuple(f"{name.replace('_', ' ')}: {spec.note}" for name, spec in fields.items() if spec.note)

@@ -2,7 +2,7 @@
 
 JSON schemas compile to LLGuidance's grammar (draft 2020-12: `$ref`, `anyOf`/`allOf`, `prefixItems`,
 unanchored `pattern`s, `format`s, numeric bounds...); GBNF grammars are converted to its Lark dialect;
-"any JSON value" is the empty schema. What it cannot enforce while writing (`oneOf` it cannot prove
+JSON mode is the schema of an object (JSON_MODE). What it cannot enforce while writing (`oneOf` it cannot prove
 disjoint, `uniqueItems`, `if`/`then`, `not`, unknown formats...) it is compiled without, the note says
 which and where, and the finished reply is validated (../schema.py): a reply that breaks the schema is
 flagged, never passed as complete.
@@ -50,6 +50,10 @@ JSON_OPTIONS: JsonCompileOptions = {"whitespace_pattern": r"\n?(?: {0,16}|\t{0,4
 # length bound (`(?:\\S+\\s+){0,99}\\S+` in at most 5,000 characters, a real schema's) ran out of it mid-reply
 # and left no token allowed; 1,000,000 still did on another path of the same reply. Only such a step spends it.
 LIMITS = LLParserLimits(step_lexer_fuel=5_000_000)
+# JSON mode, as OpenAI's `json_object`: an object at the top, written under schema.writing_schema's bounds (its
+# values shallow, numbers within ±10^15 with at most 6 decimals, strings of at most 256 characters, arrays of at
+# most 24 items), so a small model cannot write digits to max tokens, as any JSON value had let it
+JSON_MODE: dict[str, Any] = {"type": "object"}
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[(.*)\]')
 _UNKNOWN_FORMAT = re.compile(r"Unknown format: (.*)")
 
@@ -95,7 +99,7 @@ def compile_format(tokenizer: LLTokenizer, output: OutputFormat) -> Compiled:
             raise FormatError(f"the grammar does not parse: {_cause(str(error))}") from None
         _refused(grammar, tokenizer, "the grammar does not parse")
         return Compiled(grammar)
-    schema = json.loads(output.source) if output.kind == "json_schema" else {}
+    schema = json.loads(output.source) if output.kind == "json_schema" else JSON_MODE
     writing = writing_schema(schema)
     unbounded = unnarrowed(schema)
     bounds = f"no length bounds added while writing ({unbounded}): a reply may run to max tokens" if unbounded else ""

@@ -1,4 +1,4 @@
-"""The output format selector: free text, any JSON value, JSON that matches a schema, or a GBNF grammar.
+"""The output format selector: free text, a JSON object, JSON that matches a schema, or a GBNF grammar.
 
 A schema or a grammar is pasted into the box, or its file's path typed there, then `Use` (or Ctrl+S)
 checks it: a bad one is one line and stays in the box to fix. The chosen format belongs to the

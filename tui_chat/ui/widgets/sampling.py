@@ -39,7 +39,7 @@ DEFAULTS = SamplingParams()
 SETTINGS_SAVED_AFTER_S = 0.5  # the chat's settings reach the history this long after the last change
 STREAM_HINT = ("On: the reply appears token by token. Off: it is held until complete, then shown whole, "
                "with the wait compared to the first word's.")
-FORMAT_HINT = "Free text, any JSON value, JSON matching a schema, or a GBNF grammar; kept with this chat."
+FORMAT_HINT = "Free text, a JSON object, JSON matching a schema, or a GBNF grammar; kept with this chat."
 HINTS = {spec.name: spec.hint for spec in PARAMS} | {
     "stop": LIST_SPECS["stop"].hint + " Separate them with |; \\n stands for a new line.",
     "sampler_order": LIST_SPECS["sampler_order"].hint + " ←/→ pick a stage, Shift+←/→ move it, Space leaves it out "
