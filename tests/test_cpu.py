@@ -302,24 +302,27 @@ def test_fixed_thread_counts_are_never_looked_at_again():
     assert ThreadGovernor(None, None, topology=Topology(logical=4, physical=4, performance=4)).next_check == 0.0
 
 
-@pytest.mark.parametrize(("where", "counted"), [("main", True), ("helper", False)])
-def test_an_engine_process_counts_the_apps_ui_as_load_and_its_helper_threads_as_its_own(where, counted):
+def test_an_engine_process_counts_the_apps_ui_as_load_and_its_helper_threads_as_its_own():
     """In its own process the engine's governor reads the app's process: its main thread (the UI) shares the
-    cores with llama.cpp; its other threads (the socket's reader, the bridge) are the engine's plumbing."""
+    cores with llama.cpp; its other threads (the socket's reader, the bridge) are the engine's plumbing. The same
+    burn seen from both (whatever else the machine runs meanwhile counts in both alike)."""
     import subprocess
     import sys
 
-    burn = "while True: sum(range(1000))"
-    code = burn if where == "main" else (f"import threading\nthreading.Thread(target=lambda: exec({burn!r}))"
-                                         ".start()\nimport time\ntime.sleep(60)")
-    app = subprocess.Popen([sys.executable, "-c", code])
-    try:
-        time.sleep(0.3)
-        watch = LoadWatch(ui_process=app.pid)
-        time.sleep(0.6)
-        busy = watch.busy_elsewhere()
-    finally:
-        app.kill()
-        app.wait()
-    assert busy is not None
-    assert busy >= 0.6 if counted else busy < 0.4
+    def busy_with_a_burn(where: str) -> float:
+        burn = "while True: sum(range(1000))"
+        code = burn if where == "main" else (f"import threading\nthreading.Thread(target=lambda: exec({burn!r}))"
+                                             ".start()\nimport time\ntime.sleep(60)")
+        app = subprocess.Popen([sys.executable, "-c", code])
+        try:
+            time.sleep(0.3)
+            watch = LoadWatch(ui_process=app.pid)
+            time.sleep(0.6)
+            busy = watch.busy_elsewhere()
+        finally:
+            app.kill()
+            app.wait()
+        assert busy is not None
+        return busy
+
+    assert busy_with_a_burn("main") - busy_with_a_burn("helper") > 0.6

@@ -9,12 +9,11 @@ from ..config import Config, log_dir
 from ..guard import watch
 from .common import RUNTIME_ERROR, opener_for
 
-# The engine's worker thread waits for the GIL between llama.cpp calls while the UI thread draws; Python hands
-# it over every 5 ms by default, which once delayed each token's next decode (app decode 0.73 x `run`'s at 5 ms,
-# 0.78 x at 0.5 ms, when the UI took a third of a core). With today's UI (0.12 of a core), measured in
-# alternating runs on 2 cores: app / run decode the same at 0.5 and 2 ms (medians 0.92 of 4 runs each), the
-# prompt read faster at 2 ms (0.86 x pp512 against 0.80), and at 5,000 tok/s the UI's worst stalls over 50 ms
-# in 3 of 14 cases at 0.5 ms, in none at 2 ms.
+# The engine runs in a process of its own now (engine/process.py); in this one the UI thread shares the GIL with
+# the threads that receive the engine's batches and hand them to the screen. Python hands it over every 5 ms by
+# default; 2 ms was measured when the engine's worker lived here (alternating runs on 2 cores: the same decode
+# as 0.5 ms, the prompt read faster, and at 5,000 tok/s no UI stall over 50 ms where 0.5 ms had 3 in 14 cases),
+# and is kept: the receiving threads then wait at most that long for the UI.
 SWITCH_INTERVAL_S = 0.002
 
 

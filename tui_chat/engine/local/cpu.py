@@ -110,8 +110,11 @@ class LoadWatch:
                 busy_ticks += user + nice + system + irq + softirq + steal
         times = os.times()
         ui = self.ui_process
-        helpers = _cpu_s(f"/proc/{ui}/stat") - _cpu_s(f"/proc/{ui}/task/{ui}/stat")  # the UI's other threads
-        own = times.user + times.system + (helpers if ui != os.getpid() else -_cpu_s(f"/proc/{ui}/task/{ui}/stat"))
+        ui_thread = _cpu_s(f"/proc/{ui}/task/{ui}/stat")
+        if ui == os.getpid():  # the UI's thread is this process's main thread: not the engine's own
+            own = times.user + times.system - ui_thread
+        else:  # the app's other threads (its socket's reader, the bridge) work for the engine
+            own = times.user + times.system + _cpu_s(f"/proc/{ui}/stat") - ui_thread
         return time.monotonic(), busy_ticks / _TICKS_PER_S, own
 
 
