@@ -40,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from shared import fmt, median, ratio
+from shared import fmt, median, own_dirs, ratio
 
 from tui_chat.config import cache_dir, models_dir
 from tui_chat.engine.base import STOP_LABELS
@@ -97,7 +97,7 @@ def quiet(command: list[str]) -> None:
 def isolated_env(root: Path, max_tokens: int) -> dict[str, str]:
     """XDG dirs of our own under `root`, with a config that makes every reply greedy and 128 tokens long;
     no KV cache on disk, so no reply starts from a saved state."""
-    env = os.environ | {f"XDG_{name}_HOME": str(root / name.lower()) for name in ("CONFIG", "DATA", "STATE", "CACHE")}
+    env = own_dirs(root)
     config = root / "config" / "tui-chat" / "config.toml"
     config.parent.mkdir(parents=True)
     config.write_text(f"kv_cache_budget_gb = 0\ninspector_top = {INSPECTOR_TOP}\n\n"

@@ -3,6 +3,7 @@ how their figures are written. The scripts run from this folder, so they import 
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 from collections.abc import Callable
@@ -21,6 +22,12 @@ def bench_model(model: Path | None) -> tuple[Path, Path]:
     log_dir = Path(tempfile.mkdtemp(prefix="tui-chat-bench-"))
     logs.install(log_dir)
     return resolve_model(str(model) if model else None, None, models_dir()), log_dir
+
+
+def own_dirs(root: Path) -> dict[str, str]:
+    """The environment with config, data, state and cache dirs of the benchmark's own under `root`: what it
+    writes (chats, logs, KV states) never reaches the user's."""
+    return os.environ | {f"XDG_{name}_HOME": str(root / name.lower()) for name in ("CONFIG", "DATA", "STATE", "CACHE")}
 
 
 def greedy_settings(max_tokens: int) -> dict[str, float]:

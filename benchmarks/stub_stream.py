@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from app_speed import FOOTER, Tmux, panel, panel_rate, process_cpu_s, tree_cpu_s, tui_chat
-from shared import fmt, median
+from shared import fmt, median, own_dirs
 
 from tui_chat.engine.local.cpu import cpu_model
 
@@ -45,7 +45,7 @@ def free_port() -> int:
 
 
 def environment(root: Path) -> dict[str, str]:
-    env = os.environ | {f"XDG_{name}_HOME": str(root / name.lower()) for name in ("CONFIG", "DATA", "STATE", "CACHE")}
+    env = own_dirs(root)
     config = root / "config" / "tui-chat" / "config.toml"
     config.parent.mkdir(parents=True)
     config.write_text("kv_cache_budget_gb = 0\n\n[sampling]\nmax_tokens = 100000\n")

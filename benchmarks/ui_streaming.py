@@ -319,7 +319,7 @@ def run_alone(history: int, rate: int, seconds: float, mode: str, switch_interva
     command = [sys.executable, __file__, "--one-case", str(history), str(rate), "--seconds", str(seconds),
                "--mode", mode, "--switch-interval", str(switch_interval), "--source", source]
     root = Path(tempfile.mkdtemp(prefix="tui-chat-ui-streaming-"))
-    env = os.environ | {f"XDG_{name}_HOME": str(root / name.lower()) for name in ("CONFIG", "DATA", "STATE", "CACHE")}
+    env = shared.own_dirs(root)
     done = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
     return Case(**json.loads(done.stdout.strip().splitlines()[-1]))
 

@@ -236,3 +236,24 @@ def test_what_the_model_takes_on_each_device_is_llama_cpps_own_accounting(engine
     assert 0.9 < cpu.weights / starter_model.stat().st_size < 1.1
     assert cpu.kv > 0 and cpu.compute > 0
     assert memory_line(cpu).startswith("CPU ") and " weights · " in memory_line(cpu)
+
+
+def test_a_job_the_backend_cannot_start_ends_in_one_line_not_a_hang(engine):
+    """The engine process answers a job whose call fails before it has a stream (here: generate without its
+    request) with an Error, and goes on serving."""
+    final = engine._job("generate", ()).result()
+    assert isinstance(final, Error) and final.message.startswith("internal error (TypeError"), final
+    _, done = collect(engine.generate(request(QUESTION)))
+    assert isinstance(done, Done)
+
+
+def test_the_chats_settings_reach_every_reply_in_turn(engine):
+    """A chat sends the same live settings with each reply: the one that ended must not take the next one's mirror
+    with it, or a slider moved during the second reply would not reach the engine."""
+    live = LiveParams(GREEDY.with_changes(max_tokens=400))
+    collect(engine.generate(Request(QUESTION, live)))
+    stream = engine.generate(Request(COUNTING, live))
+    tokens = first_tokens(stream, 3)
+    live.update(max_tokens=len(tokens) + 10)
+    final = rest(stream, tokens)
+    assert isinstance(final, Done) and final.stop_reason == "length" and len(tokens) < 60, final

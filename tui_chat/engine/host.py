@@ -80,7 +80,11 @@ class Host:
         try:
             if reload and not self._reloaded(key):
                 return
-            stream: Stream = getattr(self.backend, method)(*args)
+            try:
+                stream: Stream = getattr(self.backend, method)(*args)
+            except Exception as error:  # noqa: BLE001 - a job that never started still ends, in one line
+                self.send(("events", key, [Error(f"internal error ({type(error).__name__}: {error})")]))
+                return
             with self.lock:
                 self.streams[key] = stream
                 if key in self.cancelled:
@@ -96,8 +100,9 @@ class Host:
             with self.lock:
                 self.streams.pop(key, None)
                 self.cancelled.discard(key)
-            for live in lives_in(args):
-                self.mirrors.pop(live.key, None)
+            for live in lives_in(args):  # a later job may mirror the same settings already: only ours goes
+                if self.mirrors.get(live.key) is live:
+                    del self.mirrors[live.key]
 
     def _reloaded(self, key: int) -> bool:
         """The model loaded again in this new process before the job that found the old one dead."""
