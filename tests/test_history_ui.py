@@ -62,9 +62,14 @@ async def test_a_chat_reopens_with_its_settings_system_prompt_and_branches(tiny_
         await pilot.press("down", "enter")
         await wait_for(pilot, lambda: screen.reply is None and len(reply.branches) == 2)
         branched = reply.text
+        panel = screen.query_one(MetricsPanel)
+        assert panel.metrics is reply.branches[1].metrics
+        kv = panel.kv_used
         reply.focus()
         await pilot.press("left_square_bracket")
         await pilot.pause()
+        assert panel.metrics is reply.branches[0].metrics, "the panel follows the branch on screen (issue 38)"
+        assert panel.kv_used == kv, "the cache holds what the last reply written left there"
 
         await pilot.press("ctrl+n")
         await pilot.pause()
@@ -102,7 +107,7 @@ async def test_the_panels_session_cost_comes_back_with_a_reopened_chat(tiny_mode
 
         def session_lines() -> list[str]:
             cost = str(screen.query_one(MetricsPanel).query_one("#cost").render())
-            return [line for line in cost.splitlines() if line.startswith(("Session", "Saved"))]
+            return [line for line in cost.splitlines() if line.startswith(("Reply", "Session", "Saved"))]
 
         spent = session_lines()
         assert spent and "$0.000000" not in spent[0]
@@ -113,7 +118,9 @@ async def test_the_panels_session_cost_comes_back_with_a_reopened_chat(tiny_mode
         await pilot.press("enter")
         await wait_for(pilot, lambda: screen.is_current and screen.query(ReplyMessage))
         await pilot.pause()
-        assert session_lines() == spent
+        assert session_lines() == spent, "the reply's figures are the reopened chat's last reply's (issue 38)"
+        tokens = str(screen.query_one(MetricsPanel).query_one("#tokens").render())
+        assert f"out {screen.session.turns[-1].reply.metrics.completion_tokens:,}" in tokens
 
 
 async def test_the_system_prompt_editor_sets_it_for_this_chat(tiny_model):

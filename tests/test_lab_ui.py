@@ -3,6 +3,8 @@ side, where a column parted from the first, Keep into the chat as a branch with 
 
 from __future__ import annotations
 
+import re
+
 from textual.widgets import Button, Input, Static
 
 from test_ui import SIZE, assert_help_lists, chat, loaded, make_app, screen_open, wait_for
@@ -10,6 +12,7 @@ from tui_chat.config import history_path
 from tui_chat.history import History
 from tui_chat.ui.screens.chat import ChatScreen
 from tui_chat.ui.screens.lab import LabColumn, LabScreen
+from tui_chat.ui.widgets.metrics import MetricsPanel
 from tui_chat.ui.widgets.sampling import SamplingPanel
 
 WIDE = (140, 36)
@@ -58,6 +61,9 @@ async def test_the_lab_runs_the_last_prompt_side_by_side_and_keeps_a_column_as_a
         assert len(chat_screen.session.turns) == 1 and len(turn.branches) == 4
         assert turn.reply is not None and turn.reply.text == kept_text and turn.active == 2
         assert turn.reply.footer.startswith("lab: temperature=1.5")
+        panel = chat_screen.query_one(MetricsPanel)
+        assert panel.metrics is turn.reply.metrics, "the panel shows the kept column's figures (issue 38)"
+        assert re.search(r"out 12\b", str(panel.query_one("#tokens").render()))
         assert chat_screen.live.snapshot()[1].temperature == 1.5
         assert chat_screen.query_one(SamplingPanel).query_one("#temperature").value == 1.5
         stored = History(history_path()).load(chat_screen.session.conversation_id)

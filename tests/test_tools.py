@@ -69,6 +69,19 @@ def test_the_time_server_is_called_from_the_starter_and_its_answer_is_the_time_n
     assert "tool: mcp_server_time/get_current_time" in result.stderr
 
 
+def test_a_call_cut_by_max_tokens_is_an_unfinished_call_not_answer_text(starter_model):
+    """Issue 38: the raw `<tool_call>{"name": …` was left as the answer, and the free text said incomplete."""
+    result = _run_time(starter_model, "--approve", "all", "--max-tokens", "12")
+    assert result.returncode == 0, result.stderr
+    turn = json.loads(result.stdout)["turns"][0]
+    assert turn["stop_reason"] == "length" and "<tool_call>" not in turn["text"], turn["text"]
+    [call] = turn["tool_calls"]
+    assert call["name"] == "get_current_time" and not call["approved"] and call["result"] is None
+    assert call["error"] == "the required first call to get_current_time was cut short at the token limit before it " \
+                            "was complete"
+    assert "free text" not in result.stderr and "(not run)" in result.stderr
+
+
 def test_without_approve_nothing_runs_and_the_output_says_so(starter_model):
     result = _run_time(starter_model)
     assert result.returncode == 0, result.stderr
@@ -196,6 +209,21 @@ def test_a_server_given_by_url_speaks_streamable_http(tmp_path):
         servers.close()
         process.terminate()
         process.wait(10)
+
+
+def test_a_tool_with_an_invalid_schema_is_left_out_in_one_line_and_the_others_are_usable(starter_model):
+    """Issue 38: one bad tool refused the whole server with a pydantic dump cut mid-word ("did not start")."""
+    raw = Path(__file__).parent / "mcp_raw.py"
+    result = run_cli("run", "--model", str(starter_model), "-p", "Say hello", "--mcp", f"{sys.executable} {raw}",
+                     "--tool-choice", "echo", "--approve", "all", "--temperature", "0", "--max-tokens", "48",
+                     "--json", timeout=240)
+    assert result.returncode == 0, result.stderr
+    notes = [line for line in result.stderr.splitlines() if "left out" in line]
+    assert len(notes) == 2 and "did not start" not in result.stderr and "type=" not in result.stderr
+    assert "tool 'broken' left out: its input schema's properties.a.type" in notes[0]
+    assert "a tool with no name left out: name" in notes[1]
+    [call, *_] = json.loads(result.stdout)["turns"][0]["tool_calls"]
+    assert call["name"] == "echo" and call["approved"] and call["result"] is not None, call
 
 
 def test_tool_names_and_choices_are_checked(servers):

@@ -154,12 +154,14 @@ def _run_opened(workspace: Workspace, args: argparse.Namespace, model: str | Non
             if unchecked := backend.check_format(session.output_format):
                 print(f"tui-chat: note: {unchecked}", file=sys.stderr)
         if args.mcp:
+            specs = server_specs(args.mcp, workspace.config.mcp)
             try:
-                session.tools = open_tools(workspace.tool_servers, server_specs(args.mcp, workspace.config.mcp),
-                                           workspace.config.mcp, backend.info, args.tool_choice,
-                                           approve_listed((args.approve or "").split(",")))
+                session.tools = open_tools(workspace.tool_servers, specs, workspace.config.mcp, backend.info,
+                                           args.tool_choice, approve_listed((args.approve or "").split(",")))
             except ToolError as error:
                 return fail(error, RUNTIME_ERROR)
+            for line in (line for spec in specs for line in workspace.tool_servers.left_out(spec.name)):
+                print(f"tui-chat: note: {line}", file=sys.stderr)
         if args.thinking is not None:
             session.set_thinking(args.thinking == "on")
             if note := no_thinking_note(info):

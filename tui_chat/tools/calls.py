@@ -213,6 +213,24 @@ def step_calls(done: Done, tools: Sequence[Tool], form: CallForm = GENERIC) -> l
     return [_served_call(sent, done.text.strip(), tools) for sent in done.server_calls]
 
 
+def cut_call(done: Done, tools: Sequence[Tool], choice: str, form: CallForm = GENERIC) -> Call | None:
+    """The call a step was writing when it reached its token limit, if it was: named where its name was
+    written, with the problem that it was cut short (it does not run). A server's calls come whole or not at all."""
+    start = done.text.find(form.head) if form.head else -1
+    if form.served or done.stop_reason != "length" or start < 0 or (not form.head and start > 0):
+        return None
+    named = re.search(r'"name":\s*"([^"\\]{1,200})("?)', done.text[start:])
+    name = named.group(1) if named else ""
+    whole = bool(named and named.group(2))
+    known = [tool for tool in tools if tool.name == name or (not whole and tool.name.startswith(name))]
+    tool = known[0] if name and len(known) == 1 else Tool("?", terminal_safe(name or "?"), "", {})
+    name = name if whole else tool.name if tool.server != "?" else ""  # a name half written: the one it can be
+    first = "the required first call" if choice != AUTO else "the call"
+    called = f"{first} to {tool.name}" if name else f"{first} (its tool not named yet)"
+    before = done.text[:start].strip().removesuffix(form.marker).strip()
+    return Call(before, tool, {}, f"{called} was cut short at the token limit before it was complete")
+
+
 def _served_call(sent: dict[str, Any], before: str, tools: Sequence[Tool]) -> Call:
     """A call a server sent, checked as the untrusted text it is: the tool must be listed, the arguments a JSON
     object its schema allows (a server does not promise either)."""

@@ -37,6 +37,7 @@ from .calls import (
     Call,
     CallForm,
     call_format,
+    cut_call,
     step_calls,
     step_messages,
     template_tools,
@@ -127,6 +128,13 @@ class ToolUse:
             if done is not None and before is not None:
                 added += max(done.metrics.prompt_tokens - before.prompt_tokens - before.completion_tokens, 0)
             found = step_calls(done, self.tools, form) if done is not None and choice != NONE else []
+            cut = cut_call(done, self.tools, choice, form) if done is not None and not found else None
+            if cut is not None and done is not None:  # the call goes in the record, not the answer's text
+                calls.append(self._said(out, ToolCall(
+                    cut.tool.server, cut.tool.name, {}, error=cut.problem, before=cut.before, reasoning=done.reasoning,
+                    tokens=tuple(event for event in held if isinstance(event, Token)))))
+                held = [event for event in held if not isinstance(event, Token)]  # its tokens: the reply's own count
+                done = replace(done, text="", reasoning="", incomplete=False, answer_from=0)
             if not found or done is None or out.cancelled.is_set():
                 for event in held:
                     out.put(event)

@@ -54,6 +54,7 @@ class _Server:
     spec: ServerSpec
     session: Any = None  # mcp.ClientSession once it answers
     tools: list[Tool] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)  # a line for each listed tool that cannot be used
     stop: asyncio.Event | None = None
     task: asyncio.Task[None] | None = None
 
@@ -71,6 +72,12 @@ class ToolServers:
     @property
     def tools(self) -> list[Tool]:
         return [tool for server in self._servers.values() for tool in server.tools]
+
+    def left_out(self, name: str) -> list[str]:
+        """One line for each tool server `name` listed that cannot be used (its schema is not a JSON schema of
+        an object, or the listing is not a tool): the server's other tools are."""
+        server = self._servers.get(name)
+        return list(server.left_out) if server is not None else []
 
     def start(self, spec: ServerSpec, timeout_s: float) -> list[Tool]:
         """Start `spec` (once: a started one answers with its tools) and list its tools. Raises ToolError."""
@@ -153,7 +160,7 @@ class ToolServers:
             read, write = await stack.enter_async_context(self._transport(server.spec))
             session = await stack.enter_async_context(ClientSession(read, write))
             await session.initialize()
-            server.tools = await _listed(server.spec.name, session)
+            server.tools, server.left_out = await _listed(server.spec.name, session)
             server.session = session
             ready.set_result(None)
             assert server.stop is not None
@@ -212,17 +219,64 @@ async def _ended(server: _Server) -> None:
         server.task.cancel()
 
 
-async def _listed(name: str, session: Any) -> list[Tool]:
+async def _listed(name: str, session: Any) -> tuple[list[Tool], list[str]]:
+    """The server's tools, each checked on its own, and a line for each left out: the SDK refuses a whole
+    listing for one bad tool, so such a listing is read as sent and its good tools given back to the SDK
+    (which checks a call's result against its tool's listing, and lists again where it has none)."""
+    from mcp import types
+    from pydantic import ValidationError
+
     tools: list[Tool] = []
+    left_out: list[str] = []
     cursor = None
     while True:
-        listed = await session.list_tools(cursor=cursor) if cursor else await session.list_tools()
-        for tool in listed.tools:
-            schema = tool.input_schema if isinstance(tool.input_schema, dict) else {"type": "object"}
-            tools.append(Tool(name, tool.name, tool.description or "", schema))
-        cursor = getattr(listed, "next_cursor", None)
+        params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+        try:
+            listed = (await session.list_tools(params=params)).model_dump(by_alias=True, exclude_none=True)
+            checked: list[Any] | None = None
+        except ValidationError:
+            # The SDK (pinned < 3) has no public way to read a listing it refuses, nor to take a listing back.
+            listed = await session._dispatcher.send_raw_request(  # noqa: SLF001
+                "tools/list", params.model_dump(by_alias=True, exclude_none=True) if params else None, {})
+            checked = []
+        for entry in listed.get("tools") or []:
+            tool, problem = _tool(name, entry)
+            if tool is None:
+                left_out.append(problem)
+                continue
+            tools.append(Tool(name, tool.name, tool.description or "", tool.input_schema))
+            if checked is not None:
+                checked.append(tool)
+        cursor = listed.get("nextCursor") if isinstance(listed.get("nextCursor"), str) else None
+        if checked is not None:
+            session._absorb_tool_listing(types.ListToolsResult(tools=checked),  # noqa: SLF001
+                                         complete=params is None and cursor is None)
         if not cursor:
-            return tools
+            return tools, left_out
+
+
+def _tool(server: str, entry: Any) -> tuple[Any, str]:
+    """A listed tool as the SDK reads it, or None and why it cannot be used, in one line naming it."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+    from mcp import types
+    from pydantic import ValidationError
+
+    name = entry.get("name") if isinstance(entry, dict) else None
+    shown = f"{server}: tool {terminal_safe(name)!r}" if isinstance(name, str) else f"{server}: a tool with no name"
+    try:
+        tool = types.Tool.model_validate(entry)
+        Draft202012Validator.check_schema(tool.input_schema)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the tool"
+        return None, terminal_safe(f"{shown} left out: {where}: {first['msg']}"[:MAX_ERROR_CHARS])
+    except SchemaError as error:
+        where = ".".join(str(part) for part in error.absolute_path) or "the schema"
+        return None, terminal_safe(f"{shown} left out: its input schema's {where}: {error.message}"[:MAX_ERROR_CHARS])
+    if tool.input_schema.get("type", "object") != "object":
+        return None, f"{shown} left out: its input schema is not an object's"
+    return tool, ""
 
 
 def _text_of(result: Any) -> str:

@@ -97,6 +97,7 @@ class ChatApp(App[None]):
             if draft:
                 chat.view.prompt.clear()
             await chat.view.show(session)
+            chat.show_reply_figures()
 
         spent = session.spent()
         lab_screen = LabScreen(backend, session.lab_messages(question), question, session.live.snapshot()[1],

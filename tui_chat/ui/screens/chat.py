@@ -135,7 +135,7 @@ class ChatScreen(Screen[None]):
         hidden = self.has_class("-panel-hidden") or (self.has_class("-narrow") and not self.has_class("-panel-shown"))
         panel = self.query_one(MetricsPanel)
         panel.show_thinking(self.session.thinking)
-        self.view.show_title(model, panel.metrics if hidden and panel.metrics.n_ctx else None)
+        self.view.show_title(model, panel.key_figures() if hidden else "")
 
     def on_resize(self) -> None:
         """Across the panel's breakpoint the title line takes its figures, or gives them back: once the
@@ -318,10 +318,18 @@ class ChatScreen(Screen[None]):
         self.reply = None
         self.query_one(SamplingPanel).set_values(settings.as_dict())
         self.view.session = session
-        self.query_one(MetricsPanel).show_chat()
-        self._show_title()  # at once: its messages may take a while to come down and go up
+        self.show_reply_figures()  # at once: its messages may take a while to come down and go up
         self.query_one(SamplingPanel).show_format(session.output_format)
         await self.view.show(session)
+
+    @on(ConversationView.BranchShown)
+    def show_reply_figures(self, event: ConversationView.BranchShown | None = None) -> None:
+        """The panel's reply figures are those of the reply on screen: the branch just shown, or the chat's
+        last reply (another chat, a kept lab column)."""
+        turns = [event.turn] if event is not None else self.session.turns
+        reply = next((turn.reply for turn in reversed(turns) if turn.reply is not None), None)
+        self.query_one(MetricsPanel).show_reply(reply.metrics if reply is not None else None)
+        self._show_title()
 
     def action_conversations(self) -> None:
         if self.workspace.history is None:

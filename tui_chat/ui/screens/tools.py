@@ -44,6 +44,7 @@ class ToolsScreen(ModalScreen[None]):
     ToolsScreen .name { padding: 1 1 0 1; width: 1fr; }
     ToolsScreen .state { padding: 0 0 0 4; color: $text-muted; }
     ToolsScreen .state.-error { color: $error; }
+    ToolsScreen .state.-warning { color: $warning; }
     ToolsScreen .hint { color: $text-muted; }
     ToolsScreen #choice-row { margin: 1 0 0 0; }
     ToolsScreen #choice-label { padding: 1 1 0 0; width: auto; }
@@ -112,7 +113,9 @@ class ToolsScreen(ModalScreen[None]):
         if not self.is_attached:
             return
         state = self._state(name)
-        state.update(Content(f"{len(tools)} tool{'s' if len(tools) != 1 else ''}"))
+        left_out = "".join(f"\n{line}" for line in self.workspace.tool_servers.left_out(name))
+        state.update(Content(screen_safe(f"{len(tools)} tool{'s' if len(tools) != 1 else ''}{left_out}")))
+        state.set_class(bool(left_out), "-warning")
         on = self._on_now()
         rows = []
         for tool in tools:

@@ -15,7 +15,7 @@ from textual.content import Content
 from textual.message import Message
 from textual.widgets import Static
 
-from ...engine.base import Backend, Token, TurnMetrics
+from ...engine.base import Backend, Token
 from ...engine.params import SamplingParams
 from ...probe import TokenProbe
 from ...safetext import screen_safe
@@ -43,6 +43,13 @@ class ConversationView(Vertical):
     class TitleChanged(Message):
         """What the title line and the panel show of the chat changed (its thinking switch)."""
 
+    class BranchShown(Message):
+        """Another of a turn's replies is on screen: the panel shows its figures."""
+
+        def __init__(self, turn: Turn) -> None:
+            super().__init__()
+            self.turn = turn
+
     class ToolsWanted(Message):
         """F9: the app opens the Tools screen (a widget opens no screen)."""
 
@@ -54,7 +61,7 @@ class ConversationView(Vertical):
         self.heatmap = False
         self.inspector_top = inspector_top  # 0: replies carry no probabilities to colour
         self._costs = costs
-        self._title: tuple[str, TurnMetrics | None] = ("", None)
+        self._title = ("", "")
         self._delete_asked: tuple[Turn, float] | None = None
         self._backend = backend  # the model loaded now: the inspector asks it about a reply's positions
         self._live: ReplyMessage | None = None  # the widget of the reply being written: no lookup per batch
@@ -82,14 +89,10 @@ class ConversationView(Vertical):
     def draft_meter(self) -> DraftMeter:
         return self.get_child_by_id("draft", DraftMeter)
 
-    def show_title(self, model: str, metrics: TurnMetrics | None = None) -> None:
+    def show_title(self, model: str, figures: str = "") -> None:
         """The chat's title and model at the top; the side panel's key figures too, where it is hidden.
         The title gives way first when the line is short."""
-        self._title = (model, metrics)
-        figures = ""
-        if metrics is not None:
-            rate = f"{metrics.decode_tok_s:,.1f} tok/s · " if metrics.decode_tok_s else ""
-            figures = f"{rate}KV {metrics.context_tokens:,}/{metrics.n_ctx:,}"
+        self._title = (model, figures)
         tail = " · ".join(part for part in (model, figures) if part)
         room = max(8, self.size.width - 2 - len(tail) - 3)
         title = self.session.title if len(self.session.title) <= room else self.session.title[: room - 1] + "…"
@@ -311,6 +314,7 @@ class ConversationView(Vertical):
         self.session.switch(event.index)
         await event.reply.show_branch()
         self.draft_meter.recount()
+        self.post_message(self.BranchShown(event.reply.turn))
 
     # --- the draft -----------------------------------------------------------------------------
 

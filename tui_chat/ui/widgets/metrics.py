@@ -87,7 +87,9 @@ def kv_bar(used: int, total: int, width: int = BAR_WIDTH) -> str:
 
 
 class MetricsPanel(Vertical):
-    """Fed by the chat screen a few times a second while a reply streams, never per token. The session's
+    """Fed by the chat screen a few times a second while a reply streams, never per token. The reply's
+    figures are those of the reply on screen (the one written, a branch shown, a lab column kept, the last of
+    a reopened chat); the KV bar what the cache holds, which only a reply written changes. The session's
     figures are the chat's own (`replies`: each reply's, kept on its branch), summed when drawn."""
 
     DEFAULT_CSS = """
@@ -106,6 +108,8 @@ class MetricsPanel(Vertical):
         self.price = prices[price]  # as shown: the workspace keeps the one in use (and in the config)
         self.info: ModelInfo | None = None
         self.metrics = TurnMetrics()
+        self.kv_used = 0  # tokens in the cache after the last reply the engine wrote
+        self.kv_size = 0  # the context that reply had (a server's own, where it says)
         self.thinking = True  # the chat's thinking switch, shown for a model whose template names its markers
         self._last_sample: tuple[int, float] | None = None
 
@@ -126,6 +130,7 @@ class MetricsPanel(Vertical):
     def show_model(self, info: ModelInfo | None, status: str = "") -> None:
         self.info = info
         self.metrics = TurnMetrics()
+        self.kv_used = self.kv_size = 0
         self.refresh_view(status)
 
     def show_thinking(self, on: bool) -> None:
@@ -141,6 +146,7 @@ class MetricsPanel(Vertical):
     def update_metrics(self, metrics: TurnMetrics) -> None:
         """A snapshot of the reply in progress, or its final figures: extends the decode-rate sparkline."""
         self.metrics = metrics
+        self.kv_used, self.kv_size = metrics.context_tokens, metrics.n_ctx
         if self._last_sample is not None:
             tokens, seconds = self._last_sample
             if metrics.decode_s > seconds and metrics.completion_tokens > tokens:
@@ -150,12 +156,24 @@ class MetricsPanel(Vertical):
         self._last_sample = (metrics.completion_tokens, metrics.decode_s)
         self.refresh_view()
 
-    def show_chat(self) -> None:
-        """Another chat: its replies' figures; the last reply's of the one before go, its decode rates too."""
-        self.metrics = TurnMetrics()
+    def show_reply(self, metrics: TurnMetrics | None) -> None:
+        """Another reply on screen (a branch, a kept lab column, another chat's last): its figures, with
+        the cache as it is; its decode rates are not kept, so the sparkline empties."""
+        self.metrics = metrics or TurnMetrics()
         self._last_sample = None
         self.query_one(Sparkline).data = []
         self.refresh_view()
+
+    def key_figures(self) -> str:
+        """The decode rate and the cache's fill, for the title line where the panel is hidden."""
+        rate = f"{self.metrics.decode_tok_s:,.1f} tok/s" if self.metrics.decode_tok_s else ""
+        total = self.kv_total
+        kv = f"KV {self.kv_used:,}/{total:,}" if total else f"KV {self.kv_used:,}" if self.kv_used else ""
+        return " · ".join(part for part in (rate, kv) if part)
+
+    @property
+    def kv_total(self) -> int:
+        return self.kv_size or (self.info.n_ctx if self.info else 0)
 
     class PriceChosen(Message):
         """The user picked another price preset (the screen has the workspace keep it, in the config too)."""
@@ -204,13 +222,13 @@ class MetricsPanel(Vertical):
                 + ("" if grammar is None else f"\nGrammar  {grammar:.2f} ms/token")
                 + _draft(m)
             ))
-        n_ctx = m.n_ctx or (info.n_ctx if info else 0)
+        n_ctx = self.kv_total
         estimated = "~" if m.prompt_estimated else ""  # counted here until the server says
         restored = restore_note(m.as_dict())
         show(self.query_one("#tokens", Static), Content(
                 f"Tokens   in {estimated}{m.prompt_tokens:,} · out {m.completion_tokens:,}{_thought(m)}{_tools(m)}\n"
-                f"KV       {kv_bar(m.context_tokens, n_ctx)}\n"
-                f"         {m.context_tokens:,} / {f'{n_ctx:,}' if n_ctx else 'unknown'}\n"
+                f"KV       {kv_bar(self.kv_used, n_ctx)}\n"
+                f"         {self.kv_used:,} / {f'{n_ctx:,}' if n_ctx else 'unknown'}\n"
                 f"Reused   {m.cached_tokens:,} tokens this turn"
                 + (f"\n{restored[0].upper()}{restored[1:]}" if restored else "")
             ))
