@@ -7,16 +7,24 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import socket
+import sqlite3
+import subprocess
+import sys
 import time
 from functools import partial
+from pathlib import Path
 
 from textual.widgets import Select, Static, Switch
 
 from conftest import GREEDY, TIME
 from test_ui import SIZE, assert_help_lists, loaded, make_app, screen_open, send, wait_for
+from tui_chat.config import history_path
 from tui_chat.engine.base import ToolCall
-from tui_chat.session import Branch, Turn
+from tui_chat.history import History
+from tui_chat.session import Branch, Turn, turns_of
 from tui_chat.tools.settings import McpSettings, ServerSpec
+from tui_chat.ui.screens.chat import ChatScreen
 from tui_chat.ui.screens.consent import ConsentScreen, ask_consent
 from tui_chat.ui.screens.inspector import InspectorScreen
 from tui_chat.ui.screens.tools import ToolsScreen
@@ -288,3 +296,64 @@ async def test_a_calls_tokens_show_in_the_heatmap_and_open_the_inspector_and_con
         await pilot.press("right", "i")
         inspector = await screen_open(pilot, InspectorScreen)
         assert inspector.tokens is tokens and inspector.index == 1
+
+
+FAULTS = ServerSpec("faults", sys.executable, (str(Path(__file__).parent / "mcp_faults.py"),))
+
+
+def faults_app(starter_model):
+    return make_app(str(starter_model), sampling=GREEDY.with_changes(max_tokens=48),
+                    mcp=McpSettings({"faults": FAULTS}, call_timeout_s=30))
+
+
+async def hang_asked(pilot) -> ChatScreen:
+    """The fault server's `hang` on, its first call asked for (the consent dialog up)."""
+    screen = await loaded(pilot)
+    tools = screen.workspace.start_tool_server("faults")
+    screen.workspace.use_tools(tools, "hang", partial(ask_consent, pilot.app))
+    await send(pilot, "Wait for me")
+    await screen_open(pilot, ConsentScreen)
+    return screen
+
+
+async def test_esc_during_a_running_call_cancels_it_and_the_turn_stays_with_the_call(starter_model):
+    """Issue 38: Esc did nothing while a call ran; at the timeout the whole turn vanished, call and all."""
+    async with faults_app(starter_model).run_test(size=SIZE) as pilot:
+        screen = await hang_asked(pilot)
+        await pilot.click("#once")
+        writing = screen.session.writing
+        await wait_for(pilot, lambda: bool(writing.tool_calls) and writing.tool_calls[-1].approved)  # running
+        await pilot.pause(0.3)
+        pressed = time.monotonic()
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: screen.reply is None)
+        assert time.monotonic() - pressed < 2, "within a second or so, not at the 30 s timeout"
+        [turn] = screen.session.turns
+        [call] = turn.reply.tool_calls
+        assert call.name == "hang" and call.approved and call.error == "cancelled: the reply was stopped while it ran"
+        assert screen.view.prompt.text == "" and screen.query(ReplyMessage), "the turn stays on screen"
+        folded = shown(screen.query(ToolCallBlock).first())
+        assert folded.startswith("▸ tool faults/hang · ") and " ms · error: cancelled: the reply" in folded
+        [conversation] = [History(history_path()).load(summary.id) for summary in
+                          History(history_path()).conversations()]
+        assert conversation.path[-1].tool_calls[0].error == call.error
+
+
+async def test_a_call_waiting_for_consent_is_kept_when_the_app_is_killed(starter_model):
+    """Issue 38: after a kill -9 during consent the reply reopened as `(no text)` with no trace of its call.
+    The call is saved as it is asked; a reply whose writer is gone reopens with it, never run."""
+    async with faults_app(starter_model).run_test(size=SIZE) as pilot:
+        screen = await hang_asked(pilot)
+        conversation_id = screen.session.conversation_id
+        history = History(history_path())
+        reply = history.load(conversation_id).path[-1]
+        assert reply.state == "streaming" and [call.name for call in reply.tool_calls] == ["hang"]
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout.strip()  # a process that no longer exists
+        with sqlite3.connect(history_path()) as db:
+            db.execute("UPDATE messages SET writer = ? WHERE id = ?", (f"{socket.gethostname()}:{gone}", reply.id))
+        reopened = turns_of(history.load(conversation_id))[-1].reply
+        [call] = reopened.tool_calls
+        assert call.name == "hang" and not call.approved and call.result is None
+        assert call.error == "never run: the app stopped while it waited for consent"
+        await pilot.press("escape")

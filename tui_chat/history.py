@@ -656,6 +656,13 @@ class ReplyWriter:
             self._saved = (self.text, self.reasoning)
             self._saved_at = time.monotonic()
 
+    def save_calls(self, tool_calls: tuple[ToolCall, ...]) -> None:
+        """The reply's calls as they stand (one asked, running, done), with the text so far: a reply the app
+        never finished reopens with the call it was waiting on."""
+        self.history.later.settle()
+        self.history._write_reply(self.id, self.text, self.reasoning, tool_calls=_calls_record(tool_calls))
+        self._saved, self._saved_at = (self.text, self.reasoning), time.monotonic()
+
     def finish(
         self, text: str, stop_reason: StopReason, metrics: TurnMetrics | None = None, cost: Decimal | None = None,
         incomplete: bool = False,

@@ -494,14 +494,16 @@ class ChatSession:
         self._append(writing, "".join(pending), "".join(thought), update)
         return update
 
-    @staticmethod
-    def _tool_activity(writing: Writing, event: ToolActivity, update: Update) -> None:
-        """A call asked for, running or done: a new one, or the open one's new state; the status says so."""
+    def _tool_activity(self, writing: Writing, event: ToolActivity, update: Update) -> None:
+        """A call asked for, running or done: a new one, or the open one's new state, saved at once; the status
+        says so."""
         calls = writing.tool_calls
         if event.stage != "asked" and calls and calls[-1].result is None and calls[-1].error is None:
             calls[-1] = event.call
         else:
             calls.append(event.call)
+        if (writer := writing.writer) is not None:
+            self._save(lambda _saved: writer.save_calls(tuple(calls)))
         update.tools = True
         name = event.call.name
         update.status = {"asked": f"Waiting for your consent to run {name}…", "running": f"Running {name}…",
@@ -530,7 +532,7 @@ class ChatSession:
 
     def _finish(self, writing: Writing, done: Done, keep_empty: bool = False) -> Ending:
         self.writing = None
-        if done.stop_reason == "cancelled" and not written(done) and not keep_empty:
+        if done.stop_reason == "cancelled" and not written(done) and not done.tool_calls and not keep_empty:
             return replace(self._take_back(writing), done=done)
         footer = reply_footer(done.stop_reason, done.metrics.as_dict() | {"incomplete": done.incomplete,
                                                                            "stop_sequence": done.stop_sequence})
@@ -571,7 +573,7 @@ class ChatSession:
         self.writing = None
         error = replace(error, text=error.text or writing.text, reasoning=error.reasoning or writing.reasoning)
         reasoning = error.reasoning
-        if not written(error):
+        if not written(error) and not writing.tool_calls:
             self._take_back(writing)
             return Ending("restored" if writing.is_branch else "taken_back", error.message)
         writer = writing.writer
@@ -640,6 +642,16 @@ def no_thinking_note(info: ModelInfo) -> str | None:
             "the thinking switch changes nothing for it")
 
 
+def _settled_calls(message: StoredMessage) -> tuple[ToolCall, ...]:
+    """A stored reply's calls; one the app stopped at (waiting for consent, or running) says so."""
+    if message.state != "interrupted":
+        return message.tool_calls
+    why = {False: "never run: the app stopped while it waited for consent",
+           True: "no result: the app stopped while it ran"}
+    return tuple(call if call.result is not None or call.error is not None else replace(call, error=why[call.approved])
+                 for call in message.tool_calls)
+
+
 def turns_of(conversation: Conversation) -> list[Turn]:
     """A saved conversation's active path as turns; each reply carries its sibling branches."""
     turns: list[Turn] = []
@@ -651,7 +663,7 @@ def turns_of(conversation: Conversation) -> list[Turn]:
         turns[-1].branches = [Branch(m.content, stored_footer(m), cut=m.fork_token, message_id=m.id,
                                      reasoning=m.reasoning, thought=thinking_line(m.metrics or {}),
                                      metrics=TurnMetrics.from_dict(m.metrics) if m.metrics else None,
-                                     tool_calls=list(m.tool_calls))
+                                     tool_calls=list(_settled_calls(m)))
                               for m in siblings]
         turns[-1].active = siblings.index(message)
     return turns

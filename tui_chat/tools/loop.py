@@ -43,7 +43,7 @@ from .calls import (
     template_tools,
     with_instructions,
 )
-from .mcp import Tool, ToolError, ToolServers
+from .mcp import CallCancelled, Tool, ToolError, ToolServers
 
 Decision = Literal["once", "always", "deny"]
 Consent = Callable[[ToolCall], "concurrent.futures.Future[Decision]"]
@@ -160,6 +160,12 @@ class ToolUse:
                 messages = [*messages, *step_messages([(record, self._seen(record)) for record in ran], form,
                                                       len(calls) + 1, [call.ident for call in found])]
                 calls += ran
+                if out.cancelled.is_set():  # stopped during consent or a call: the reply ends with its calls
+                    out.put(replace(done, stop_reason="cancelled", text="", reasoning="", incomplete=False,
+                                    answer_from=0, tool_calls=tuple(calls), metrics=replace(
+                                        before, completion_tokens=0, tool_call_tokens=made, tool_result_tokens=added,
+                                        ttft_s=first, consent_s=waited[0])))
+                    return
                 choice = AUTO if len(calls) < self.call_limit else NONE
             step = replace(request, messages=messages, tools=tools, format=call_format(self.tools, choice, form),
                            tool_choice=choice, forced=(), forced_text=(), continuing=False,
@@ -193,13 +199,19 @@ class ToolUse:
         decision = "once" if call.tool.name in self.always else self._ask(record, out)
         waited[0] += time.perf_counter() - asked
         if decision == "deny":
-            return self._said(out, replace(record, error="not approved: the user did not allow this call"))
+            return self._said(out, replace(record, error="not run: the reply was stopped while it waited for "
+                                           "consent" if out.cancelled.is_set() else
+                                           "not approved: the user did not allow this call"))
         if decision == "always":
             self.always.add(call.tool.name)
         record = replace(record, approved=True)
         out.put(ToolActivity(record, "running"))
+        started = time.perf_counter()
         try:
-            outcome = self.servers.call(call.tool, call.arguments, self.call_timeout_s)
+            outcome = self.servers.call(call.tool, call.arguments, self.call_timeout_s, out.cancelled)
+        except CallCancelled:
+            return self._said(out, replace(record, error="cancelled: the reply was stopped while it ran",
+                                           ms=round((time.perf_counter() - started) * 1000, 1)))
         except ToolError as error:
             return self._said(out, replace(record, error=str(error)))
         text = terminal_safe(outcome.text)

@@ -21,12 +21,17 @@ from typing import Any, TextIO
 from ..safetext import terminal_safe
 from .settings import ServerSpec
 
+CANCEL_POLL_S = 0.1  # how soon a stopped reply's running call is given up
 STOP_TIMEOUT_S = 5.0  # a server's own shutdown (the SDK's grace period, then a kill), then it is left behind
 MAX_ERROR_CHARS = 300
 
 
 class ToolError(Exception):
     """A server or a call that failed: one line for the user."""
+
+
+class CallCancelled(ToolError):
+    """The reply was stopped while its call ran."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +105,10 @@ class ToolServers:
                             f"{self._see_log(spec)}") from None
         return server.tools
 
-    def call(self, tool: Tool, arguments: dict[str, Any], timeout_s: float) -> Outcome:
-        """Run `tool`; raises ToolError when its server is gone, dies or does not answer within `timeout_s`."""
+    def call(self, tool: Tool, arguments: dict[str, Any], timeout_s: float,
+             cancelled: threading.Event | None = None) -> Outcome:
+        """Run `tool`; raises ToolError when its server is gone, dies or does not answer within `timeout_s`,
+        CallCancelled within CANCEL_POLL_S of `cancelled` being set (the SDK tells the server)."""
         server = self._servers.get(tool.server)
         if server is None or server.session is None:
             raise ToolError(f"MCP server {tool.server!r} is not running")
@@ -109,10 +116,13 @@ class ToolServers:
         future = asyncio.run_coroutine_threadsafe(server.session.call_tool(tool.name, arguments),
                                                   self._event_loop())
         try:
-            result = future.result(timeout=timeout_s)
+            result = _awaited(future, started + timeout_s, cancelled)
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise ToolError(f"{tool.name} did not answer within {timeout_s:g} s") from None
+        except CallCancelled:
+            future.cancel()
+            raise
         except Exception as error:  # noqa: BLE001 - the server died, or broke the protocol
             alive = server.task is not None and not server.task.done()
             where = "" if alive else f": MCP server {tool.server!r} stopped{self._see_log(server.spec)}"
@@ -205,6 +215,20 @@ class ToolServers:
         with self._lock:
             if self._servers.get(server.spec.name) is server:
                 del self._servers[server.spec.name]
+
+
+def _awaited(future: concurrent.futures.Future[Any], deadline: float, cancelled: threading.Event | None) -> Any:
+    """The call's result by `deadline` (perf_counter), unless `cancelled` is set first."""
+    while True:
+        if cancelled is not None and cancelled.is_set():
+            raise CallCancelled("stopped while it ran")
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            raise concurrent.futures.TimeoutError
+        try:
+            return future.result(timeout=min(left, CANCEL_POLL_S) if cancelled is not None else left)
+        except concurrent.futures.TimeoutError:
+            continue
 
 
 async def _ended(server: _Server) -> None:
