@@ -29,6 +29,9 @@ def test_a_saved_chat_goes_on_in_a_new_process_from_its_cache_on_disk(tiny_model
     [turn] = report["turns"]
     assert turn["restored_tokens"] > 0 and turn["cached_tokens"] == turn["restored_tokens"] >= entry.n_tokens - 1
     assert turn["restore_s"] > 0 and turn["completion_tokens"] <= 8
+    assert "greedy reply can part from a cold run's" in turn["restore_note"], "said where a restore may change text"
+    assert "restore_note" not in json.loads(run_cli("run", "-m", str(tiny_model), "-p", "Hi", "--max-tokens", "4",
+                                                    "--json").stdout)["turns"][0], "only where one was restored"
     assert report["params"]["temperature"] == 0, "the saved chat's settings, with the flags laid over them"
     with History(history_path()) as history:
         chat = history.load(1)

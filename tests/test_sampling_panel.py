@@ -382,3 +382,33 @@ async def test_streaming_off_holds_the_reply_and_compares_the_wait(tiny_model):
         assert screen.session.streaming is False
         await pilot.press("ctrl+n")
         assert screen.session.streaming is False, "the toggle holds for new chats"
+
+
+async def test_esc_in_the_format_box_leaves_it_even_while_a_reply_is_written(starter_model):
+    """Issue 38: after Ctrl+S in the schema box the first Esc stopped the reply being written, and the next
+    message went into the schema box. Esc stops the reply and takes the focus back to the message box."""
+    app = make_app(str(starter_model), sampling=GREEDY.with_changes(max_tokens=600))  # seconds: long enough
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        await send(pilot, "Count from 1 to 1000: 1, 2, 3, 4,")
+        await wait_for(pilot, lambda: screen.reply is not None)
+        await choose_format(pilot, "json_schema", '{"type": "object"}')
+        assert screen.focused is screen.query_one(SourceArea)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: screen.reply is None)
+        assert screen.focused is screen.query_one(PromptInput)
+        await pilot.press("h", "i")
+        assert screen.query_one(PromptInput).text == "hi"
+
+
+async def test_the_palette_reaches_the_output_format(tiny_model):
+    """Issue 38: the command palette had no entry for the output format (~18 Tabs into the panel)."""
+    async with make_app(str(tiny_model)).run_test(size=(80, 24)) as pilot:
+        screen = await loaded(pilot)
+        await pilot.press("ctrl+p")
+        await pilot.pause(0.3)
+        await pilot.press(*"Output format")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: screen.focused is screen.query_one("#format-kind", Select))
+        assert screen.query_one("#side").display, "the panel is shown where it was hidden (80 columns)"

@@ -19,13 +19,14 @@ from textual.widgets import Select, Static, Switch
 
 from conftest import GREEDY, TIME
 from test_ui import SIZE, assert_help_lists, loaded, make_app, screen_open, send, wait_for
-from tui_chat.config import history_path
+from tui_chat.config import config_path, history_path
 from tui_chat.engine.base import ToolCall
 from tui_chat.history import History
 from tui_chat.session import Branch, Turn, turns_of
 from tui_chat.tools.settings import McpSettings, ServerSpec
 from tui_chat.ui.screens.chat import ChatScreen
 from tui_chat.ui.screens.consent import ConsentScreen, ask_consent
+from tui_chat.ui.screens.conversations import ConversationsScreen
 from tui_chat.ui.screens.inspector import InspectorScreen
 from tui_chat.ui.screens.tools import ToolsScreen
 from tui_chat.ui.widgets.chat_log import ChatLog
@@ -357,3 +358,43 @@ async def test_a_call_waiting_for_consent_is_kept_when_the_app_is_killed(starter
         assert call.name == "hang" and not call.approved and call.result is None
         assert call.error == "never run: the app stopped while it waited for consent"
         await pilot.press("escape")
+
+
+async def test_a_chats_tools_and_choice_come_back_with_it(tiny_model):
+    """Issue 38: a reopened chat had its tool switches and tool choice off again."""
+    app = make_app(str(tiny_model), mcp=McpSettings({"time": TIME}))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        tools = screen.workspace.start_tool_server("time")
+        screen.workspace.use_tools(tools[:1], "none", partial(ask_consent, pilot.app))
+        await send(pilot, "Hello there")
+        await wait_for(pilot, lambda: screen.reply is None and screen.query(ReplyMessage))
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert screen.workspace.chat_tools is None, "a new chat starts with no tools"
+        await pilot.press("ctrl+l")
+        await screen_open(pilot, ConversationsScreen)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: screen.workspace.chat_tools is not None)
+        use = screen.workspace.chat_tools
+        assert [tool.name for tool in use.tools] == ["get_current_time"] and use.choice == "none"
+        [stored] = History(history_path()).conversations()
+        assert History(history_path()).load(stored.id).tools.on == (("time", "get_current_time"),)
+
+
+async def test_f9_reads_servers_added_to_the_config_while_the_app_runs(tiny_model):
+    """Issue 38: a server added to config.toml while the app ran: F9 said none is configured."""
+    async with make_app(str(tiny_model)).run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("f9")
+        screen = await screen_open(pilot, ToolsScreen)
+        assert not screen.servers
+        await pilot.press("escape")
+        config_path().parent.mkdir(parents=True, exist_ok=True)
+        config_path().write_text(f'[mcp.servers.time]\ncommand = {json.dumps(sys.executable)}\n'
+                                 'args = ["-m", "mcp_server_time"]\n', encoding="utf-8")
+        await pilot.pause()
+        await pilot.press("f9")
+        screen = await screen_open(pilot, ToolsScreen)
+        assert screen.servers == ["time"]
+        await wait_for(pilot, lambda: len(screen.tools) == 2)

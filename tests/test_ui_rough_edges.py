@@ -5,8 +5,10 @@ Driven through Pilot on the real tiny model."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import io
 import re
+from collections.abc import Callable
 
 import pytest
 from rich.cells import cell_len
@@ -452,3 +454,31 @@ async def test_a_copied_reply_has_no_blank_lines_or_spaces_around_it(tiny_model,
         await screen.query_one(ChatLog).mount(finished_reply("\n\n  Paris is the capital.  \n"))
         await pilot.press("f3")
         assert copied == ["Paris is the capital."]
+
+
+WIDE_SCRIPTS = ["नमस्ते दुनिया रीत क्षि", "বাংলা স্ত্রী ভাষা", "ເລື່ອງ ກ່ ພາສາລາວ", "தமிழ் கா", "ไทย น้ำ"]
+
+
+def _wcwidth() -> Callable[[str], int]:
+    """The C library's wcwidth under a UTF-8 locale: how tmux, xterm and VTE measure a character."""
+    libc = ctypes.CDLL(None)
+    libc.setlocale.restype = ctypes.c_char_p
+    if libc.setlocale(6, b"C.UTF-8") is None:  # LC_ALL
+        pytest.skip("no C.UTF-8 locale to measure with")
+    return lambda character: libc.wcwidth(ctypes.c_wchar(character))
+
+
+async def test_a_reply_in_wide_scripts_keeps_the_panels_edge_in_its_column(tiny_model):
+    """Issue 38: Devanagari, Bengali and Lao in a reply pushed the panel's edge off those rows in tmux: Rich
+    measured a spacing mark (ी, ি) as 0 cells, the terminal as 1. Every row is as wide as the terminal draws it."""
+    wcwidth = _wcwidth()
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        await screen.query_one(ChatLog).mount(finished_reply("\n\n".join(WIDE_SCRIPTS)))
+        await pilot.pause(0.2)
+        rows = [strip.text for strip in app.screen._compositor.render_strips()]
+        written = [row for row in rows if any(ord(character) > 0x900 for character in row)]
+        assert len(written) >= len(WIDE_SCRIPTS)
+        for row in written:
+            assert sum(max(wcwidth(character), 0) for character in row) == SIZE[0], row

@@ -20,6 +20,7 @@ from .history import (
     output_format_from,
     sampling_from,
     tool_calls_from,
+    tool_switches_from,
 )
 from .pricing import format_usd
 from .units import local_time
@@ -44,6 +45,7 @@ def to_json(conversation: Conversation) -> dict[str, Any]:
         "sampling": conversation.sampling.as_dict() | {"stop": list(conversation.sampling.stop)},
         "thinking": conversation.thinking,
         "output_format": conversation.output_format.as_dict(),
+        "tools": conversation.tools.as_dict(),
         "created_at": _iso(conversation.created_at),
         "updated_at": _iso(conversation.updated_at),
         "messages": [
@@ -123,6 +125,7 @@ def from_json(data: Any) -> Conversation:
         path=active_path(tuple(messages), active),
         thinking=_field(data, "thinking", bool, optional=True) is not False,
         output_format=output_format_from(data.get("output_format")),
+        tools=tool_switches_from(data.get("tools")),
     )
 
 

@@ -76,11 +76,37 @@ MIGRATIONS: list[tuple[str, ...]] = [
     ),
     # 4, tools: the calls a reply made before its answer (ToolCall.as_dict each)
     ("ALTER TABLE messages ADD COLUMN tool_calls TEXT NOT NULL DEFAULT '[]'",),
+    # 5: each conversation's tools (ToolSwitches.as_dict), `{}` for none
+    ("ALTER TABLE conversations ADD COLUMN tools TEXT NOT NULL DEFAULT '{}'",),
 ]
 
 
 class HistoryError(Exception):
     """The history database cannot do what was asked; the message is one user-facing line."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSwitches:
+    """A chat's tools as the user set them (F9): those on, as (server, tool) names, and how the model may call
+    them (auto, none, required or a tool's name). Kept with the chat; its servers start again when it reopens."""
+
+    on: tuple[tuple[str, str], ...] = ()
+    choice: str = "auto"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"on": [list(pair) for pair in self.on], "choice": self.choice} if self.on else {}
+
+
+def tool_switches_from(saved: Any) -> ToolSwitches:
+    """Stored or imported tool switches (`{}` or none: no tools), checked as untrusted."""
+    if not saved:
+        return ToolSwitches()
+    on, choice = saved.get("on") if isinstance(saved, dict) else None, saved.get("choice", "auto")
+    if (not isinstance(on, list) or not isinstance(choice, str)
+            or not all(isinstance(pair, list) and len(pair) == 2 and all(isinstance(n, str) for n in pair)
+                       for pair in on)):
+        raise HistoryError("tools: needs 'on', a list of [server, tool] names, and 'choice', a string")
+    return ToolSwitches(tuple((server, tool) for server, tool in on), choice)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +150,7 @@ class Conversation:
     path: tuple[StoredMessage, ...]  # the active branch from the first message to the last
     output_format: OutputFormat = TEXT
     thinking: bool = True  # the chat's thinking switch
+    tools: ToolSwitches = ToolSwitches()
     _children: dict[int | None, tuple[StoredMessage, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -325,14 +352,15 @@ class History:
         self, *, model: str = "", system_prompt: str = "", sampling: SamplingParams | None = None, title: str = "",
         output_format: OutputFormat = TEXT,
         thinking: bool = True,
+        tools: ToolSwitches = ToolSwitches(),
     ) -> int:
         now = time.time()
         with self._transaction() as db:
             return _row_id(db.execute(
-                "INSERT INTO conversations (title, model, system_prompt, sampling, output_format, thinking,"
-                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO conversations (title, model, system_prompt, sampling, output_format, thinking, tools,"
+                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (title, model, system_prompt, json.dumps((sampling or SamplingParams()).as_dict()),
-                 _format_record(output_format), int(thinking), now, now),
+                 _format_record(output_format), int(thinking), json.dumps(tools.as_dict()), now, now),
             ))
 
     def update(
@@ -345,8 +373,9 @@ class History:
         sampling: SamplingParams | None = None,
         output_format: OutputFormat | None = None,
         thinking: bool | None = None,
+        tools: ToolSwitches | None = None,
     ) -> None:
-        """Rename, or change the model, system prompt, settings or output format that the next reply will use."""
+        """Rename, or change the model, system prompt, settings, output format or tools the next reply will use."""
         changes: dict[str, Any] = {}
         if title is not None:
             if not title.strip():
@@ -362,6 +391,8 @@ class History:
             changes["output_format"] = _format_record(output_format)
         if thinking is not None:
             changes["thinking"] = int(thinking)
+        if tools is not None:
+            changes["tools"] = json.dumps(tools.as_dict())
         changes["updated_at"] = time.time()
         with self._transaction() as db:
             self._require(db, conversation_id)
@@ -410,10 +441,11 @@ class History:
             ).fetchall()
         messages = tuple(_stored(row) for row in rows)
         rank = {row[0]: row[12] for row in rows}
-        title, model, system_prompt, sampling, created_at, updated_at, output_format, thinking = head
+        title, model, system_prompt, sampling, created_at, updated_at, output_format, thinking, tools = head
         return Conversation(
             conversation_id, title, model, system_prompt, sampling_from(json.loads(sampling)), created_at, updated_at,
             messages, active_path(messages, rank), output_format_from(json.loads(output_format)), bool(thinking),
+            tool_switches_from(json.loads(tools)),
         )
 
     def add_conversation(self, conversation: Conversation) -> int:
@@ -421,11 +453,12 @@ class History:
         on_path = {m.id for m in conversation.path}
         with self._transaction() as db:
             new_id = _row_id(db.execute(
-                "INSERT INTO conversations (title, model, system_prompt, sampling, output_format, thinking,"
-                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO conversations (title, model, system_prompt, sampling, output_format, thinking, tools,"
+                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (conversation.title, conversation.model, conversation.system_prompt,
                  json.dumps(conversation.sampling.as_dict()), _format_record(conversation.output_format),
-                 int(conversation.thinking), conversation.created_at, conversation.updated_at),
+                 int(conversation.thinking), json.dumps(conversation.tools.as_dict()), conversation.created_at,
+                 conversation.updated_at),
             ))
             ids: dict[int | None, int] = {}  # a parent or fork of None looks up None
             for m in conversation.messages:
@@ -504,7 +537,7 @@ class History:
     @staticmethod
     def _require(db: sqlite3.Connection, conversation_id: int) -> tuple[Any, ...]:
         row: tuple[Any, ...] | None = db.execute(
-            "SELECT title, model, system_prompt, sampling, created_at, updated_at, output_format, thinking"
+            "SELECT title, model, system_prompt, sampling, created_at, updated_at, output_format, thinking, tools"
             " FROM conversations WHERE id = ?",
             (conversation_id,),
         ).fetchone()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from .engine.base import Done, Error, written
 from .engine.formats import OutputFormat
 from .engine.params import SamplingParams
-from .history import History, ReplyWriter
+from .history import History, ReplyWriter, ToolSwitches
 from .pricing import Price, turn_cost
 
 
@@ -20,7 +20,7 @@ class Saving:
     price: Price
 
 
-Settings = tuple[SamplingParams, OutputFormat]
+Settings = tuple[SamplingParams, OutputFormat, ToolSwitches]
 
 
 class SavedChat:
@@ -36,23 +36,25 @@ class SavedChat:
         self.last_id = last_id  # the message the next one follows on the active path
         self.settings = settings
 
-    def add_user(self, prompt: str, model: str, system: str, params: SamplingParams, output: OutputFormat,
-                 thinking: bool = True) -> int:
+    def add_user(self, prompt: str, model: str, system: str, settings: Settings, thinking: bool = True) -> int:
+        params, output, tools = settings
         if self.id is None:
             self.id = self.history.create(model=model, system_prompt=system, sampling=params, output_format=output,
-                                          thinking=thinking)
+                                          thinking=thinking, tools=tools)
         else:
-            self.history.update(self.id, model=model, sampling=params, output_format=output, thinking=thinking)
-        self.settings = (params, output)
+            self.history.update(self.id, model=model, sampling=params, output_format=output, thinking=thinking,
+                                tools=tools)
+        self.settings = settings
         self.last_id = self.history.add_user_message(self.id, prompt, self.last_id)
         return self.last_id
 
-    def keep_settings(self, params: SamplingParams, output: OutputFormat) -> None:
+    def keep_settings(self, settings: Settings) -> None:
         """The chat's settings are what was last set in it: a slider moved after its last reply, a stop
-        sequence cleared before a branch. (A chat not yet saved gets them with its first message.)"""
-        if self.id is not None and (params, output) != self.settings:
-            self.history.update(self.id, sampling=params, output_format=output)
-            self.settings = (params, output)
+        sequence cleared before a branch, tools switched (a chat not yet saved gets them with its first message)."""
+        if self.id is not None and settings != self.settings:
+            params, output, tools = settings
+            self.history.update(self.id, sampling=params, output_format=output, tools=tools)
+            self.settings = settings
 
     def start_reply(self, parent_id: int, fork_of: int | None = None, fork_token: int | None = None) -> ReplyWriter:
         assert self.id is not None, "a reply follows a stored message, so its chat is stored"

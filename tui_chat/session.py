@@ -41,8 +41,8 @@ from .engine.base import (
 from .engine.context import left_out
 from .engine.formats import TEXT, OutputFormat
 from .engine.params import LiveParams
-from .history import Conversation, HistoryError, ReplyWriter, StoredMessage, title_from
-from .recording import SavedChat, Saving
+from .history import Conversation, HistoryError, ReplyWriter, StoredMessage, ToolSwitches, title_from
+from .recording import SavedChat, Saving, Settings
 from .safetext import quoted
 
 if TYPE_CHECKING:
@@ -250,6 +250,7 @@ class ChatSession:
         self.saved: SavedChat | None = SavedChat(saving) if saving else None
         self.saved_title = ""  # the title in the history, for a reopened chat (it may have been renamed)
         self.tools: ToolUse | None = None  # the tools its replies may call, and who consents (tools/loop.py)
+        self.tool_switches = ToolSwitches()  # those the user switched on (saved; `tools` once their servers run)
 
     # --- what the model sees --------------------------------------------------------------------
 
@@ -297,8 +298,7 @@ class ChatSession:
     def _new_turn(self, text: str) -> Turn:
         turn = Turn(text, parent_id=self.saved.last_id if self.saved else None)
         turn.question_id = self._save(lambda saved: saved.add_user(text, self.model, self.system_prompt,
-                                                                   self.live.snapshot()[1], self.output_format,
-                                                                   self.thinking))
+                                                                   self.settings(), self.thinking))
         self.turns.append(turn)
         return turn
 
@@ -343,7 +343,11 @@ class ChatSession:
 
     def keep_settings(self) -> None:
         """Save the settings in use now as this chat's (the screen calls it as they change, debounced)."""
-        self._save(lambda saved: saved.keep_settings(self.live.snapshot()[1], self.output_format))
+        self._save(lambda saved: saved.keep_settings(self.settings()))
+
+    def settings(self) -> Settings:
+        """What is saved with the chat besides its messages: sampling, output format, tools."""
+        return self.live.snapshot()[1], self.output_format, self.tool_switches
 
     def regenerate(self, generate: Generate) -> Turn:
         """Another reply to the last question; the one before stays as a branch."""
@@ -675,7 +679,8 @@ def opened(conversation: Conversation, live: LiveParams, saving: Saving | None, 
                           output_format=conversation.output_format, **{**options, "thinking": conversation.thinking})
     if saving is not None:
         session.saved = SavedChat(saving, conversation.id, conversation.last_id,
-                                  (conversation.sampling, conversation.output_format))
+                                  (conversation.sampling, conversation.output_format, conversation.tools))
+    session.tool_switches = conversation.tools
     session.turns = turns_of(conversation)
     session.saved_title = conversation.title
     return session

@@ -15,11 +15,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import Config, kv_cache_dir, log_dir, models_dir, save_setting
+from .config import Config, ConfigError, config_path, kv_cache_dir, load_config, log_dir, models_dir, save_setting
 from .engine.base import Backend, EngineError, Error, Loaded, ModelInfo
 from .engine.factory import BackendOpener
 from .engine.params import LiveParams
-from .history import Conversation, History, HistoryError
+from .history import Conversation, History, HistoryError, ToolSwitches
 from .pricing import find_preset
 from .recording import Saving
 from .session import ChatSession, opened
@@ -100,24 +100,58 @@ class Workspace:
         settings = self.config.mcp
         return self.tool_servers.start(settings.servers[name], settings.start_timeout_s)
 
-    def use_tools(self, tools: list[Tool], choice: str, consent: Consent) -> None:
+    def reload_tool_servers(self) -> str:
+        """The config's [mcp] read again (F9 opens on the file as it is now, servers added while the app runs
+        included); a line saying why where it cannot be read (the servers known stay, as where it is gone)."""
+        if not config_path().is_file():
+            return ""
+        try:
+            mcp = load_config().mcp
+        except ConfigError as error:
+            return f"{error}: the tool servers read before are shown"
+        self.config = replace(self.config, mcp=mcp)
+        return ""
+
+    def use_tools(self, tools: list[Tool], choice: str, consent: Consent, *, remember: bool = True) -> None:
         """The chat's tools from its next reply: those switched on, and how the model may call them (none on:
-        no tools). "Always" answers given in this chat stay. Raises InvalidParameter (a choice naming a tool
-        that is off; two tools of one name)."""
+        no tools), kept with the chat (`remember`: not when a reopened chat gets back part of what it had).
+        "Always" answers given in this chat stay. Raises InvalidParameter (a choice naming a tool that is off;
+        two tools of one name)."""
         from .tools.setup import tool_use
 
         session = self.session
         if session is None:
             return
         previous = session.tools
-        if not tools:
-            session.tools = None
-            return
         use = tool_use(self.tool_servers, tools, self.config.mcp, self.backend.info if self.backend else None,
-                       choice, consent)
-        if previous is not None:
+                       choice, consent) if tools else None
+        if previous is not None and use is not None:
             use.always = previous.always
         session.tools = use
+        if remember:
+            session.tool_switches = ToolSwitches(tuple((tool.server, tool.name) for tool in tools), choice)
+            session.keep_settings()
+
+    def start_chat_tools(self, switches: ToolSwitches) -> tuple[list[Tool], list[str]]:
+        """The tools a reopened chat had on, their servers started (blocks: off the UI thread), and a line for
+        each server or tool that is not there any more."""
+        from .tools.mcp import ToolError
+
+        tools: list[Tool] = []
+        notes: list[str] = []
+        for server in dict.fromkeys(server for server, _tool in switches.on):
+            if server not in self.config.mcp.servers:
+                notes.append(f"MCP server {server!r} is not in the config any more: its tools are off")
+                continue
+            try:
+                listed = self.start_tool_server(server)
+            except ToolError as error:
+                notes.append(str(error))
+                continue
+            tools += [tool for tool in listed if (tool.server, tool.name) in switches.on]
+            gone = [name for named, name in switches.on if named == server and all(t.name != name for t in listed)]
+            notes += [f"MCP server {server!r} no longer lists {name!r}" for name in gone]
+        return tools, notes
 
     @property
     def chat_tools(self) -> ToolUse | None:

@@ -291,6 +291,11 @@ def _notes(session: ChatSession, done: Done, waited_s: float) -> None:
         print(f"tui-chat: {wait_note(done.metrics.ttft_s, waited_s)}", file=sys.stderr)
 
 
+RESTORE_NOTE = ("the prompt's first restored_tokens came from a KV cache saved on disk, not read again: on some CPUs "
+                "the saved cache and a fresh read sum in another order (probabilities differ by ~2 %), so a greedy "
+                "reply can part from a cold run's where two tokens nearly tie")
+
+
 def _turn_report(prompt: str, done: Done, tokens: list[dict[str, Any]], session: ChatSession) -> dict[str, Any]:
     """`text` is the reply exactly as it entered the conversation (a script rebuilding the chat from it gets
     the same prompt); `reasoning` the thinking before it."""
@@ -298,6 +303,8 @@ def _turn_report(prompt: str, done: Done, tokens: list[dict[str, Any]], session:
                             "stop_reason": done.stop_reason, "stop_sequence": done.stop_sequence or None,
                             **done.metrics.as_dict()}
     metrics = done.metrics
+    if metrics.restored_tokens:
+        turn["restore_note"] = RESTORE_NOTE
     if metrics.draft_kind:
         turn["draft"] = {"kind": metrics.draft_kind, "drafted": metrics.drafted, "accepted": metrics.draft_accepted,
                          "acceptance": metrics.acceptance, "verifications": metrics.verifications}

@@ -22,6 +22,7 @@ from ..workspace import OpenBackend, Workspace
 from .keys import CHAT_KEYS
 from .screens.chat import ChatScreen
 from .screens.consent import ConsentScreen, ConsentWanted, ask_consent
+from .textual_fixes import spacing_marks_take_a_cell
 from .themes import load_themes
 from .widgets.conversation import ConversationView
 from .widgets.live_tail import COMMON_CODE, warm_lexer
@@ -35,6 +36,7 @@ class ChatApp(App[None]):
 
     def __init__(self, config: Config, open_backend: OpenBackend, model: str | None = None) -> None:
         super().__init__()
+        spacing_marks_take_a_cell()
         self.config = config
         self.open_backend = open_backend
         self.model = model
@@ -69,6 +71,8 @@ class ChatApp(App[None]):
         from .screens.tools import ToolsScreen
 
         if self.workspace is not None:
+            if problem := self.workspace.reload_tool_servers():
+                self.notify(problem, severity="warning", timeout=8, markup=False)
             self.push_screen(ToolsScreen(self.workspace, partial(ask_consent, self)))
 
     def action_lab(self) -> None:
@@ -97,7 +101,7 @@ class ChatApp(App[None]):
             if draft:
                 chat.view.prompt.clear()
             await chat.view.show(session)
-            chat.show_reply_figures()
+            chat.show_figures()
 
         spent = session.spent()
         lab_screen = LabScreen(backend, session.lab_messages(question), question, session.live.snapshot()[1],
@@ -144,6 +148,13 @@ class ChatApp(App[None]):
         super().notify(screen_safe(message), title=screen_safe(title), severity=severity, timeout=timeout,
                        markup=markup)
 
+    @staticmethod
+    def _format_picker(chat: ChatScreen) -> None:
+        """The palette's way to the output format, deep in the side panel (shown first where it is hidden)."""
+        if not chat.query_one("#side").display:
+            chat.action_toggle_panel()
+        chat.query_one(SamplingPanel).focus_format()
+
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         if not isinstance(screen, ChatScreen):
@@ -152,6 +163,8 @@ class ChatApp(App[None]):
             key = self.keymap_overrides.get(binding.id, binding.key) if binding.id else binding.key
             yield SystemCommand(binding.tooltip, f"{binding.description} · {key}",
                                 partial(screen.run_action, binding.action))
+        yield SystemCommand("Output format", "Replies as free text, a JSON object, JSON under a schema or a "
+                            "grammar: this chat's, from the next reply", partial(self._format_picker, screen))
         for name in PRESETS:
             yield SystemCommand(f"Preset: {name}", f"Sampling preset {name}",
                                 lambda name=name: screen.query_one(SamplingPanel).apply_preset(name))

@@ -1,7 +1,12 @@
-"""Work-arounds for Textual bugs, each with its upstream issue: delete one once the Textual we require fixes it."""
+"""Work-arounds for Textual (and Rich) bugs, each with its upstream issue: delete one once the version we require
+fixes it."""
 
 from __future__ import annotations
 
+import unicodedata
+from typing import Any
+
+import rich.cells
 import textual.widgets
 
 
@@ -34,3 +39,42 @@ class Footer(textual.widgets.Footer):
         if shown != self._shown:
             self._shown = shown
             await super().recompose()
+
+
+def spacing_marks_take_a_cell() -> None:
+    """Rich measures a spacing combining mark (Unicode category Mc: Devanagari's ि and ी, Bengali's ি, Tamil's
+    ா, …) as 0 cells, with the letter it follows; terminals that measure by wcwidth (tmux 3.3a, measured with
+    its cursor; xterm, VTE) give each its own cell, so a reply in such a script drew its rows a cell short per
+    mark and pushed the panel's edge (issue 38). Measured as those terminals draw them: one cell each. Rich
+    (15) keeps each Unicode version's zero-width ranges in a list, changed here in place as it loads them."""
+    load = getattr(rich.cells, "load_cell_table")  # noqa: B009 - not in Rich's exports
+    if getattr(load, "spacing_marks", False):
+        return
+    patched: set[int] = set()
+
+    def load_measuring_marks(unicode_version: str = "auto") -> Any:
+        table = load(unicode_version)
+        widths: list[tuple[int, int, int]] = table.widths
+        if id(widths) not in patched:
+            widths[:] = [span for start, end, width in list(widths)
+                         for span in (_without_spacing_marks(start, end) if width == 0 else [(start, end, width)])]
+            patched.add(id(widths))
+        return table
+
+    setattr(load_measuring_marks, "spacing_marks", True)  # noqa: B010
+    setattr(rich.cells, "load_cell_table", load_measuring_marks)  # noqa: B010
+    rich.cells.get_character_cell_size.cache_clear()
+    rich.cells.cached_cell_len.cache_clear()
+
+
+def _without_spacing_marks(start: int, end: int) -> list[tuple[int, int, int]]:
+    """A zero-width range as the zero-width ranges left once its Mc code points are taken out."""
+    spans: list[tuple[int, int, int]] = []
+    for codepoint in range(start, end + 1):
+        if unicodedata.category(chr(codepoint)) == "Mc":
+            continue
+        if spans and spans[-1][1] == codepoint - 1:
+            spans[-1] = (spans[-1][0], codepoint, 0)
+        else:
+            spans.append((codepoint, codepoint, 0))
+    return spans

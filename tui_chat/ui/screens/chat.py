@@ -12,7 +12,7 @@ import threading
 import time
 from functools import partial
 
-from textual import events, on
+from textual import events, on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
 from textual.reactive import reactive
@@ -39,6 +39,7 @@ from ..widgets.metrics import MetricsPanel
 from ..widgets.prompt import PromptInput
 from ..widgets.sampling import SamplingPanel
 from .model_loader import ModelLoader
+from .tools import restore_chat_tools
 
 PANEL_REFRESH_S = 0.5  # while a reply streams: each refresh lays the screen out again
 NARROW_BELOW = 100  # columns; a narrower screen gives the chat the width and shows the panel on F2
@@ -138,8 +139,7 @@ class ChatScreen(Screen[None]):
         self.view.show_title(model, panel.key_figures() if hidden else "")
 
     def on_resize(self) -> None:
-        """Across the panel's breakpoint the title line takes its figures, or gives them back: once the
-        screen has its new width class (set after this handler)."""
+        """Across the breakpoint the title takes the panel's figures or gives them back, once the width class is set."""
         self.call_after_refresh(self._show_title)
 
     async def _model_loaded(self, job: LoadJob, info: ModelInfo, replaced: Backend | None) -> None:
@@ -231,6 +231,7 @@ class ChatScreen(Screen[None]):
         backend = self.workspace.backend
         if how == "stop":
             self.session.stop()
+            self.view.action_to_box()  # Esc leaves where it was pressed, whatever else it did
         elif self.reply is not None:
             return
         elif how == "regenerate" and not (self.session.turns and self.session.turns[-1].reply):
@@ -249,8 +250,7 @@ class ChatScreen(Screen[None]):
 
     def action_toggle_panel(self) -> None:
         shown = self.query_one("#side").display
-        self.set_class(shown, "-panel-hidden")
-        self.set_class(not shown, "-panel-shown")
+        self.set_class(shown, "-panel-hidden").set_class(not shown, "-panel-shown")
         self._show_title()
 
     @property
@@ -289,21 +289,19 @@ class ChatScreen(Screen[None]):
             event.stop()
 
     @on(ConversationView.InspectorWanted)
-    def _inspect(self, event: ConversationView.InspectorWanted) -> None:
+    @work(group="inspector")
+    async def _inspect(self, event: ConversationView.InspectorWanted) -> None:
         """The inspector on a reply's token; a token chosen there starts a new branch from it."""
         from .inspector import BranchChoice, InspectorScreen  # with numpy, which it counts with: not at every start
 
-        async def branch(choice: BranchChoice | None) -> None:
-            if choice is None:
-                return
-            reason = self.session.why_not_branch(event.turn)
-            if reason or self.workspace.backend is None:
-                self.notify(reason or "No model is loaded.", severity="warning", timeout=4, markup=False)
-                return
+        choice: BranchChoice | None = await self.app.push_screen_wait(InspectorScreen(
+            event.tokens, event.text, event.index, event.params, event.cannot_branch, event.probe))
+        reason = None if choice is None else self.session.why_not_branch(event.turn) or (
+            None if self.workspace.backend is not None else "No model is loaded.")
+        if reason:
+            self.notify(reason, severity="warning", timeout=4, markup=False)
+        elif choice is not None and self.workspace.backend is not None:
             await self._started(self.session.branch(choice.index, choice.candidate, self.workspace.backend.generate))
-
-        screen = InspectorScreen(event.tokens, event.text, event.index, event.params, event.cannot_branch, event.probe)
-        self.app.push_screen(screen, branch)
 
     # --- chats, the system prompt and navigation -----------------------------------------------
 
@@ -318,30 +316,20 @@ class ChatScreen(Screen[None]):
         self.reply = None
         self.query_one(SamplingPanel).set_values(settings.as_dict())
         self.view.session = session
-        self.show_reply_figures()  # at once: its messages may take a while to come down and go up
+        self.show_figures()  # at once: its messages may take a while to come down and go up
         self.query_one(SamplingPanel).show_format(session.output_format)
         await self.view.show(session)
 
-    @on(ConversationView.BranchShown)
-    def show_reply_figures(self, event: ConversationView.BranchShown | None = None) -> None:
-        """The panel's reply figures are those of the reply on screen: the branch just shown, or the chat's
-        last reply (another chat, a kept lab column)."""
-        turns = [event.turn] if event is not None else self.session.turns
-        reply = next((turn.reply for turn in reversed(turns) if turn.reply is not None), None)
-        self.query_one(MetricsPanel).show_reply(reply.metrics if reply is not None else None)
-        self._show_title()
-
-    def action_conversations(self) -> None:
+    @work(group="open-chat", exclusive=True)
+    async def action_conversations(self) -> None:
         if self.workspace.history is None:
             self.notify("The history could not be opened: chats are not saved this session.", severity="warning")
             return
         from .conversations import ConversationsScreen
 
-        def chosen(conversation_id: int | None) -> None:
-            if conversation_id is not None:
-                self.run_worker(self.open_conversation(conversation_id), group="open-chat", exclusive=True)
-
-        self.app.push_screen(ConversationsScreen(self.workspace, data_dir() / "exports"), chosen)
+        chosen = await self.app.push_screen_wait(ConversationsScreen(self.workspace, data_dir() / "exports"))
+        if chosen is not None:
+            await self.open_conversation(chosen)
 
     async def open_conversation(self, conversation_id: int) -> None:
         """Go on with a saved chat: its messages and branches, system prompt, settings and model (loaded for
@@ -355,18 +343,19 @@ class ChatScreen(Screen[None]):
         if wanted is not None:
             self.loader.load(wanted)
         self.notify(f"Opened “{conversation.title}”", timeout=3, markup=False)
+        restore_chat_tools(self, self.workspace, session)
 
-    def action_system_prompt(self) -> None:
+    @work(group="system-prompt")
+    async def action_system_prompt(self) -> None:
         from .ask import AskText
 
-        def chosen(text: str | None) -> None:
-            if text is not None and text != self.session.system_prompt:
-                self.session.set_system_prompt(text)
-                self.notify("System prompt set: it applies from the next reply.", timeout=3)
-                self.view.recount_draft()
-
         hint = "Sent before the chat with every reply. Applies from the next reply; saved with this chat."
-        self.app.push_screen(AskText("System prompt", self.session.system_prompt, hint, multiline=True), chosen)
+        text = await self.app.push_screen_wait(AskText("System prompt", self.session.system_prompt, hint,
+                                                       multiline=True))
+        if text is not None and text != self.session.system_prompt:
+            self.session.set_system_prompt(text)
+            self.notify("System prompt set: it applies from the next reply.", timeout=3)
+            self.view.recount_draft()
 
     def action_pick_model(self, where: str) -> None:
         """Ctrl+O: a name, path or server, with the context size and GPU layers (saved as the defaults); F5:
@@ -390,13 +379,22 @@ class ChatScreen(Screen[None]):
 
     @on(MetricsPanel.PriceChosen)
     @on(UserMessage.Edit)
-    def _figures_changed(self, event: MetricsPanel.PriceChosen | UserMessage.Edit) -> None:
-        """A price chosen, or turns edited or deleted off the chat: the session's cost in the panel and the
-        draft's estimate follow."""
+    @on(ConversationView.BranchShown)
+    def show_figures(self, event: MetricsPanel.PriceChosen | UserMessage.Edit | ConversationView.BranchShown | None
+                     = None) -> None:
+        """The panel's figures: its reply's are those of the reply on screen (a branch just shown, else the chat's
+        last: another chat, a kept lab column); the session's cost and the draft's estimate follow a price chosen,
+        or turns edited or deleted off the chat."""
         if isinstance(event, MetricsPanel.PriceChosen):
             try:
                 self.workspace.set_price(event.name)
             except OSError as error:
                 self.notify(f"cannot save the price preset: {error.strerror}", severity="warning", markup=False)
-        self.query_one(MetricsPanel).refresh_view()
+        panel = self.query_one(MetricsPanel)
+        if not isinstance(event, (MetricsPanel.PriceChosen, UserMessage.Edit)):
+            turns = [event.turn] if event is not None else self.session.turns
+            reply = next((turn.reply for turn in reversed(turns) if turn.reply is not None), None)
+            panel.show_reply(reply.metrics if reply is not None else None)
+            self._show_title()
+        panel.refresh_view()
         self.view.recount_draft()

@@ -11,20 +11,22 @@ from __future__ import annotations
 from functools import partial
 
 from textual import on
-from textual.app import ComposeResult
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
-from textual.screen import ModalScreen
+from textual.screen import ModalScreen, Screen
 from textual.widgets import Select, Static, Switch
 
 from ...config import config_path
 from ...engine.params import InvalidParameter
 from ...safetext import screen_safe
+from ...session import ChatSession
 from ...tools.calls import AUTO, CHOICES
 from ...tools.loop import Consent
 from ...tools.mcp import Tool, ToolError
 from ...workspace import Workspace
+from .consent import ask_consent
 
 DESCRIPTION_CHARS = 70
 
@@ -68,7 +70,8 @@ class ToolsScreen(ModalScreen[None]):
             box.border_title = "Tools for this chat"
             if not self.servers:
                 yield Static(Content(f"No MCP servers are configured: add one as [mcp.servers.NAME] to "
-                                     f"{config_path()} (see the README's Tools section)."), classes="hint")
+                                     f"{config_path()} (see the README's Tools section); F9 reads it again "
+                                     "each time it opens."), classes="hint")
             with VerticalScroll(id="servers"):
                 for index, name in enumerate(self.servers):
                     with Horizontal(classes="server"):
@@ -196,3 +199,26 @@ class ToolsScreen(ModalScreen[None]):
                 self._show_server(name)
             return
         note.display = False
+
+
+def restore_chat_tools(screen: Screen[None], workspace: Workspace, session: ChatSession) -> None:
+    """A reopened chat's tools back on as it had them, their servers started on a worker thread; what is not
+    there any more is said."""
+    if session.tool_switches.on:
+        screen.run_worker(partial(_restore, screen.app, workspace, session), thread=True, group="chat-tools")
+
+
+def _restore(app: App[object], workspace: Workspace, session: ChatSession) -> None:
+    tools, notes = workspace.start_chat_tools(session.tool_switches)
+
+    def restored() -> None:
+        if workspace.session is not session:
+            return  # another chat by now
+        choice = session.tool_switches.choice
+        choice = choice if choice in CHOICES or any(tool.name == choice for tool in tools) else AUTO
+        workspace.use_tools(tools, choice, partial(ask_consent, app), remember=False)
+        names = ", ".join(tool.name for tool in tools) or "none"
+        app.notify(" · ".join([f"This chat's tools are on again: {names} (F9)", *notes]), timeout=6,
+                   severity="warning" if notes else "information", markup=False)
+
+    app.call_from_thread(restored)

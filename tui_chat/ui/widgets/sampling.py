@@ -19,7 +19,7 @@ from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.timer import Timer
 from textual.widget import Widget
-from textual.widgets import Button, Checkbox, Collapsible, Input, Static
+from textual.widgets import Button, Checkbox, Collapsible, Input, Select, Static
 
 from ...engine.base import EngineError, FormatChecking, ModelInfo
 from ...engine.formats import TEXT, FormatError, OutputFormat
@@ -321,6 +321,11 @@ class SamplingPanel(Vertical):
     def apply_preset(self, name: str) -> None:
         self.set_values(PRESETS[name], note_row="presets")
         self.notify(f"Preset: {name}", timeout=2, markup=False)
+
+    def focus_format(self) -> None:
+        kind = self.query_one("#format-kind", Select)
+        kind.focus()
+        kind.scroll_visible(top=True)
 
     def set_values(self, values: dict[str, Any], note_row: str | None = None) -> None:
         """Settings from elsewhere (a preset, a reopened conversation): the controls follow them."""
