@@ -63,12 +63,17 @@ _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 def llama_bench_binary(version: str) -> Path:
-    """llama-bench from the llama.cpp vendored in this llama-cpp-python release, built once per version."""
-    home = cache_dir() / "llama-bench" / version
-    binary = home / "build" / "bin" / "llama-bench"
+    return llama_cpp_tool("llama-bench", version)
+
+
+def llama_cpp_tool(target: str, version: str) -> Path:
+    """A llama.cpp tool (`llama-bench`, `llama-server`) from the llama.cpp vendored in this llama-cpp-python
+    release, built once per version."""
+    home = cache_dir() / target / version
+    binary = home / "build" / "bin" / target
     if binary.exists():
         return binary
-    print(f"building llama-bench for llama-cpp-python {version} into {home} (once; minutes)", file=sys.stderr)
+    print(f"building {target} for llama-cpp-python {version} into {home} (once; minutes)", file=sys.stderr)
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(parents=True)
     quiet([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
@@ -79,7 +84,7 @@ def llama_bench_binary(version: str) -> Path:
     build = home / "build"
     quiet(["cmake", "-S", str(source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF",
            "-DLLAMA_CURL=OFF", *shlex.split(os.environ.get("CMAKE_ARGS", ""))])
-    quiet(["cmake", "--build", str(build), "--target", "llama-bench", "-j", "2"])
+    quiet(["cmake", "--build", str(build), "--target", target, "-j", str(os.cpu_count() or 2)])
     # The binary finds its shared libraries in build/bin by rpath: keep that folder, drop the rest.
     shutil.rmtree(home / "src")
     for path in [*home.glob("*.tar.gz"), *(p for p in build.iterdir() if p.name != "bin")]:

@@ -22,11 +22,13 @@ The mask's cost: each reply's tokens replayed through a fresh matcher, the whole
 at every position (mean and p99).
 
     python benchmarks/schemas.py [--schemas FILE.jsonl|DIR] [--split S] [--limit N] [--model PATH]
-                                 [--max-tokens N] [--no-free] [--json]
+                                 [--max-tokens N] [--no-free] [--compact] [--json]
                                  [--kubernetes N [--kubernetes-version v1.29.0-local-strict]]
 
 `--limit N` takes the first N schemas of each split (the fixture's order is the draw's), `--split S` one
-split; `--no-free` skips the free decodes (half the time, no rate ratio). `--kubernetes N` runs instead
+split; `--no-free` skips the free decodes (half the time, no rate ratio); `--compact` writes the JSON on one line
+(`, ` and `: ` between items, no other blank) instead of the app's (one space, or a newline and an indent), to
+measure how many replies the blanks take to max tokens. `--kubernetes N` runs instead
 the held-out split: N schemas kept out of the repo, from kubernetes-validate's package (k8s_schemas.py;
 `pip install kubernetes-validate`). Beside each split it prints the paper's coverage (arXiv 2501.10868)
 where this project has it.
@@ -49,6 +51,7 @@ from shared import bench_model, greedy_settings
 
 from tui_chat.engine.base import Done, Message, Request, Token
 from tui_chat.engine.formats import TEXT, FormatError, json_schema
+from tui_chat.engine.local import grammar
 from tui_chat.engine.local.grammar import compile_format, mask_of, new_matcher, tokenizer_for
 from tui_chat.engine.local.llama import LlamaBackend, LlamaSettings
 from tui_chat.engine.params import SPECS, LiveParams, SamplingParams
@@ -71,6 +74,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path)
     parser.add_argument("--max-tokens", type=int, default=SPECS["max_tokens"].default)  # the app's own
     parser.add_argument("--no-free", action="store_true")
+    parser.add_argument("--compact", action="store_true")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--kubernetes", type=int, metavar="N")
     parser.add_argument("--kubernetes-version", default=VERSION)
@@ -79,6 +83,8 @@ def main() -> None:
         schemas, source = held_out(args.kubernetes, args.kubernetes_version)
     else:
         schemas, source = _schemas(args.schemas, args.split, args.limit), str(args.schemas)
+    if args.compact:
+        grammar.JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
     model, _ = bench_model(args.model)
     backend = LlamaBackend(LlamaSettings(model, n_ctx=4096, chat_template="gemma"))
     backend.load().result()
@@ -116,7 +122,8 @@ def main() -> None:
             notes.append({"schema": f"{split}/{name}", "outcome": outcome, "why": why})
         masks += _mask_times(tokenizer, compile_format(tokenizer, output).grammar, tokens)
     backend.close()
-    report = _report(counts, masks, notes, rates) | {"source": source}
+    report = _report(counts, masks, notes, rates) | {"source": source, "whitespace": "compact" if args.compact
+                                                      else "one space, or a newline and an indent"}
     print(json.dumps(report, indent=2) if args.json else _table(report))
 
 
@@ -195,7 +202,7 @@ def _table(report: dict) -> str:
         paper = ", ".join(f"{engine} {value:.2f}" for engine, value in (row.get("paper") or {}).items())
         lines.append(f"{split:<{width}}" + "".join(f"{row[o]:>11}" for o in OUTCOMES) + f"{row['declared']:>10.2f}"
                      + f"{row['coverage']:>8.2f}" + (f"   paper: {paper}" if paper else ""))
-    lines += [report["paper_note"], f"schemas: {report['source']}"]
+    lines += [report["paper_note"], f"schemas: {report['source']} · whitespace: {report['whitespace']}"]
     decode = report["decode"]
     if decode["ratio"]:
         lines.append(f"decode under the schema {decode['schema_tok_s']:.1f} tok/s, free {decode['free_tok_s']:.1f} "

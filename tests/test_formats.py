@@ -4,6 +4,7 @@ real llama_cpp.server on loopback."""
 
 import json
 import math
+from functools import partial
 from itertools import pairwise
 
 import httpx
@@ -13,7 +14,7 @@ import pytest
 
 from conftest import GREEDY, collect, open_backend, run_cli
 from tui_chat.engine.base import Done, Error, Message, Request, Token
-from tui_chat.engine.formats import TEXT, FormatError, choose, from_dict, grammar, json_schema
+from tui_chat.engine.formats import TEXT, FormatError, OutputFormat, choose, from_dict, grammar, json_schema
 from tui_chat.engine.local.grammar import Constraint
 from tui_chat.engine.params import LiveParams, SamplingParams
 from tui_chat.engine.server_params import format_fields
@@ -294,3 +295,20 @@ def test_the_grammars_removed_mass_is_over_the_whole_vocabulary(gemma):
             assert token.grammar.allowed == allowed.sum()
             assert "at least" not in grammar_summary(token.grammar)
         constraint.accept(token.token_id)
+
+
+def _optional_properties(count: int) -> OutputFormat:
+    return json_schema(json.dumps({"type": "object", "properties": {f"property_{i:04d}": {"type": "string"}
+                                                                   for i in range(count)}}))
+
+
+def test_a_thousand_optional_properties_are_written_and_a_schema_past_the_engines_limits_is_said_in_our_words(tiny):
+    """Issue 38: a 1,000-property object schema (37 KB) stopped at its first token in LLGuidance's words
+    (`Current row has 3999 items; max is 2000`, or `initial lexer configuration (grammar) too big`)."""
+    request = partial(Request, [Message("user", "Hi")], LiveParams(GREEDY.with_changes(max_tokens=24)))
+    final = tiny.generate(request(format=_optional_properties(1000))).result()
+    assert isinstance(final, Done) and final.text.startswith("{") and "no next token" not in final.note, final
+    assert final.stop_reason == "length" or isinstance(json.loads(final.text), dict)
+    over = tiny.generate(request(format=_optional_properties(6000))).result()
+    message = over.message if isinstance(over, Error) else over.note
+    assert "open alternatives, the grammar engine's limit 20,000" in message and "Current row" not in message

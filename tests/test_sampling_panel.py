@@ -12,7 +12,7 @@ from textual.widgets import Checkbox, Collapsible, Input, Select
 
 from conftest import GREEDY
 from scripted import ScriptedBackend
-from test_ui import SIZE, loaded, make_app, reply_done, scripted_app, send, wait_for
+from test_ui import SIZE, loaded, make_app, notified, reply_done, scripted_app, send, wait_for
 from tui_chat.config import Config
 from tui_chat.engine.base import Stream
 from tui_chat.engine.formats import TEXT, choose, grammar
@@ -40,10 +40,6 @@ def params(screen):
 
 def lines(app) -> list[str]:
     return [strip.text for strip in app.screen._compositor.render_strips()]
-
-
-def notified(app) -> list[str]:
-    return [str(n.message) for n in app._notifications]
 
 
 async def test_seed_and_stop_fields_keep_a_fast_burst_of_keys_in_order():

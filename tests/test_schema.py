@@ -96,6 +96,20 @@ def test_the_claimed_keywords_accept_the_valid_and_refuse_the_invalid(tokenizer,
         assert not accepts(tokenizer, schema, instance), instance
 
 
+def test_json_is_written_compact_or_indented_never_padded(tokenizer):
+    """Issue 38: `"paid":   true  }` under a schema: blanks where one space, or a newline and an indent, do."""
+    schema = {"type": "object", "properties": {"paid": {"type": "boolean"}}, "required": ["paid"]}
+    grammar = compile_format(tokenizer, OutputFormat("json_schema", json.dumps(schema))).grammar
+
+    def whole(text: str) -> bool:
+        matcher, tokens = new_matcher(tokenizer, grammar), tokenizer.tokenize_str(text)
+        return matcher.validate_tokens(tokens) == len(tokens) and matcher.consume_tokens(tokens) and \
+            matcher.is_accepting()
+
+    assert whole('{"paid":true}') and whole('{"paid": true}') and whole('{\n  "paid": true\n}')
+    assert not whole('{"paid":   true  }') and not whole('{"paid": true  }')
+
+
 NARROWED = [  # (schema, what writing_schema makes of it)
     ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
      {"type": "object", "properties": {"a": {"type": "string", "maxLength": STRING_CAP}}, "required": ["a"],

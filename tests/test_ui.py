@@ -59,6 +59,11 @@ def said(screen: ChatScreen) -> list[Message]:
     return [message for message in screen.session.messages() if message.role != "system"]
 
 
+def notified(app) -> list[str]:
+    """What the app said in its notifications, oldest first."""
+    return [str(note.message) for note in app._notifications]
+
+
 async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

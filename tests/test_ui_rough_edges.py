@@ -15,7 +15,7 @@ from rich.cells import cell_len
 from rich.console import Console
 from rich.text import Text
 from textual.actions import parse as parse_action
-from textual.widgets import Input, Select, Sparkline
+from textual.widgets import Input, Select, Sparkline, Static
 
 from conftest import GREEDY, run_cli
 from test_session import finish, new_session
@@ -27,7 +27,9 @@ from test_ui import (
     focused_slider,
     loaded,
     make_app,
+    notified,
     reply_done,
+    screen_open,
     send,
     wait_for,
 )
@@ -41,17 +43,13 @@ from tui_chat.safetext import screen_safe, terminal_safe
 from tui_chat.session import Branch, Turn
 from tui_chat.ui.keys import CHAT_KEYS
 from tui_chat.ui.screens.chat import ChatScreen
+from tui_chat.ui.screens.help import HelpScreen
 from tui_chat.ui.widgets.chat_log import ChatLog
 from tui_chat.ui.widgets.heatmap import REOPENED_NOTE
 from tui_chat.ui.widgets.messages import ChatMessage, ReplyMessage, UserMessage
 from tui_chat.ui.widgets.metrics import MetricsPanel
 from tui_chat.ui.widgets.prompt import PromptInput
 from tui_chat.ui.widgets.sampling import SETTINGS_SAVED_AFTER_S
-
-
-def notified(app) -> list[str]:
-    return [str(note.message) for note in app._notifications]
-
 
 # --- keys ----------------------------------------------------------------------------------------------------
 
@@ -482,3 +480,31 @@ async def test_a_reply_in_wide_scripts_keeps_the_panels_edge_in_its_column(tiny_
         assert len(written) >= len(WIDE_SCRIPTS)
         for row in written:
             assert sum(max(wcwidth(character), 0) for character in row) == SIZE[0], row
+
+
+async def test_at_80x24_the_panels_facts_break_between_parts_f1_wraps_under_its_descriptions_toasts_stay_whole(
+        tiny_model):
+    """Issue 38: the panel's `… · 1` / `thread` broke a fact in two; F1's wrapped descriptions restarted at
+    column 0; a long toast was cut at 40 columns."""
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        screen = await loaded(pilot)
+        await pilot.press("f2")
+        await pilot.pause(0.3)
+        facts = screen.query_one("#model-facts", Static)
+        lines = str(facts.render()).splitlines()
+        assert all(len(line) <= facts.content_size.width for line in lines), lines
+        assert not any(line.strip() in ("thread", "threads", "MiB KV") for line in lines), lines
+        await pilot.press("f2", "f1")
+        help_screen = await screen_open(pilot, HelpScreen)
+        text = str(help_screen.query_one(Static).render()).splitlines()
+        indented = [line for line in text if line.startswith(" ")]
+        assert any(line.startswith(" " * 25) for line in indented), "some descriptions wrap at 80 columns"
+        assert all(line.startswith(" " * 25) or line[2] != " " for line in indented), "under their description"
+        assert max(len(line) for line in text) <= help_screen.query_one(Static).content_size.width
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.screen is screen)
+        app.notify("A long line of a notification that says what happened and what to do next, in words " * 2)
+        await wait_for(pilot, lambda: bool(screen.query("Toast")))
+        await pilot.pause(0.2)
+        assert screen.query_one("Toast").size.width > 40

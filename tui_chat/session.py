@@ -165,6 +165,7 @@ class Writing:
     metrics: TurnMetrics | None = None  # the latest figures the engine sent
     tool_calls: list[ToolCall] = field(default_factory=list)  # as they go: asked, running, done
     started: float = field(default_factory=time.perf_counter)  # the request's time: TTFT is counted from it too
+    model: str = ""  # the model it is written by: the chat's when it started, whatever loads meanwhile
 
     def thinking_figures(self) -> dict[str, Any]:
         """The thinking so far, as `thinking_line` reads it (nothing before it starts)."""
@@ -407,6 +408,12 @@ class ChatSession:
         self._start(turn, generate, list(turn.reply.tokens), continuing=True)
         return turn
 
+    def why_not_reply(self, how: str) -> str | None:
+        """Why the last reply cannot be written again ("regenerate") or gone on with ("continue") now."""
+        if how == "continue":
+            return self.why_not_continue()
+        return None if self.turns and self.turns[-1].reply else "There is no reply to regenerate yet."
+
     def why_not_continue(self) -> str | None:
         if self.writing is not None:
             return "A reply is being written: Esc stops it first."
@@ -466,7 +473,7 @@ class ChatSession:
             writer = self._save(lambda saved: saved.start_reply(question_id, fork_of,
                                                                 len(forced) - 1 if forced else None))
         self.writing = Writing(turn, stream, forced, writer, how="continued" if continuing else "branched",
-                               started=request.submitted_at)
+                               started=request.submitted_at, model=self.model)
 
     def take(self, events: list[Event]) -> Update:
         """Apply a batch of the writing reply's events; returns what changed."""
@@ -593,7 +600,7 @@ class ChatSession:
         cut = len(writing.forced) - 1 if writing.forced else None
         turn = writing.turn
         turn.branches.append(Branch(text, footer, writing.tokens, cut, writing.writer.id if writing.writer else None,
-                                    stop_reason, prompt_ids, self.model, reasoning, thought, answer_from, metrics,
+                                    stop_reason, prompt_ids, writing.model, reasoning, thought, answer_from, metrics,
                                     list(writing.tool_calls)))
         turn.active = len(turn.branches) - 1
 

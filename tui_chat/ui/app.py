@@ -33,6 +33,9 @@ DEFAULT_THEME = "tui-chat-dusk"
 
 class ChatApp(App[None]):
     TITLE = "tui-chat"
+    # Textual's toasts take at most half the width: at 80 columns a long line wrapped to 40 and ran off the
+    # screen's foot. Up to 90 % keeps it whole.
+    CSS = "Toast { max-width: 90%; }"
 
     def __init__(self, config: Config, open_backend: OpenBackend, model: str | None = None) -> None:
         super().__init__()
@@ -87,10 +90,11 @@ class ChatApp(App[None]):
         session = chat.session
         draft = chat.view.prompt.text.strip()
         question = draft or (session.turns[-1].question if session.turns else "")
-        if chat.reply is not None or not question or not isinstance(backend, Comparing):
-            self.notify("A reply is still being written: Esc stops it." if chat.reply is not None else
+        busy = chat.loader.in_flight()
+        if chat.reply is not None or busy or not question or not isinstance(backend, Comparing):
+            self.notify("A reply is still being written: Esc stops it." if chat.reply is not None else busy or (
                         "Write a message first: the lab answers it, or the last one." if not question else
-                        "This model's backend has no sampling lab.", timeout=4, markup=False)
+                        "This model's backend has no sampling lab."), timeout=4, markup=False)
             return
 
         async def kept(index: int | None) -> None:

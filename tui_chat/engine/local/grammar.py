@@ -43,13 +43,27 @@ from .llamacpp import LlamaSession
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
 
-# At each place JSON allows whitespace: at most a newline and an indent, so a small model cannot loop in
-# blanks (LLGuidance's default allows any run of them). A schema's own "x-guidance" options still win.
-JSON_OPTIONS: JsonCompileOptions = {"whitespace_pattern": r"\n?(?: {0,16}|\t{0,4})"}
+# At each place JSON allows whitespace: nothing, one space, or a newline and an indent, so a small model cannot
+# loop in blanks (LLGuidance's default allows any run of them) nor pad a line (`"paid":   true  }`). A schema's
+# own "x-guidance" options still win.
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_pattern": r"(?: |\n(?: {0,16}|\t{0,4}))?"}
 # LLGuidance's work for one mask, raised from its default 200,000 (~14 ms): a JSON Schema pattern beside a
 # length bound (`(?:\\S+\\s+){0,99}\\S+` in at most 5,000 characters, a real schema's) ran out of it mid-reply
 # and left no token allowed; 1,000,000 still did on another path of the same reply. Only such a step spends it.
-LIMITS = LLParserLimits(step_lexer_fuel=5_000_000)
+# Its parser's open alternatives at one point, and the work to build its first lexer state, raised tenfold and
+# twentyfold from 2,000 and 1,000,000: a 1,000-property object whose properties are optional has ~4,000 at its
+# start (a 37 KB schema was refused, issue 38); so raised, that reply masks in ~2.5 ms a token here.
+LIMITS = LLParserLimits(step_lexer_fuel=5_000_000, max_items_in_row=20_000, initial_lexer_fuel=20_000_000)
+_OVER_LIMIT = (  # LLGuidance's words for its limits, and ours
+    (re.compile(r"Current row has (\d+) items; max is (\d+)"),
+     "the format allows too many ways to go on at one point ({0} open alternatives, the grammar engine's limit {1}): "
+     "make fewer properties optional, or split the schema"),
+    (re.compile(r"initial lexer configuration \(grammar\) too big \(limit for this grammar: (\d+)\)"),
+     "the format is too big for the grammar engine to start (its first lexer state needs over {0} steps): "
+     "fewer properties, patterns or alternatives"),
+    (re.compile(r"fuel exhausted"),
+     "the format needs more work for one token than the grammar engine allows: simpler patterns"),
+)
 # JSON mode, as OpenAI's `json_object`: an object at the top, written under schema.writing_schema's bounds (its
 # values shallow, numbers within ±10^15 with at most 6 decimals, strings of at most 256 characters, arrays of at
 # most 24 items), so a small model cannot write digits to max tokens, as any JSON value had let it
@@ -123,7 +137,11 @@ def _refused(grammar: str, tokenizer: LLTokenizer, prefix: str) -> None:
 
 
 def _cause(message: str) -> str:
-    """LLGuidance's message in one line: a regex's caret drawing dropped, the reason kept."""
+    """LLGuidance's message in one line: a limit of its own in our words with its figures, a regex's caret
+    drawing dropped, the reason kept."""
+    for pattern, said in _OVER_LIMIT:
+        if found := pattern.search(message):
+            return said.format(*(f"{int(figure):,}" for figure in found.groups()))
     message = message.removeprefix("Failed to convert the grammar from GBNF to Lark: ")
     if "regex parse error" in message:
         lines = [line.strip() for line in message.splitlines() if line.strip()]
@@ -217,7 +235,7 @@ class Constraint:
         if not self.allows(token):
             ids = np.flatnonzero(self.allowed())
             if not len(ids):
-                raise FormatStuck(self.matcher.get_error() if self.matcher.is_error() else "")
+                raise FormatStuck(_cause(self.matcher.get_error()) if self.matcher.is_error() else "")
             masked = self._masked.refill(ids, logits[ids])
             token = chain.apply(masked)
             if masked.selected_logit == -np.inf or not self.allows(token):

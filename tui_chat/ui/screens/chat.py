@@ -234,15 +234,12 @@ class ChatScreen(Screen[None]):
             self.view.action_to_box()  # Esc leaves where it was pressed, whatever else it did
         elif self.reply is not None:
             return
-        elif how == "regenerate" and not (self.session.turns and self.session.turns[-1].reply):
-            self.notify("There is no reply to regenerate yet.", timeout=3)
-        elif how == "regenerate" and backend is not None:
-            await self._started(self.session.regenerate(backend.generate))
-        elif how == "continue" and (reason := self.session.why_not_continue() or (
-                None if backend else "No model is loaded.")):
+        elif reason := self.loader.in_flight() or self.session.why_not_reply(how) or (
+                None if backend else "No model is loaded."):
             self.notify(reason, severity="warning", timeout=5, markup=False)
-        elif how == "continue" and backend is not None:
-            await self._started(self.session.continue_reply(backend.generate))
+        elif backend is not None:
+            await self._started(self.session.regenerate(backend.generate) if how == "regenerate" else
+                                self.session.continue_reply(backend.generate))
 
     async def action_view(self, name: str, *args: object) -> None:
         """The conversation's own actions (copy, heatmap, earlier messages, focus, edit): the view's."""
@@ -296,7 +293,7 @@ class ChatScreen(Screen[None]):
 
         choice: BranchChoice | None = await self.app.push_screen_wait(InspectorScreen(
             event.tokens, event.text, event.index, event.params, event.cannot_branch, event.probe))
-        reason = None if choice is None else self.session.why_not_branch(event.turn) or (
+        reason = None if choice is None else self.session.why_not_branch(event.turn) or self.loader.in_flight() or (
             None if self.workspace.backend is not None else "No model is loaded.")
         if reason:
             self.notify(reason, severity="warning", timeout=4, markup=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 
 from textual.app import ComposeResult
@@ -17,6 +18,7 @@ from ..widgets.prompt import PromptInput
 from ..widgets.slider import Slider
 
 Section = tuple[str, Sequence[BindingType]]
+HELP_WIDTH = 86
 
 
 def handled(key: str, what: str) -> Binding:
@@ -66,22 +68,25 @@ def as_bindings(declared: Iterable[BindingType]) -> list[Binding]:
     return [binding if isinstance(binding, Binding) else Binding(*binding) for binding in declared]
 
 
-def key_lines(sections: Sequence[Section], keymap: Mapping[str, str]) -> list[str]:
+KEYS_WIDTH = 22
+ANYWHERE = [("ctrl+p", "command palette (themes, presets, every action)"),
+            ("tab, shift+tab", "move focus: the message box and the panel (messages: alt+up/down)"),
+            ("ctrl+q", "quit")]
+
+
+def key_lines(sections: Sequence[Section], keymap: Mapping[str, str], width: int = 0) -> list[str]:
+    """A section's title, then a line for each key; a description longer than `width` (0: any) goes on under
+    itself, not under the keys."""
     lines: list[str] = []
-    for title, bindings in sections:
+    for title, bindings in [*sections, ("Anywhere", [handled(key, what) for key, what in ANYWHERE])]:
         lines.append(title)
         for binding in as_bindings(bindings):
             keys = keymap.get(binding.id, binding.key) if binding.id else binding.key
             keys = ", ".join(shown_key(key) for key in keys.split(","))
-            lines.append(f"  {keys:<22} {binding.tooltip or binding.description}")
+            lines += textwrap.wrap(f"  {keys:<{KEYS_WIDTH}} {binding.tooltip or binding.description}",
+                                   width or 10_000, subsequent_indent=" " * (KEYS_WIDTH + 3))
         lines.append("")
-    lines += [
-        "Anywhere",
-        f"  {'ctrl+p':<22} command palette (themes, presets, every action)",
-        f"  {'tab, shift+tab':<22} move focus: the message box and the panel (messages: alt+up/down)",
-        f"  {'ctrl+q':<22} quit",
-    ]
-    return lines
+    return lines[:-1]
 
 
 class HelpScreen(ModalScreen[None]):
@@ -89,7 +94,7 @@ class HelpScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
     HelpScreen > VerticalScroll {
-        width: 86; max-width: 100%; height: auto; max-height: 90%;
+        width: 86; max-width: 100%; height: auto; max-height: 90%;  /* HELP_WIDTH */
         border: round $accent; background: $surface; padding: 0 1;
     }
     """
@@ -103,4 +108,9 @@ class HelpScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with VerticalScroll() as scroll:
             scroll.border_title = "Keys"
-            yield Static(Content("\n".join(key_lines(self.sections, self.keymap))))
+            yield Static()
+
+    def on_resize(self) -> None:
+        """Wrapped to the box's width (the border, padding and scrollbar off it)."""
+        width = min(HELP_WIDTH, self.size.width) - 6
+        self.query_one(Static).update(Content("\n".join(key_lines(self.sections, self.keymap, width))))

@@ -46,6 +46,12 @@ class ModelLoader:
         self._say(f"Loading {loading.shown}…")
         return True
 
+    def in_flight(self) -> str:
+        """Why a reply other than a sent message cannot start now ("" where it can): a load on its way means the
+        model in use is about to go, and a reply started on it would be that model's, not the chat's."""
+        loading = self.workspace.loading
+        return "" if loading is None else f"Loading {loading.shown}: try again once it is loaded."
+
     def _say(self, line: str) -> None:
         waiting = self.workspace.queued is not None
         self.status(line + (" · your message is sent as soon as it is ready" if waiting else ""))

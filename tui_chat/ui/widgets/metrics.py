@@ -74,11 +74,24 @@ def _calls_cost(price: Price, m: TurnMetrics) -> str:
     return f"  of it calls {_usd(price.cost(0, 0, m.tool_call_tokens))}\n" if m.tool_call_tokens else ""
 
 
-def memory_line(device: DeviceMemory) -> str:
-    """`CUDA0 290.0 MiB weights · 72.0 MiB KV · 257.3 MiB compute · 139.1 GiB free`: llama.cpp's own accounting."""
-    free = f" · {format_size(device.free)} free" if device.free is not None else ""
-    return (f"{device.device} {format_size(device.weights)} weights · {format_size(device.kv)} KV · "
-            f"{format_size(device.compute)} compute{free}")
+def memory_line(device: DeviceMemory, width: int = 0) -> str:
+    """`CUDA0 290.0 MiB weights · 72.0 MiB KV · 257.3 MiB compute · 139.1 GiB free`: llama.cpp's own accounting,
+    wrapped between its parts."""
+    free = [f"{format_size(device.free)} free"] if device.free is not None else []
+    return fitted([f"{device.device} {format_size(device.weights)} weights", f"{format_size(device.kv)} KV",
+                   f"{format_size(device.compute)} compute", *free], width)
+
+
+def fitted(parts: list[str], width: int) -> str:
+    """Parts joined by " · ", a line broken between two parts where the next would pass `width` (0: never), so
+    no part is cut in two (`1` / `thread`, `72.0` / `MiB KV`)."""
+    lines = [parts[0]] if parts else []
+    for part in parts[1:]:
+        if width and len(lines[-1]) + 3 + len(part) > width:
+            lines.append(part)
+        else:
+            lines[-1] += f" · {part}"
+    return "\n".join(lines)
 
 
 def kv_bar(used: int, total: int, width: int = BAR_WIDTH) -> str:
@@ -126,6 +139,9 @@ class MetricsPanel(Vertical):
     def on_mount(self) -> None:
         self.border_title = "Model"
         self.refresh_view()
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self.refresh_view)  # the facts wrap between their parts at the new width
 
     def show_model(self, info: ModelInfo | None, status: str = "") -> None:
         self.info = info
@@ -206,12 +222,13 @@ class MetricsPanel(Vertical):
         else:
             show(title, Content(terminal_safe(info.name)))
             threads = m.threads or info.threads
-            hardware = f"{info.offload} · {threads} thread{'s' if threads != 1 else ''}" if threads else info.offload
+            width = facts.content_size.width
+            hardware = fitted([info.quantization, info.offload, *([f"{threads} thread{'s' if threads != 1 else ''}"]
+                                                                   if threads else [])], width)
             thinks = f"\nThinking {'on' if self.thinking else 'off'} · F7" if info.thinking else ""
             server = "".join(f"\n{line}" for line in info.server_facts)
-            memory = "".join(f"\n{memory_line(device)}" for device in info.memory)
-            show(facts, Content(terminal_safe(f"{info.quantization} · {hardware}{memory}\n{info.description}{thinks}"
-                                              f"{server}")))
+            memory = "".join(f"\n{memory_line(device, width)}" for device in info.memory)
+            show(facts, Content(terminal_safe(f"{hardware}{memory}\n{info.description}{thinks}{server}")))
         server = f"\n  server {_rate(m.server_decode_tok_s)}" if m.server_decode_tok_s else ""  # by its own clock
         grammar = m.grammar_ms_per_token
         show(self.query_one("#speed", Static), Content(
