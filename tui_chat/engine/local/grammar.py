@@ -58,6 +58,9 @@ _OVER_LIMIT = (  # LLGuidance's words for its limits, and ours
     (re.compile(r"Current row has (\d+) items; max is (\d+)"),
      "the format allows too many ways to go on at one point ({0} open alternatives, the grammar engine's limit {1}): "
      "make fewer properties optional, or split the schema"),
+    (re.compile(r"Too many items \(limit (\d+)"),
+     "the format allows too many ways to go on at once (over the grammar engine's limit of {0} items): make "
+     "fewer properties optional, or split the schema"),
     (re.compile(r"initial lexer configuration \(grammar\) too big \(limit for this grammar: (\d+)\)"),
      "the format is too big for the grammar engine to start (its first lexer state needs over {0} steps): "
      "fewer properties, patterns or alternatives"),
