@@ -21,9 +21,10 @@ from tui_chat import history as history_module
 from tui_chat.config import history_path
 from tui_chat.engine.base import TurnMetrics
 from tui_chat.engine.formats import TEXT, choose, grammar, json_schema
-from tui_chat.engine.params import SamplingParams
+from tui_chat.engine.params import LiveParams, SamplingParams
 from tui_chat.export import from_json, to_json, to_markdown
 from tui_chat.history import FLUSH_INTERVAL_S, History, HistoryError, title_from
+from tui_chat.session import opened
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,7 +66,7 @@ def test_a_conversation_round_trips_through_the_file(db):
     assert answer.metrics["decode_tok_s"] == pytest.approx(20.0)
     assert Decimal(answer.metrics["cost_usd"]) == Decimal("0.0000812")
     assert loaded.path[3].state == "stopped" and loaded.path[3].stop_reason == "cancelled"
-    assert [(m.role, m.content) for m in loaded.engine_messages()] == [
+    assert [(m.role, m.content) for m in opened(loaded, LiveParams(), None).messages()] == [
         ("system", "Be brief."), ("user", "What is the capital of France?\nAnswer in one word."),
         ("assistant", "Paris."), ("user", "And Italy?"), ("assistant", "Ro"),
     ]
@@ -234,16 +235,21 @@ def test_the_streaming_writes_leave_the_callers_thread_and_the_final_one_comes_l
     assert threads[-1] == threading.current_thread().name
 
 
+def schema_version(history: History) -> int:
+    version: int = history._db.execute("PRAGMA user_version").fetchone()[0]
+    return version
+
+
 def test_migrations_run_in_order_and_keep_the_data(db, monkeypatch):
     with History(db) as history:
         conversation, _ = two_turns(history)
         shipped = len(history_module.MIGRATIONS)
-        assert history.schema_version() == shipped
+        assert schema_version(history) == shipped
     pinned = ("ALTER TABLE conversations ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0",
               "UPDATE conversations SET pinned = 1")
     monkeypatch.setattr(history_module, "MIGRATIONS", [*history_module.MIGRATIONS, pinned])
     with History(db) as history:
-        assert history.schema_version() == shipped + 1
+        assert schema_version(history) == shipped + 1
         assert history._db.execute("SELECT pinned FROM conversations").fetchall() == [(1,)]
         assert len(history.load(conversation).path) == 4
 
@@ -281,7 +287,7 @@ def test_a_hand_made_version_1_database_opens(db):
         assert [m.content for m in loaded.path] == ["hello"]
         assert loaded.output_format == TEXT, "migrated: a chat from before output formats writes free text"
         assert history._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert history.schema_version() == len(history_module.MIGRATIONS)
+        assert schema_version(history) == len(history_module.MIGRATIONS)
         assert loaded.thinking and loaded.path[0].reasoning == ""
 
 

@@ -23,7 +23,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
-from .engine.base import Message, StopReason, ToolCall, TurnMetrics
+from .engine.base import StopReason, ToolCall, TurnMetrics
 from .engine.formats import TEXT, OutputFormat, from_dict
 from .engine.params import InvalidParameter, SamplingParams
 
@@ -162,13 +162,6 @@ class Conversation:
     def siblings(self, message: StoredMessage) -> tuple[StoredMessage, ...]:
         """`message` and its alternatives (regenerations, forks), oldest first."""
         return self._children.get(message.parent_id, ())
-
-    def engine_messages(self) -> list[Message]:
-        """What the model sees to continue: the system prompt and the active path, failed replies left out."""
-        messages = [Message("system", self.system_prompt)] if self.system_prompt else []
-        messages += [Message(m.role, m.content, m.reasoning)
-                     for m in self.path if m.state != "error" or m.content or m.reasoning]
-        return messages
 
     @property
     def last_id(self) -> int | None:
@@ -340,11 +333,6 @@ class History:
                 for statement in step:
                     db.execute(statement)
             db.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
-
-    def schema_version(self) -> int:
-        with self._lock:
-            version: int = self._db.execute("PRAGMA user_version").fetchone()[0]
-            return version
 
     # --- conversations ------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from ..config import Config, history_path, log_dir
-from ..engine.base import Backend, Done, EngineError, FormatChecking, Token
+from ..engine.base import Backend, Done, EngineError, FormatChecking, Recomputing, Token
 from ..engine.compare import MAX_COLUMNS
 from ..engine.context import left_out
 from ..engine.formats import TEXT, OutputFormat, choose
@@ -137,7 +137,7 @@ def _run_opened(workspace: Workspace, args: argparse.Namespace, model: str | Non
     info = backend.info
     assert info is not None, "a loaded backend knows its model"
     try:
-        if args.xray and not hasattr(backend, "xray"):
+        if args.xray and not isinstance(backend, Recomputing):
             raise InvalidParameter("--xray needs a local model: a server does not show its sampler chain's stages")
         workspace.streaming = not args.no_stream
         options = {"top_logprobs": args.top_logprobs, "warn": _warn, "xray": args.xray}

@@ -1,7 +1,7 @@
 """GGUF models from the Hugging Face hub and on this machine: search, download, list. No Textual here.
 
-Only `remote` imports huggingface_hub, and only when the network is wanted, so starting the app and
-listing or loading local models never touches it.
+huggingface_hub is imported only inside the functions that reach the hub (`http`, `catalog`), when the network
+is wanted, so starting the app and listing or loading local models never touches it.
 """
 
 

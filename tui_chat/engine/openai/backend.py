@@ -114,10 +114,6 @@ class OpenAIBackend:
         threading.Thread(target=self._load, args=(stream,), name="remote-load", daemon=True).start()
         return stream
 
-    def list_models(self) -> list[str]:
-        """The model ids the server serves (`/v1/models`)."""
-        return [entry["id"] for entry in self._model_entries()]
-
     def generate(self, request: Request) -> Stream:
         connection = Connection()
         stream = CuttableStream(connection)
