@@ -35,8 +35,11 @@ MAX_WAIT_S = 10.0
 BEHAVIOURS = ("words", "slow", "cut", "cut-chunked", "malformed", "server-error", "error-event", "hang", "silent-end",
               "hostile", "hostile-error", "interrupted", "thinking", "stopping", "tools", "no-tools")
 THOUGHT = ("Hmm", ",", " let", " me", " see")  # "thinking" sends these as reasoning_content, then REPLY
-# "stopping" writes these, one every PACED_TOKEN_S, and ends on the request's stop string as llama-server does:
-# the tokens of a stop string are held back and never sent, yet counted in its usage and timings
+# "stopping" writes these, one every PACED_TOKEN_S, and ends on the request's stop string as llama-server does
+# (measured against llama-cpp-python 0.3.36's vendored llama-server): tokens that might begin a stop string are
+# held back and counted in its usage and timings; those of the stop string are never sent; held ones the next
+# token clears come in one chunk with the next one's text, under one logprobs entry (the last token's); held ones
+# at max tokens are never sent
 PACED = ("Paris", " is", " the", " capital", " of", " France", ".", "\n", "User", ":", " And")
 PACED_TOKEN_S = 0.03
 # "tools" calls mcp-server-time's get_current_time for these zones, both in one reply (a user message naming
@@ -219,11 +222,12 @@ class _Handler(BaseHTTPRequestHandler):
         usage = {"prompt_tokens": len(prompt), "completion_tokens": written, "total_tokens": len(prompt) + written}
         return usage if self.server.family == "openai" else usage | {"prompt_tokens_details": {"cached_tokens": cached}}
 
-    def _word(self, body: dict, piece: str, prompt: list[str], cached: int, written: int) -> None:
-        """One token's chunk, with what the server was asked to report along with it."""
+    def _word(self, body: dict, piece: str, prompt: list[str], cached: int, written: int, record: str = "") -> None:
+        """One token's chunk (`record`: the token its logprobs are of, where the chunk's text is more), with what
+        the server was asked to report along with it."""
         chunk = _chunk(piece)
         if body.get("logprobs"):
-            top = [{"token": piece, "logprob": -0.1}, {"token": ALTERNATIVE, "logprob": -2.5}]
+            top = [{"token": record or piece, "logprob": -0.1}, {"token": ALTERNATIVE, "logprob": -2.5}]
             if self.server.llama_server:
                 top = [entry | {"id": token_id(entry["token"])} for entry in top]
             chunk["choices"][0]["logprobs"] = {"content": [top[0] | {"top_logprobs": top}]}
@@ -309,8 +313,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _stream_stopping(self, body: dict) -> None:
         prompt, cached = self._read_prompt(body)
         stops, held, sent, written = body.get("stop") or [], [], "", 0
-        finish = "length"
-        for piece in PACED:
+        finish = "eos"
+        for piece in PACED[: body.get("max_tokens") or len(PACED)]:
             time.sleep(PACED_TOKEN_S)
             written += 1
             held.append(piece)
@@ -319,9 +323,10 @@ class _Handler(BaseHTTPRequestHandler):
                 finish = "stop"
                 break
             if not any(text.endswith(stop[:n]) for stop in stops for n in range(1, len(stop))):
-                for token in held:
-                    self._word(body, token, prompt, cached, written)
+                self._word(body, "".join(held), prompt, cached, written, record=held[-1])
                 sent, held = text, []
+        else:
+            finish = "length" if written == body.get("max_tokens") else "stop"
         self._send(_chunk(None, finish))
         timings = {"cache_n": cached, "prompt_n": len(prompt) - cached, "prompt_ms": 12.5, "predicted_n": written,
                    "predicted_ms": written * PACED_TOKEN_S * 1000, "predicted_per_second": 1 / PACED_TOKEN_S}

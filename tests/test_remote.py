@@ -516,3 +516,21 @@ def test_a_reply_cut_mid_stream_from_the_command_line(fake):
     assert result.returncode == 1 and result.stdout == "Paris is the\n"
     host = fake.base_url.split('/')[2]
     assert result.stderr == f"tui-chat: error: the server at {host} closed the stream mid-reply\n"
+
+
+@pytest.mark.parametrize(("max_tokens", "records", "counted", "text"), [(9, 7, 9, "".join(PACED[:7])),
+                                                                        (11, 8, 11, "".join(PACED))])
+def test_tokens_llama_server_sends_no_record_of_are_counted_and_said(fake, max_tokens, records, counted, text):
+    """Issue 38: a reply cut at its token limit came with 47 per-token entries for 48 counted tokens. llama-server
+    holds back tokens that might begin a stop sequence: at max tokens it never sends them; cleared by the next
+    token, it sends them merged into that token's chunk under one record. The count says why."""
+    backend = connect(fake.base_url, "stopping")
+    try:
+        tokens, done = reply(backend, PROMPT, GREEDY.with_changes(stop=["\nUser: Hi"], max_tokens=max_tokens))
+    finally:
+        backend.close()
+    m = done.metrics
+    assert done.text == text and (len(tokens), m.completion_tokens, m.unrecorded_tokens) == (records, counted,
+                                                                                              counted - records)
+    assert m.withheld_tokens == 0 and f"{counted - records} with no record of their own" in reply_footer(
+        done.stop_reason, m.as_dict())

@@ -58,9 +58,11 @@ def reply_footer(reason: StopReason, metrics: Mapping[str, Any]) -> str:
     """Stop reason, tokens, speed, TTFT and what came from disk: from a live `TurnMetrics.as_dict()` or a
     stored reply's metrics."""
     tokens = metrics.get("completion_tokens", 0)
-    withheld = metrics.get("withheld_tokens") or 0
+    withheld, unrecorded = metrics.get("withheld_tokens") or 0, metrics.get("unrecorded_tokens") or 0
     parts = [stop_label(reason, metrics.get("stop_sequence") or ""), f"{tokens} token{'' if tokens == 1 else 's'}"
-             + (f", {withheld} withheld by the server (the stop sequence)" if withheld else "")]
+             + (f", {withheld} withheld by the server (the stop sequence)" if withheld else "")
+             + (f", {unrecorded} with no record of their own (the server held them back: they might have begun a "
+                "stop sequence)" if unrecorded else "")]
     if metrics.get("decode_tok_s"):
         parts.append(f"{metrics['decode_tok_s']:.1f} tok/s")
     if metrics.get("ttft_s") is not None:

@@ -172,6 +172,10 @@ class TurnMetrics:
     prompt_estimated: bool = False
     # of completion_tokens, those a server wrote but never sent (the stop sequence it ended on): not timed here
     withheld_tokens: int = 0
+    # of completion_tokens, those a server sent no record of (in a reply that did not end on a stop sequence):
+    # llama-server holds back tokens that might begin one, then sends them merged into the next token's chunk
+    # under its record, or, at max tokens, not at all
+    unrecorded_tokens: int = 0
     # speculative decoding (local/draft.py): the drafter ("" none), the tokens it guessed, those the model kept,
     # and the batches that checked them; plain decoding's time per token as measured with this model
     draft_kind: str = ""

@@ -140,7 +140,8 @@ class StreamedReply:
         prompt = reported or self.estimate or 0
         cached = self.cached_tokens() or 0
         completion = count(usage, "completion_tokens") or count(timings, "predicted_n") or self.tokens
-        withheld = max(0, completion - self.tokens) if ended == "stop" else 0
+        unsent = max(0, completion - self.tokens) if ended is not None else 0  # counted, with no record of its own
+        withheld, unrecorded = (unsent, 0) if ended == "stop" else (0, unsent)
         first = self.visible_at or self.first_at
         started, last = self.first_at, self.last_at  # both set with the first token, thinking's included
         ttft = None if first is None else first - self.request.submitted_at
@@ -158,6 +159,7 @@ class StreamedReply:
             reasoning_tokens=count(usage, "completion_tokens_details", "reasoning_tokens") or self.thinking,
             thinking_s=None if self.thought_at is None or started is None else self.thought_at - started,
             withheld_tokens=withheld,
+            unrecorded_tokens=unrecorded,
         )
 
     def cached_tokens(self) -> int | None:

@@ -7,13 +7,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.content import Content
-from textual.screen import ModalScreen
 from textual.widgets import Input, Static, TextArea
 
 from ...safetext import terminal_safe
+from .dialog import Dialog
 
 
-class AskText(ModalScreen[str | None]):
+class AskText(Dialog[str | None]):
     """One line (Enter saves) or, with `multiline`, a text area (Ctrl+S saves, Enter is a new line).
 
     The value may be untrusted (a title made from a chat, an imported system prompt) and the
@@ -23,13 +23,8 @@ class AskText(ModalScreen[str | None]):
 
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel"), Binding("ctrl+s", "save", "Save")]
     DEFAULT_CSS = """
-    AskText { align: center middle; }
-    AskText > Vertical {
-        width: 76; max-width: 100%; height: auto;
-        border: round $accent; background: $surface; padding: 0 1;
-    }
+    AskText > Vertical { width: 76; }
     AskText TextArea { height: 10; }
-    AskText .hint { color: $text-muted; }
     """
 
     def __init__(self, title: str, value: str, hint: str, multiline: bool = False) -> None:

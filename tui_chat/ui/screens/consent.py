@@ -17,12 +17,12 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.message import Message
 from textual.message_pump import MessagePump
-from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
 from ...engine.base import ToolCall
 from ...safetext import screen_safe
 from ...tools.loop import Decision
+from .dialog import Dialog
 
 
 class ConsentWanted(Message):
@@ -43,25 +43,20 @@ def ask_consent(app: MessagePump, call: ToolCall) -> concurrent.futures.Future[D
     return answer
 
 
-class ConsentScreen(ModalScreen[None]):
+class ConsentScreen(Dialog[None]):
     BINDINGS = [Binding("escape", "answer('deny')", "Deny", tooltip="Deny: the model is told the call was not allowed")]
     DEFAULT_CSS = """
-    ConsentScreen { align: center middle; }
-    ConsentScreen > Vertical {
-        width: 90; max-width: 100%; height: auto; max-height: 90%;
-        border: round $warning; background: $surface; padding: 0 1;
-    }
+    ConsentScreen > Vertical { width: 90; }
     ConsentScreen #arguments { height: auto; max-height: 16; border: round $panel; }
     ConsentScreen Horizontal { height: auto; margin: 1 0 0 0; }
     ConsentScreen Button { margin: 0 1 0 0; }
-    ConsentScreen .hint { color: $text-muted; }
     """
 
     class Settled(Message):
         """The Future was answered or cancelled (the reply stopped): the dialog goes."""
 
     def __init__(self, call: ToolCall, answer: concurrent.futures.Future[Decision]) -> None:
-        super().__init__()
+        super().__init__(classes="-care")
         self.call = call
         self.answer = answer
         self._gone = False

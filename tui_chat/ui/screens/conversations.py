@@ -12,7 +12,6 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.content import Content
-from textual.screen import ModalScreen
 from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
 
@@ -22,6 +21,7 @@ from ...safetext import screen_safe
 from ...units import local_time
 from ...workspace import Workspace
 from .ask import AskText
+from .dialog import Dialog
 
 CONFIRM_WITHIN_S = 3.0
 
@@ -34,7 +34,7 @@ def summary_line(summary: ConversationSummary) -> Text:
     return line
 
 
-class ConversationsScreen(ModalScreen[int | None]):
+class ConversationsScreen(Dialog[int | None]):
     """Returns the id of the chat to open, or None."""
 
     BINDINGS = [
@@ -47,13 +47,8 @@ class ConversationsScreen(ModalScreen[int | None]):
         Binding("ctrl+s", "export('json')", "Export JSON", priority=True),
     ]
     DEFAULT_CSS = """
-    ConversationsScreen { align: center middle; }
-    ConversationsScreen > Vertical {
-        width: 90; max-width: 100%; height: 90%;
-        border: round $accent; background: $surface; padding: 0 1;
-    }
+    ConversationsScreen > Vertical { width: 90; height: 90%; }
     ConversationsScreen OptionList { height: 1fr; margin: 1 0 0 0; }
-    ConversationsScreen .hint { color: $text-muted; }
     """
 
     def __init__(self, workspace: Workspace, exports: Path) -> None:

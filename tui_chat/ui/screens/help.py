@@ -9,13 +9,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.content import Content
-from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from ..keys import shown_key
 from ..widgets.messages import ChatMessage, ReplyMessage, UserMessage
 from ..widgets.prompt import PromptInput
 from ..widgets.slider import Slider
+from .dialog import Dialog
 
 Section = tuple[str, Sequence[BindingType]]
 HELP_WIDTH = 86
@@ -89,14 +89,10 @@ def key_lines(sections: Sequence[Section], keymap: Mapping[str, str], width: int
     return lines[:-1]
 
 
-class HelpScreen(ModalScreen[None]):
+class HelpScreen(Dialog[None]):
     BINDINGS = [Binding("escape,f1,q", "dismiss", "Close")]
     DEFAULT_CSS = """
-    HelpScreen { align: center middle; }
-    HelpScreen > VerticalScroll {
-        width: 86; max-width: 100%; height: auto; max-height: 90%;  /* HELP_WIDTH */
-        border: round $accent; background: $surface; padding: 0 1;
-    }
+    HelpScreen > VerticalScroll { width: 86; }  /* HELP_WIDTH */
     """
 
     def __init__(self, sections: Sequence[Section], keymap: Mapping[str, str]) -> None:

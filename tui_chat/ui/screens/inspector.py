@@ -13,7 +13,6 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.screen import ModalScreen
 from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
 
@@ -24,6 +23,7 @@ from ...probe import TokenProbe
 from ...safetext import quoted, screen_safe
 from ..widgets.fields import TextField
 from ..widgets.xray import bar, grammar_text, word_text, xray_text
+from .dialog import Dialog
 
 CONTEXT_CHARS = 48
 
@@ -68,7 +68,7 @@ def candidate_lines(token: Token, params: SamplingParams) -> list[Text]:
     return lines
 
 
-class InspectorScreen(ModalScreen[BranchChoice | None]):
+class InspectorScreen(Dialog[BranchChoice | None]):
     BINDINGS = [
         Binding("escape", "dismiss(None)", "Close"),
         Binding("left", "move(-1)", "Previous token"),
@@ -76,13 +76,8 @@ class InspectorScreen(ModalScreen[BranchChoice | None]):
         Binding("x", "xray", "X-ray"),
     ]
     DEFAULT_CSS = """
-    InspectorScreen { align: center middle; }
-    InspectorScreen > VerticalScroll {
-        width: 76; max-width: 100%; height: auto; max-height: 95%;
-        border: round $accent; background: $surface; padding: 0 1;
-    }
+    InspectorScreen > VerticalScroll { width: 76; max-height: 95%; }
     InspectorScreen #context { margin: 0 0 1 0; }
-    InspectorScreen .hint { color: $text-muted; }
     InspectorScreen #keys { dock: bottom; background: $surface; }  /* seen on a short terminal too */
     InspectorScreen OptionList { height: auto; max-height: 22; margin: 1 0 0 0; }
     InspectorScreen #asked, InspectorScreen #xray { height: auto; display: none; }

@@ -18,7 +18,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.message import Message
-from textual.screen import ModalScreen, Screen
+from textual.screen import Screen
 from textual.widgets import Button, DataTable, Input, ProgressBar, Select, Static, TabbedContent, TabPane
 
 from ...config import models_dir
@@ -34,6 +34,7 @@ from ...workspace import Removed, Workspace
 if TYPE_CHECKING:
     from ...hub.catalog import RepoListing, RepoSummary
 from ..textual_fixes import Footer
+from .dialog import Dialog
 
 NAME = "models"
 
@@ -62,16 +63,14 @@ class _Downloaded(Message):
         self.name, self.error = name, error
 
 
-class ConfirmScreen(ModalScreen[bool]):
+class ConfirmScreen(Dialog[bool]):
     BINDINGS = [Binding("y", "dismiss(True)", "Yes"), Binding("n,escape", "dismiss(False)", "No")]
     DEFAULT_CSS = """
-    ConfirmScreen { align: center middle; }
-    ConfirmScreen > Vertical { width: 60; max-width: 100%; height: auto; border: round $error;
-                               background: $surface; padding: 0 1; }
+    ConfirmScreen > Vertical { width: 60; }
     """
 
     def __init__(self, question: str) -> None:
-        super().__init__()
+        super().__init__(classes="-delete")
         self.question = question
 
     def compose(self) -> ComposeResult:

@@ -12,7 +12,6 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
-from textual.screen import ModalScreen
 from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
 
@@ -24,21 +23,16 @@ from ...hub import HubError
 from ...safetext import terminal_safe
 from ...units import format_size
 from ...workspace import Workspace
+from .dialog import Dialog
 
 
-class OpenModelScreen(ModalScreen[str | None]):
+class OpenModelScreen(Dialog[str | None]):
     """Returns the name to load; the context size and GPU layers chosen are the workspace's from now on (and
     the config's): None for the GPU layers is as the build can (all layers where it offloads)."""
 
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
     DEFAULT_CSS = """
-    OpenModelScreen { align: center middle; }
-    OpenModelScreen > Vertical {
-        width: 80; max-width: 100%; height: auto; max-height: 90%;
-        border: round $accent; background: $surface; padding: 0 1;
-    }
     OpenModelScreen OptionList { height: auto; max-height: 12; margin: 1 0; }
-    OpenModelScreen .hint { color: $text-muted; }
     OpenModelScreen Horizontal { height: auto; margin: 1 0 0 0; }
     OpenModelScreen Horizontal Static { width: auto; padding: 0 1 0 0; }
     OpenModelScreen Horizontal Input { width: 12; margin: 0 2 0 0; }

@@ -15,7 +15,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
-from textual.screen import ModalScreen, Screen
+from textual.screen import Screen
 from textual.widgets import Select, Static, Switch
 
 from ...config import config_path
@@ -27,18 +27,15 @@ from ...tools.loop import Consent
 from ...tools.mcp import Tool, ToolError
 from ...workspace import Workspace
 from .consent import ask_consent
+from .dialog import Dialog
 
 DESCRIPTION_CHARS = 70
 
 
-class ToolsScreen(ModalScreen[None]):
+class ToolsScreen(Dialog[None]):
     BINDINGS = [Binding("escape", "dismiss", "Close", tooltip="Close (the switches apply already)")]
     DEFAULT_CSS = """
-    ToolsScreen { align: center middle; }
-    ToolsScreen > Vertical {
-        width: 100; max-width: 100%; height: auto; max-height: 90%;
-        border: round $accent; background: $surface; padding: 0 1;
-    }
+    ToolsScreen > Vertical { width: 100; }
     ToolsScreen #servers { height: auto; max-height: 24; }
     ToolsScreen Horizontal { height: auto; }
     ToolsScreen Switch { height: 3; }
