@@ -8,10 +8,13 @@ engine's behaviour is tested everywhere else; here the look is, so every figure 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 from tui_chat.engine.base import (
     Candidate,
+    ColumnEvent,
     Done,
+    LabDone,
     Loaded,
     Metrics,
     ModelInfo,
@@ -21,6 +24,7 @@ from tui_chat.engine.base import (
     Token,
     TurnMetrics,
 )
+from tui_chat.engine.params import LiveParams
 
 INFO = ModelInfo(
     name="scripted", path="/models/scripted.gguf", description="llama 1B Q4_K - Medium", quantization="Q4_K_M",
@@ -69,6 +73,18 @@ class ScriptedBackend:
             stream.put(Done("eos", "".join(piece for piece, _, _ in REPLY), METRICS))
 
         threading.Thread(target=write, daemon=True).start()
+        return stream
+
+    def compare(self, request: Request, columns: Sequence[LiveParams]) -> Stream:
+        """The sampling lab: every column writes the scripted reply, over one read of the prompt."""
+        stream = Stream()
+        done = Done("eos", "".join(piece for piece, _, _ in REPLY), METRICS)
+        for column, live in enumerate(columns):
+            for index in range(len(REPLY)):
+                stream.put(ColumnEvent(column, scripted_token(index, live.snapshot()[0])))
+            stream.put(ColumnEvent(column, Metrics(METRICS)))
+            stream.put(ColumnEvent(column, done))
+        stream.put(LabDone(tuple(done for _ in columns), 1))
         return stream
 
     def count_tokens(self, text: str) -> int:

@@ -29,7 +29,8 @@ CONFIRM_WITHIN_S = 3.0
 def summary_line(summary: ConversationSummary) -> Text:
     when = local_time(summary.updated_at)
     line = Text(screen_safe(summary.title or "(untitled)"), style="bold")
-    line.append(f"\n  {when} · {summary.messages} messages · {screen_safe(model_label(summary.model))}",
+    plural = "" if summary.messages == 1 else "s"
+    line.append(f"\n  {when} · {summary.messages} message{plural} · {screen_safe(model_label(summary.model))}",
                 style="dim")
     return line
 

@@ -323,9 +323,11 @@ class SamplingPanel(Vertical):
         self.notify(f"Preset: {name}", timeout=2, markup=False)
 
     def focus_format(self) -> None:
+        """The output format's picker focused and in view, once the palette has gone and a panel just shown has
+        its layout (before, the scroll is lost)."""
         kind = self.query_one("#format-kind", Select)
         kind.focus()
-        kind.scroll_visible(top=True)
+        self.set_timer(0.1, lambda: kind.scroll_visible(top=True, animate=False))
 
     def set_values(self, values: dict[str, Any], note_row: str | None = None) -> None:
         """Settings from elsewhere (a preset, a reopened conversation): the controls follow them."""
