@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from scripted import METRICS, REPLY, scripted_token
-from test_ui import loaded, reply_done, scripted_app, screen_open, send
+from test_ui import loaded, reply_done, screen_open, scripted_app, send
 from tui_chat.config import history_path
 from tui_chat.engine.base import ToolCall
 from tui_chat.history import History
