@@ -150,7 +150,7 @@ async def models(pilot) -> None:
 
 async def saved_chats(pilot) -> None:
     with History(history_path()) as history:
-        for day, title in enumerate(("Colours of the rainbow", "A haiku about rain", "The capital of France")):
+        for title in ("Colours of the rainbow", "A haiku about rain", "The capital of France"):
             chat = history.create(model="scripted", title=title)
             history.add_user_message(chat, title, None)
         with sqlite3.connect(history_path()) as db:
