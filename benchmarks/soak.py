@@ -101,7 +101,7 @@ async def soak(model: Path, turns: int, new_chat_every: int, long_chat: range) -
     from tui_chat.config import Config
     from tui_chat.engine.params import SamplingParams
     from tui_chat.ui.app import ChatApp
-    from tui_chat.ui.screens.chat import ChatScreen
+    from tui_chat.ui.chat.screen import ChatScreen
     from tui_chat.ui.widgets.chat_log import ChatLog
     from tui_chat.ui.widgets.messages import ReplyMessage
     from tui_chat.ui.widgets.prompt import PromptInput

@@ -41,7 +41,7 @@ from tui_chat.engine.process import EngineProcess
 from tui_chat.lag import LagMonitor, Stall
 from tui_chat.session import Branch, Turn
 from tui_chat.ui.app import ChatApp
-from tui_chat.ui.screens.chat import ChatScreen
+from tui_chat.ui.chat.screen import ChatScreen
 from tui_chat.ui.screens.inspector import InspectorScreen
 from tui_chat.ui.widgets.messages import ReplyMessage
 from tui_chat.ui.widgets.prompt import PromptInput

@@ -181,7 +181,7 @@ def test_the_app_process_never_loads_llama_cpp(starter_model: Path, tmp_path: Pa
         from tui_chat.config import Config
         from tui_chat.engine.params import SamplingParams
         from tui_chat.ui.app import ChatApp
-        from tui_chat.ui.screens.chat import ChatScreen
+        from tui_chat.ui.chat.screen import ChatScreen
         from tui_chat.ui.widgets.prompt import PromptInput
 
         async def main():

@@ -1,7 +1,8 @@
 """The layers, checked: no Textual in the engine, the hub or the session; no llama_cpp in the UI, and none
 outside the engine's local wing; the engine process's two sides know no backend; the engine reaches the hub only
-through its factory, the hub never the engine; widgets never import screens; the GGUF reader is a leaf; and no
-module imports itself round a cycle.
+through its factory, the hub never the engine; widgets never import screens nor the workspace; every chat key is a
+room's of ui/chat/ and the App keeps to app concerns; the GGUF reader is a leaf; and no module imports itself round
+a cycle.
 
 Every import counts, the ones inside functions too (they are how a layer would sneak in late)."""
 
@@ -22,6 +23,7 @@ TEXTUAL_FREE = ("tui_chat.engine", "tui_chat.hub", "tui_chat.session", "tui_chat
                 "tui_chat.pricing", "tui_chat.config", "tui_chat.safetext", "tui_chat.export", "tui_chat.lag",
                 "tui_chat.workspace")
 MAX_SCREEN_METHODS = 30  # a screen over this holds logic that belongs to the workspace, the session or a widget
+MAX_APP_METHODS = 6
 MAX_UI_LINES = 400
 
 
@@ -43,11 +45,12 @@ def imports_of(path: Path) -> set[str]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([node.module] if node.module else []))
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)
+            named = {f"{base}.{alias.name}" for alias in node.names}
+            found.update(named if named <= MODULE_NAMES else {base, *named})  # `from . import x`: x, not the package
     return found
 
 
+MODULE_NAMES = {module_name(path) for path in PACKAGE.rglob("*.py")}
 MODULES = {module_name(path): imports_of(path) for path in sorted(PACKAGE.rglob("*.py"))}
 
 
@@ -74,6 +77,19 @@ def test_llama_cpp_only_in_the_engines_local_wing():
     assert offenders("tui_chat", "llama_cpp", allowed=tuple(m for m in MODULES if within(m, LOCAL_WING))) == []
 
 
+def test_nothing_outside_the_engine_imports_the_local_wings_modules():
+    """The llama.cpp wing's one door is its package: config, commands and workspace take the names it lists (each
+    imported from its module only when asked for), never a module of it."""
+    from tui_chat.engine import local
+
+    wing = [name for name in MODULES if within(name, LOCAL_WING) and name != LOCAL_WING]
+    through = sorted(f"{module} imports {name}" for module, names in MODULES.items()
+                     if not within(module, "tui_chat.engine") for name in names
+                     if any(within(name, inner) for inner in wing))
+    assert through == []
+    assert set(local.__all__) == set(local._DOOR)
+
+
 @pytest.mark.parametrize("module", ["tui_chat.engine.process", "tui_chat.engine.host"])
 def test_the_engine_process_and_its_link_know_no_backend(module):
     """The engine process runs whatever backend its first message builds, and the app's side of it only sends and
@@ -92,6 +108,54 @@ def test_the_hub_never_imports_the_engine():
 def test_widgets_never_import_screens():
     """A widget posts a message; the screen that handles it opens the next screen."""
     assert offenders("tui_chat.ui.widgets", "tui_chat.ui.screens") == []
+    assert offenders("tui_chat.ui.widgets", "tui_chat.ui.chat") == []
+
+
+def test_no_widget_imports_the_workspace():
+    """Attributes down, messages up: a widget is given what it shows and says what the user did; the screen's rooms
+    change the workspace and the chat."""
+    assert offenders("tui_chat.ui.widgets", "tui_chat.workspace") == []
+
+
+def test_no_widget_changes_the_chat():
+    """A widget reads the session it shows; what changes the chat (a branch switched, turns taken off, the
+    thinking switch, a reply started) is a room's of the screen, on a message the widget posts."""
+    from tui_chat.session import ChatSession
+
+    reading = {"why_not_branch", "why_not_continue", "why_not_reply", "position", "messages", "spent", "lab_messages",
+               "settings"}
+    changing = {name for name in vars(ChatSession) if not name.startswith("_") and callable(getattr(ChatSession, name))
+                and name not in reading}
+    calls = []
+    for path in sorted((PACKAGE / "ui" / "widgets").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in changing
+                    and ast.unparse(node.func.value).endswith("session")):
+                calls.append(f"{path.name}:{node.lineno} {ast.unparse(node.func)}")
+    assert calls == []
+
+
+def test_every_chat_key_is_handled_in_a_room_of_ui_chat():
+    """keys.py is the one table of the chat's keys; each one's action is a method of a room under ui/chat/ (not
+    the App's, not a widget's reached by name)."""
+    from tui_chat.ui.chat.screen import ChatScreen
+    from tui_chat.ui.keys import CHAT_KEYS
+
+    elsewhere = []
+    for binding in CHAT_KEYS:
+        method = f"action_{binding.action.split('(')[0]}"
+        owner = next((cls for cls in ChatScreen.__mro__ if method in cls.__dict__), None)
+        if owner is None or not within(owner.__module__, "tui_chat.ui.chat"):
+            elsewhere.append(f"{binding.key}: {binding.action} ({owner.__module__ if owner else 'nowhere'})")
+    assert elsewhere == []
+
+
+def test_the_app_holds_only_app_concerns():
+    """Themes, the palette, notifications, crashes: ChatApp does nothing of a chat's."""
+    [app] = [node for node in ast.parse((PACKAGE / "ui" / "app.py").read_text(encoding="utf-8")).body
+             if isinstance(node, ast.ClassDef) and node.name == "ChatApp"]
+    methods = [item.name for item in app.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    assert len(methods) <= MAX_APP_METHODS, methods
 
 
 def test_the_gguf_reader_is_a_leaf():
@@ -102,12 +166,13 @@ def test_the_gguf_reader_is_a_leaf():
 
 
 def screen_classes() -> list[tuple[str, ast.ClassDef]]:
-    """Every class in ui/screens/ built on a Textual screen (directly or through another screen class there)."""
+    """Every class in ui/screens/ and ui/chat/ built on a Textual screen (directly, or through a dialog or a room
+    of the chat screen)."""
     found: list[tuple[str, ast.ClassDef]] = []
-    for path in sorted((PACKAGE / "ui" / "screens").glob("*.py")):
+    for path in sorted([*(PACKAGE / "ui" / "screens").glob("*.py"), *(PACKAGE / "ui" / "chat").glob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             bases = [ast.unparse(base).split("[")[0] for base in getattr(node, "bases", ())]
-            if isinstance(node, ast.ClassDef) and any(base.endswith("Screen") for base in bases):
+            if isinstance(node, ast.ClassDef) and any(base.endswith(("Screen", "Dialog", "Room")) for base in bases):
                 found.append((path.name, node))
     return found
 

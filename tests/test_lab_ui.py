@@ -10,7 +10,7 @@ from textual.widgets import Button, Input, Static
 from test_ui import SIZE, assert_help_lists, chat, loaded, make_app, screen_open, wait_for
 from tui_chat.config import history_path
 from tui_chat.history import History
-from tui_chat.ui.screens.chat import ChatScreen
+from tui_chat.ui.chat.screen import ChatScreen
 from tui_chat.ui.screens.lab import LabColumn, LabScreen
 from tui_chat.ui.widgets.metrics import MetricsPanel
 from tui_chat.ui.widgets.sampling import SamplingPanel

@@ -10,7 +10,7 @@ from fake_hub import FILE, REF, REPO
 from test_ui import SIZE, loaded, make_app, reply_done, send, wait_for
 from tui_chat.config import load_config
 from tui_chat.hub.catalog import pull
-from tui_chat.ui.screens.chat import ChatScreen
+from tui_chat.ui.chat.screen import ChatScreen
 from tui_chat.ui.screens.models import ConfirmScreen, ModelsScreen
 
 

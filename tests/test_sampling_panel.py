@@ -12,7 +12,7 @@ from textual.widgets import Checkbox, Collapsible, Input, Select
 
 from conftest import GREEDY
 from scripted import ScriptedBackend
-from test_ui import SIZE, loaded, make_app, notified, reply_done, scripted_app, send, wait_for
+from test_ui import SIZE, loaded, make_app, notified, palette, reply_done, scripted_app, send, wait_for
 from tui_chat.config import Config
 from tui_chat.engine.base import Stream
 from tui_chat.engine.formats import TEXT, choose, grammar
@@ -401,10 +401,6 @@ async def test_the_palette_reaches_the_output_format(tiny_model):
     """Issue 38: the command palette had no entry for the output format (~18 Tabs into the panel)."""
     async with make_app(str(tiny_model)).run_test(size=(80, 24)) as pilot:
         screen = await loaded(pilot)
-        await pilot.press("ctrl+p")
-        await pilot.pause(0.3)
-        await pilot.press(*"Output format")
-        await pilot.pause(0.5)
-        await pilot.press("enter")
+        await palette(pilot, "Output format")
         await wait_for(pilot, lambda: screen.focused is screen.query_one("#format-kind", Select))
         assert screen.query_one("#side").display, "the panel is shown where it was hidden (80 columns)"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from scripted import METRICS, REPLY, scripted_token
-from test_ui import loaded, reply_done, screen_open, scripted_app, send
+from test_ui import loaded, palette, reply_done, screen_open, scripted_app, send, wait_for
 from tui_chat.config import history_path
 from tui_chat.engine.base import ToolCall
 from tui_chat.history import History
@@ -49,6 +49,9 @@ def fixed_places(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def settle(pilot) -> None:
+    """Every cursor steady (a blinking one makes the pictures differ), then a pause for the last layout."""
+    for field in pilot.app.screen.query("Input, TextArea"):
+        field.cursor_blink = False
     await pilot.pause(0.3)
 
 
@@ -189,12 +192,10 @@ async def lab(pilot) -> None:
 
 async def output_format(pilot) -> None:
     screen = await loaded(pilot)
-    await pilot.press("ctrl+p")
-    await pilot.pause(0.3)
-    await pilot.press(*"Output format")
-    await pilot.pause(0.3)
-    await pilot.press("enter")
-    await pilot.pause(0.2)
+    await palette(pilot, "Output format")
+    side = screen.query_one("#side")
+    await wait_for(pilot, lambda: side.scroll_y > 0 or side.max_scroll_y == 0)
+    await pilot.pause(0.3)  # the scroll into view done
     screen.query_one("#format-kind").value = "json_schema"
 
 

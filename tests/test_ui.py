@@ -20,7 +20,7 @@ from tui_chat.history import History
 from tui_chat.pricing import PRESETS, format_usd, turn_cost
 from tui_chat.session import Branch, Turn, Writing
 from tui_chat.ui.app import ChatApp
-from tui_chat.ui.screens.chat import ChatScreen
+from tui_chat.ui.chat.screen import ChatScreen
 from tui_chat.ui.screens.help import HelpScreen
 from tui_chat.ui.screens.inspector import InspectorScreen
 from tui_chat.ui.widgets.chat_log import MAX_MOUNTED, ChatLog
@@ -62,6 +62,15 @@ def said(screen: ChatScreen) -> list[Message]:
 def notified(app) -> list[str]:
     """What the app said in its notifications, oldest first."""
     return [str(note.message) for note in app._notifications]
+
+
+async def palette(pilot, command: str) -> None:
+    """Ctrl+P, the command typed, Enter: as a user runs a palette command."""
+    await pilot.press("ctrl+p")
+    await pilot.pause(0.3)
+    await pilot.press(*command)
+    await pilot.pause(0.3)
+    await pilot.press("enter")
 
 
 async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 30.0) -> None:

@@ -41,8 +41,8 @@ from tui_chat.history import History
 from tui_chat.pricing import format_usd
 from tui_chat.safetext import screen_safe, terminal_safe
 from tui_chat.session import Branch, Turn
+from tui_chat.ui.chat.screen import ChatScreen
 from tui_chat.ui.keys import CHAT_KEYS
-from tui_chat.ui.screens.chat import ChatScreen
 from tui_chat.ui.screens.help import HelpScreen
 from tui_chat.ui.widgets.chat_log import ChatLog
 from tui_chat.ui.widgets.heatmap import REOPENED_NOTE

@@ -12,8 +12,7 @@ from typing import Any
 
 import platformdirs
 
-from .engine.local.cpu_path import AUTO as AUTO_CPU_PATH, CHOICES as CPU_PATHS
-from .engine.local.draft import check_kind as check_draft
+from .engine.local import AUTO_CPU_PATH, CPU_PATHS, check_draft
 from .engine.params import InvalidParameter, SamplingParams, check_top_logprobs
 from .engine.templates import AUTO, NAMED_TEMPLATES
 from .pricing import DEFAULT_PRESET, PRESETS, Price, PricingError, find_preset, presets_with

@@ -25,7 +25,7 @@ from .recording import Saving
 from .session import ChatSession, opened
 
 if TYPE_CHECKING:
-    from .engine.local.kvstore import KvStore
+    from .engine.local import KvStore
     from .hub.local import LocalModel
     from .tools.loop import Consent, ToolUse
     from .tools.mcp import Tool, ToolServers
@@ -35,7 +35,7 @@ OpenBackend = Callable[[str | None], Backend]  # a BackendOpener, or a test's ow
 
 def kv_store(config: Config) -> KvStore:
     """The KV states saved on disk, as every front-end reaches them (numpy comes in with it: only when asked)."""
-    from .engine.local.kvstore import KvStore
+    from .engine.local import KvStore
 
     return KvStore(kv_cache_dir(), config.kv_cache_budget_bytes)
 

@@ -16,7 +16,7 @@ from ..units import format_size, local_time
 from .common import print_table
 
 if TYPE_CHECKING:
-    from ..engine.local.kvstore import Entry
+    from ..engine.local import KvEntry as Entry
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

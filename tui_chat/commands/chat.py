@@ -26,6 +26,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
     app = ChatApp(config, opener, model)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     app.run()
+    if app.lag is not None:  # its watchdog thread and GC hook go with the app
+        app.lag.stop()
     if app.crash is not None:
         print(app.crash, file=sys.stderr, flush=True)
         return RUNTIME_ERROR

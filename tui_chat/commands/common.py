@@ -21,8 +21,7 @@ from ..config import (
     log_dir,
     models_dir,
 )
-from ..engine.local.cpu_path import CHOICES as CPU_PATHS
-from ..engine.local.draft import check_kind as check_draft
+from ..engine.local import CPU_PATHS, check_draft
 from ..engine.params import InvalidParameter
 from ..safetext import terminal_safe
 

@@ -42,10 +42,16 @@ def version_line() -> str:
 
 
 def report(config: Config) -> dict[str, Any]:
-    from ..engine.local.cpu import choose_threads, read_topology
-    from ..engine.local.cpu_path import known
-    from ..engine.local.ggml import build_features, build_version, devices, system_info
-    from ..engine.local.llamacpp import supports_gpu_offload
+    from ..engine.local import (
+        build_features,
+        build_version,
+        choose_threads,
+        devices,
+        known_cpu_paths as known,
+        read_topology,
+        supports_gpu_offload,
+        system_info,
+    )
     from ..engine.models import starter_installed
 
     topology = read_topology()
@@ -119,6 +125,6 @@ def show(config: Config, as_json: bool) -> int:
 
 
 def _cpu_model() -> str:
-    from ..engine.local.cpu import cpu_model
+    from ..engine.local import cpu_model
 
     return cpu_model() or platform.processor() or platform.machine()

@@ -6,25 +6,21 @@ from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
-from textual import on
 from textual.app import App, SystemCommand
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.widgets import Select
 
 from ..config import Config, config_dir, config_path, log_dir, save_setting
-from ..engine.base import Comparing
 from ..engine.params import PRESETS, LiveParams
 from ..guard import LOG_NAME, exception_line
 from ..lag import monitor_from_env
 from ..safetext import screen_safe
 from ..workspace import OpenBackend, Workspace
+from .chat.screen import ChatScreen
 from .keys import CHAT_KEYS
-from .screens.chat import ChatScreen
-from .screens.consent import ConsentScreen, ConsentWanted, ask_consent
 from .textual_fixes import spacing_marks_take_a_cell
 from .themes import load_themes
-from .widgets.conversation import ConversationView
 from .widgets.live_tail import COMMON_CODE, warm_lexer
 from .widgets.sampling import SamplingPanel
 
@@ -69,70 +65,17 @@ class ChatApp(App[None]):
         self.workspace = Workspace(self.config, self.open_backend)
         self.push_screen(ChatScreen(self.workspace, self.model, LiveParams(self.config.sampling)))
 
-    @on(ConversationView.ToolsWanted)
-    def _tools(self) -> None:
-        from .screens.tools import ToolsScreen
-
-        if self.workspace is not None:
-            if problem := self.workspace.reload_tool_servers():
-                self.notify(problem, severity="warning", timeout=8, markup=False)
-            self.push_screen(ToolsScreen(self.workspace, partial(ask_consent, self)))
-
-    def action_lab(self) -> None:
-        """F10: the sampling lab over the chat's last prompt, or the draft in the box. Keep puts a column into
-        the chat as the reply, with its settings: the panel follows them."""
-        from .screens.lab import LabScreen
-
-        chat = self.screen
-        backend = self.workspace.backend if self.workspace is not None else None
-        if not isinstance(chat, ChatScreen):
-            return
-        session = chat.session
-        draft = chat.view.prompt.text.strip()
-        question = draft or (session.turns[-1].question if session.turns else "")
-        busy = chat.loader.in_flight()
-        if chat.reply is not None or busy or not question or not isinstance(backend, Comparing):
-            self.notify("A reply is still being written: Esc stops it." if chat.reply is not None else busy or (
-                        "Write a message first: the lab answers it, or the last one." if not question else
-                        "This model's backend has no sampling lab."), timeout=4, markup=False)
-            return
-
-        async def kept(index: int | None) -> None:
-            if index is None or lab_screen.lab is None:
-                return
-            session.keep_lab(question, lab_screen.lab.columns, index)
-            chat.query_one(SamplingPanel).set_values(session.live.snapshot()[1].as_dict())
-            if draft:
-                chat.view.prompt.clear()
-            await chat.view.show(session)
-            chat.show_figures()
-
-        spent = session.spent()
-        lab_screen = LabScreen(backend, session.lab_messages(question), question, session.live.snapshot()[1],
-                               session.top_logprobs, spent[-1].decode_tok_s if spent else None)
-        self.push_screen(lab_screen, kept)
-
-    @on(ConsentWanted)
-    def _consent(self, event: ConsentWanted) -> None:
-        """A reply's tool call waits for the user's yes, over whatever screen is up."""
-        self.push_screen(ConsentScreen(event.call, event.answer))
-
-    def on_unmount(self) -> None:
-        if self.lag is not None:
-            self.lag.stop()
-
     def _handle_exception(self, error: Exception) -> None:
         """A bug ends the app as a crash does (guard.py): the traceback goes to the log and the terminal
         gets one line (commands/chat.py), not Textual's traceback with every local's value, which here
         can be a chat's whole token record: thousands of lines."""
         if self.crash is None:
             self.crash = exception_line(error, log_dir() / LOG_NAME)
-        super()._handle_exception(error)
-        self._exit_renderables.clear()
-
-    def _fatal_error(self) -> None:
-        """Textual's own renders that traceback first: over 40 s for a 100,000-character value (Rich highlights it)."""
-        self._close_messages_no_wait()
+        self._return_code = 1
+        if self._exception is None:  # as Textual's own, so that a Pilot test raises it
+            self._exception = error
+            self._exception_event.set()
+        self._close_messages_no_wait()  # not Textual's render of it: over 40 s for a 100,000-character value
 
     def watch_theme(self, theme: str) -> None:
         """Remember the theme the user picked (command palette → Change theme)."""
@@ -152,13 +95,6 @@ class ChatApp(App[None]):
         super().notify(screen_safe(message), title=screen_safe(title), severity=severity, timeout=timeout,
                        markup=markup)
 
-    @staticmethod
-    def _format_picker(chat: ChatScreen) -> None:
-        """The palette's way to the output format, deep in the side panel (shown first where it is hidden)."""
-        if not chat.query_one("#side").display:
-            chat.action_toggle_panel()
-        chat.query_one(SamplingPanel).focus_format()
-
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         if not isinstance(screen, ChatScreen):
@@ -168,7 +104,7 @@ class ChatApp(App[None]):
             yield SystemCommand(binding.tooltip, f"{binding.description} · {key}",
                                 partial(screen.run_action, binding.action))
         yield SystemCommand("Output format", "Replies as free text, a JSON object, JSON under a schema or a "
-                            "grammar: this chat's, from the next reply", partial(self._format_picker, screen))
+                            "grammar: this chat's, from the next reply", partial(screen.run_action, "output_format"))
         for name in PRESETS:
             yield SystemCommand(f"Preset: {name}", f"Sampling preset {name}",
                                 lambda name=name: screen.query_one(SamplingPanel).apply_preset(name))

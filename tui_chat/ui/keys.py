@@ -13,6 +13,8 @@ from typing import Any
 from textual.binding import Binding
 from textual.keys import key_to_character
 
+CONFIRM_WITHIN_S = 3.0  # a key that deletes asks to be pressed again, within this
+
 
 def everywhere(key: str, action: str, description: str, **options: Any) -> Binding:
     """A key that works wherever the focus is on the chat screen, ahead of the focused widget's own."""
@@ -21,7 +23,7 @@ def everywhere(key: str, action: str, description: str, **options: Any) -> Bindi
 
 CHAT_KEYS = [  # in the footer in this order: what a newcomer needs first, as far as the width allows
     Binding("escape", "reply('stop')", "Stop", id="stop", tooltip="Stop the reply (keeps what was written)"),
-    Binding("escape", "view('to_box')", "Message box", id="to_box", show=False,
+    Binding("escape", "to_box", "Message box", id="to_box", show=False,
             tooltip="Back to the message box (with no reply being written)"),
     everywhere("f1", "help", "Help", id="help", tooltip="Show all keys"),
     everywhere("f2", "toggle_panel", "Panel", id="toggle_panel", tooltip="Show or hide the side panel"),
@@ -30,26 +32,26 @@ CHAT_KEYS = [  # in the footer in this order: what a newcomer needs first, as fa
     everywhere("ctrl+l", "conversations", "Chats", id="conversations",
                tooltip="Saved chats: open, search, rename, delete, export"),
     everywhere("ctrl+r", "reply('regenerate')", "Regenerate", id="regenerate", tooltip="Regenerate the last reply"),
-    everywhere("ctrl+g", "view('edit_last')", "Edit last", id="edit_last", tooltip="Edit and resend the last message"),
-    everywhere("f3", "view('copy_last')", "Copy reply", id="copy_last", tooltip="Copy the last reply"),
+    everywhere("ctrl+g", "edit_last", "Edit last", id="edit_last", tooltip="Edit and resend the last message"),
+    everywhere("f3", "copy_last", "Copy reply", id="copy_last", tooltip="Copy the last reply"),
     everywhere("f8", "reply('continue')", "Continue", id="continue_reply",
                tooltip="Continue the last reply where it stopped"),
-    everywhere("ctrl+t", "view('toggle_heatmap')", "Heatmap", id="toggle_heatmap",
+    everywhere("ctrl+t", "toggle_heatmap", "Heatmap", id="toggle_heatmap",
                tooltip="Colour each token by its probability"),
-    everywhere("f4", "view('show_earlier')", "Earlier", id="show_earlier", show=False, tooltip="Show earlier messages"),
+    everywhere("f4", "show_earlier", "Earlier", id="show_earlier", show=False, tooltip="Show earlier messages"),
     everywhere("f5", "pick_model('models')", "Models", id="models", show=False,
                tooltip="Models: local ones, and GGUF models to download from the hub"),
     everywhere("f6", "system_prompt", "System", id="system_prompt", show=False,
                tooltip="Edit this chat's system prompt"),
-    everywhere("f7", "view('toggle_thinking')", "Thinking", id="toggle_thinking", show=False,
+    everywhere("f7", "toggle_thinking", "Thinking", id="toggle_thinking", show=False,
                tooltip="Let a reasoning model think before it answers, or not (this chat, from the next reply)"),
-    everywhere("f9", "view('tools')", "Tools", id="tools", show=False,
+    everywhere("f9", "tools", "Tools", id="tools", show=False,
                tooltip="Tools: the MCP servers and their tools, switched on or off for this chat"),
-    everywhere("f10", "app.lab", "Lab", id="lab", show=False,
+    everywhere("f10", "lab", "Lab", id="lab", show=False,
                tooltip="Sampling lab: 2–4 settings side by side on one prompt"),
-    everywhere("alt+up", "view('focus_message', -1)", "Earlier message", id="previous_message", show=False,
+    everywhere("alt+up", "focus_message(-1)", "Earlier message", id="previous_message", show=False,
                tooltip="Focus the message above (from the box: the latest)"),
-    everywhere("alt+down", "view('focus_message', 1)", "Later message", id="next_message", show=False,
+    everywhere("alt+down", "focus_message(1)", "Later message", id="next_message", show=False,
                tooltip="Focus the message below (past the latest: the box)"),
 ]
 

@@ -20,10 +20,9 @@ from ...history import ConversationSummary, HistoryError, model_label
 from ...safetext import screen_safe
 from ...units import local_time
 from ...workspace import Workspace
+from ..keys import CONFIRM_WITHIN_S
 from .ask import AskText
 from .dialog import Dialog
-
-CONFIRM_WITHIN_S = 3.0
 
 
 def summary_line(summary: ConversationSummary) -> Text:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import partial
 
 from textual import on
-from textual.app import App, ComposeResult
+from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
@@ -202,10 +202,10 @@ def restore_chat_tools(screen: Screen[None], workspace: Workspace, session: Chat
     """A reopened chat's tools back on as it had them, their servers started on a worker thread; what is not
     there any more is said."""
     if session.tool_switches.on:
-        screen.run_worker(partial(_restore, screen.app, workspace, session), thread=True, group="chat-tools")
+        screen.run_worker(partial(_restore, screen, workspace, session), thread=True, group="chat-tools")
 
 
-def _restore(app: App[object], workspace: Workspace, session: ChatSession) -> None:
+def _restore(screen: Screen[None], workspace: Workspace, session: ChatSession) -> None:
     tools, notes = workspace.start_chat_tools(session.tool_switches)
 
     def restored() -> None:
@@ -213,9 +213,9 @@ def _restore(app: App[object], workspace: Workspace, session: ChatSession) -> No
             return  # another chat by now
         choice = session.tool_switches.choice
         choice = choice if choice in CHOICES or any(tool.name == choice for tool in tools) else AUTO
-        workspace.use_tools(tools, choice, partial(ask_consent, app), remember=False)
+        workspace.use_tools(tools, choice, partial(ask_consent, screen), remember=False)
         names = ", ".join(tool.name for tool in tools) or "none"
-        app.notify(" · ".join([f"This chat's tools are on again: {names} (F9)", *notes]), timeout=6,
+        screen.notify(" · ".join([f"This chat's tools are on again: {names} (F9)", *notes]), timeout=6,
                    severity="warning" if notes else "information", markup=False)
 
-    app.call_from_thread(restored)
+    screen.app.call_from_thread(restored)

@@ -4,7 +4,6 @@ changed; it holds no conversation of its own."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,7 +18,7 @@ from ...engine.base import Backend, Token
 from ...engine.params import SamplingParams
 from ...probe import TokenProbe
 from ...safetext import screen_safe
-from ...session import ChatSession, Ending, Turn, Update, no_thinking_note
+from ...session import ChatSession, Ending, Turn, Update
 from .chat_log import ChatLog
 from .draft_meter import DraftCosts, DraftMeter
 from .figures import show
@@ -27,8 +26,6 @@ from .heatmap import REOPENED_NOTE, band_styles, legend
 from .messages import ReplyMessage, UserMessage
 from .prompt import PromptInput
 from .tool_calls import ToolCallBlock
-
-CONFIRM_WITHIN_S = 3.0
 
 
 class ConversationView(Vertical):
@@ -40,19 +37,6 @@ class ConversationView(Vertical):
     ConversationView #legend { height: auto; padding: 0 1; display: none; }
     """
 
-    class TitleChanged(Message):
-        """What the title line and the panel show of the chat changed (its thinking switch)."""
-
-    class BranchShown(Message):
-        """Another of a turn's replies is on screen: the panel shows its figures."""
-
-        def __init__(self, turn: Turn) -> None:
-            super().__init__()
-            self.turn = turn
-
-    class ToolsWanted(Message):
-        """F9: the app opens the Tools screen (a widget opens no screen)."""
-
     def __init__(self, session: ChatSession, costs: Callable[[], DraftCosts],
                  backend: Callable[[], Backend | None] = lambda: None, inspector_top: int = 0,
                  **kwargs: Any) -> None:
@@ -62,7 +46,6 @@ class ConversationView(Vertical):
         self.inspector_top = inspector_top  # 0: replies carry no probabilities to colour
         self._costs = costs
         self._title = ("", "")
-        self._delete_asked: tuple[Turn, float] | None = None
         self._backend = backend  # the model loaded now: the inspector asks it about a reply's positions
         self._live: ReplyMessage | None = None  # the widget of the reply being written: no lookup per batch
 
@@ -178,18 +161,12 @@ class ConversationView(Vertical):
 
     # --- the keys the screen passes on (they work wherever the focus is) ------------------------
 
-    def action_copy_last(self) -> None:
+    def copy_last(self) -> None:
         replies = self.query(ReplyMessage)
         if replies:
             replies[-1].action_copy()
 
-    async def action_show_earlier(self) -> None:
-        await self.log_view.show_earlier()
-
-    def action_to_box(self) -> None:
-        self.prompt.focus()
-
-    def action_focus_message(self, step: int) -> None:
+    def focus_message(self, step: int) -> None:
         """Alt+↑/↓ walk the messages (and a reply's thinking), which Tab skips; from elsewhere Alt+↑ goes to the
         latest, and past the latest both keys come back to the message box."""
         stops = list(self.log_view.query("ChatMessage, ThinkingBlock, ToolCallBlock"))
@@ -203,58 +180,17 @@ class ConversationView(Vertical):
         elif index >= 0:
             stops[index].focus()
 
-    def action_edit_last(self) -> None:
+    def edit_last(self) -> None:
         if not self.session.turns:
             self.notify("There is no message to edit yet.", timeout=3)
         else:
             self.post_message(UserMessage.Edit(self.session.turns[-1]))
 
-    async def action_toggle_heatmap(self) -> None:
+    async def toggle_heatmap(self) -> None:
         await self.set_heatmap(not self.heatmap)
         if self.heatmap and not self.inspector_top:
             self.notify("The inspector is off (inspector_top = 0 in the config): replies carry no probabilities.",
                         severity="warning", timeout=6)
-
-    def action_tools(self) -> None:
-        self.post_message(self.ToolsWanted())
-
-    def action_toggle_thinking(self) -> None:
-        self.session.set_thinking(not self.session.thinking)
-        self.post_message(self.TitleChanged())
-        switch = "on" if self.session.thinking else "off"
-        backend = self._backend()
-        note = no_thinking_note(backend.info) if backend is not None and backend.info is not None else None
-        if note:
-            self.notify(f"{note}. Kept with the chat: thinking {switch}.", severity="warning", timeout=6, markup=False)
-        else:
-            self.notify(f"Thinking {switch} in this chat, from the next reply", timeout=3, markup=False)
-
-    @on(UserMessage.Edit)
-    async def _edit(self, event: UserMessage.Edit) -> None:
-        """Editing a message takes it and what follows off the chat (they stay in the history, off the
-        active path); deleting removes them from the history too, after a second press."""
-        position = self.session.position(event.turn)
-        if position is None:
-            return  # already taken off: the same key twice in one read of the terminal
-        if self.session.writing is not None:
-            self.notify("A reply is being written: Esc stops it first.", severity="warning", timeout=4)
-            return
-        if event.delete and not self._confirmed(event.turn):
-            later = len(self.session.turns) - position - 1
-            after = {0: "", 1: " and the turn after it"}.get(later, f" and the {later} turns after it")
-            self.notify(f"Delete this message{after}? Press Delete again.", timeout=CONFIRM_WITHIN_S, markup=False)
-            return
-        gone = self.session.delete_from(event.turn) if event.delete else self.session.rewind(event.turn)
-        for turn in gone:
-            await self.log_view.remove_turn(turn)
-        if not event.delete:
-            self.prompt.set_draft(event.turn.question)
-        self.prompt.focus()
-        self.draft_meter.recount()
-
-    def _confirmed(self, turn: Turn) -> bool:
-        asked, self._delete_asked = self._delete_asked, (turn, time.monotonic())
-        return asked is not None and asked[0] is turn and time.monotonic() - asked[1] < CONFIRM_WITHIN_S
 
     # --- the token inspector and branches ------------------------------------------------------
 
@@ -304,17 +240,6 @@ class ConversationView(Vertical):
                                                min(event.index, len(tokens) - 1), self.session.live.snapshot()[1],
                                                "A tool call's tokens cannot be branched from: branch the reply.",
                                                None))
-
-    @on(ReplyMessage.SwitchBranch)
-    async def _switch_branch(self, event: ReplyMessage.SwitchBranch) -> None:
-        reason = self.session.why_not_branch(event.reply.turn)
-        if reason:
-            self.notify(reason.replace("branched", "switched"), severity="warning", timeout=4, markup=False)
-            return
-        self.session.switch(event.index)
-        await event.reply.show_branch()
-        self.draft_meter.recount()
-        self.post_message(self.BranchShown(event.reply.turn))
 
     # --- the draft -----------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
+from textual.message import Message
 from textual.timer import Timer
 from textual.widget import Widget
 from textual.widgets import Button, Checkbox, Collapsible, Input, Select, Static
@@ -24,8 +25,6 @@ from textual.widgets import Button, Checkbox, Collapsible, Input, Select, Static
 from ...engine.base import EngineError, FormatChecking, ModelInfo
 from ...engine.formats import TEXT, FormatError, OutputFormat
 from ...engine.params import LIST_SPECS, PARAMS, PRESETS, SPECS, InvalidParameter, LiveParams, ParamSpec, SamplingParams
-from ...session import ChatSession
-from ...workspace import Workspace
 from ..keys import shown_key
 from .bias import BiasList
 from .fields import TextField, TickBox
@@ -106,12 +105,28 @@ class SamplingPanel(Vertical):
     SamplingPanel Collapsible .param:first-child { margin: 0; }
     """
 
-    def __init__(self, live: LiveParams, workspace: Workspace, writing: Callable[[], bool], **kwargs: Any) -> None:
+    class FormatChosen(Message):
+        """The chat's output format, from its next reply (the screen keeps it with the chat)."""
+
+        def __init__(self, output: OutputFormat) -> None:
+            super().__init__()
+            self.output = output
+
+    class StreamingChosen(Message):
+        def __init__(self, on: bool) -> None:
+            super().__init__()
+            self.on = on
+
+    class Rested(Message):
+        """The settings stopped changing: the screen saves them with the chat."""
+
+    def __init__(self, live: LiveParams, writing: Callable[[], bool], **kwargs: Any) -> None:
         """`writing`: whether a reply is being written now (the chat screen's one record of it)."""
         super().__init__(**kwargs)
         self.live = live
-        self.workspace = workspace  # the chat these settings are kept with, and the streaming switch
         self.writing = writing
+        self.output: OutputFormat = TEXT  # the chat's (`show_format`)
+        self.checker: FormatChecking | None = None  # the model in use, where it says what it makes of a format
         self._rest: Timer | None = None  # a change waiting to be saved with the chat
         self.pending_version: int | None = None  # a change made mid-reply, until a token is drawn with it
         self._noted = ""  # the row whose note tells of the last change
@@ -153,9 +168,10 @@ class SamplingPanel(Vertical):
     def on_mount(self) -> None:
         self.border_title = "Sampling"
 
-    def show_backend(self, info: ModelInfo) -> None:
+    def show_backend(self, info: ModelInfo, backend: object) -> None:
         """A server may pass on only some settings, and only when a reply starts: say so on each control; and
         what the model in use makes of the chat's output format."""
+        self.checker = backend if isinstance(backend, FormatChecking) else None
         self.per_token = info.params_per_token
         for name, hint in HINTS.items():
             ignored = name in info.ignored_params
@@ -163,10 +179,11 @@ class SamplingPanel(Vertical):
             self.query_one(f"#row-{name}").set_class(ignored, "-ignored")
             shown = "This server ignores it: not sent." if ignored else hint
             self.query_one(f"#hint-{name}", Static).update(Content(shown))
-        self._check_format(self._session.output_format)
+        self._check_format(self.output)
 
     def show_format(self, output: OutputFormat = TEXT) -> None:
         """The conversation's output format (a new chat, a reopened one)."""
+        self.output = output
         self.query_one(FormatPicker).show(output)
         self._check_format(output)
 
@@ -174,8 +191,8 @@ class SamplingPanel(Vertical):
         """What the model's engine makes of a schema or grammar, said under the picker: that it cannot be
         used, or what of it is not enforced while writing. Off the UI thread: the first check of a model
         builds its tokenizer (1-4 s)."""
-        backend = self.workspace.backend
-        if output.constrained and isinstance(backend, FormatChecking):
+        backend = self.checker
+        if output.constrained and backend is not None:
             self.run_worker(partial(self._checked, backend, output), thread=True, group="format", exclusive=True)
 
     def _checked(self, backend: FormatChecking, output: OutputFormat) -> None:
@@ -258,23 +275,18 @@ class SamplingPanel(Vertical):
         (a slider dragged is many changes), as a reply's text is saved while it streams."""
         if self._rest is not None:
             self._rest.stop()
-        self._rest = self.set_timer(SETTINGS_SAVED_AFTER_S, lambda: self._session.keep_settings())
-
-    @property
-    def _session(self) -> ChatSession:
-        session = self.workspace.session
-        assert session is not None, "the panel sits beside a chat"
-        return session
+        self._rest = self.set_timer(SETTINGS_SAVED_AFTER_S, lambda: self.post_message(self.Rested()))
 
     @on(FormatPicker.Chosen)
     def _format_chosen(self, event: FormatPicker.Chosen) -> None:
-        self._session.output_format = event.output
-        self._session.keep_settings()
+        event.stop()
+        self.output = event.output
+        self.post_message(self.FormatChosen(event.output))
         self._check_format(event.output)
 
     @on(Checkbox.Changed, "#stream")
     def _streaming_chosen(self, event: Checkbox.Changed) -> None:
-        self.workspace.streaming = self._session.streaming = event.value
+        self.post_message(self.StreamingChosen(event.value))
 
     # --- the controls --------------------------------------------------------------------------
 

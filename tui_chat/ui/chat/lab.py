@@ -1,0 +1,38 @@
+"""The sampling lab (F10): the chat's last prompt, or the draft in the box, written with 2-4 settings side by
+side; Keep puts a column into the chat as the reply, with its settings (the panel follows them)."""
+
+from __future__ import annotations
+
+from textual import work
+
+from ...engine.base import Comparing
+from ..widgets.sampling import SamplingPanel
+from .room import Room
+
+
+class LabRoom(Room):
+    @work(group="lab", exclusive=True)
+    async def action_lab(self) -> None:
+        from ..screens.lab import LabScreen
+
+        backend, session = self.workspace.backend, self.session
+        draft = self.view.prompt.text.strip()
+        question = draft or (session.turns[-1].question if session.turns else "")
+        busy = self.loader.in_flight()
+        if self.reply is not None or busy or not question or not isinstance(backend, Comparing):
+            self.notify("A reply is still being written: Esc stops it." if self.reply is not None else busy or (
+                        "Write a message first: the lab answers it, or the last one." if not question else
+                        "This model's backend has no sampling lab."), timeout=4, markup=False)
+            return
+        spent = session.spent()
+        lab = LabScreen(backend, session.lab_messages(question), question, session.live.snapshot()[1],
+                        session.top_logprobs, spent[-1].decode_tok_s if spent else None)
+        index = await self.app.push_screen_wait(lab)
+        if index is None or lab.lab is None:
+            return
+        session.keep_lab(question, lab.lab.columns, index)
+        self.query_one(SamplingPanel).set_values(session.live.snapshot()[1].as_dict())
+        if draft:
+            self.view.prompt.clear()
+        await self.view.show(session)
+        self.show_figures()

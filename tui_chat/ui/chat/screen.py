@@ -1,0 +1,235 @@
+"""The chat screen: the conversation on the left, what the model is doing on the right.
+
+What outlives one chat (the model in use, its loads, the history, the price) is the `Workspace`'s, and the
+conversation itself a `ChatSession` (neither imports Textual); this screen holds the panels, and each chat
+feature's keys and dialogs are a room of its own (`ui/chat/*.py`, mixed in here). The one-way flow: prompt box →
+session → request → the backend's worker thread → events, batched → session → the views.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from textual import events, on
+from textual.app import ComposeResult
+from textual.containers import Horizontal, VerticalScroll
+from textual.widget import Widget
+from textual.widgets import Input
+
+from ...config import history_path
+from ...engine.base import Event
+from ...engine.models import STARTER_NAME, starter_installed
+from ...engine.params import LiveParams
+from ...history import HistoryError
+from ...session import Turn, Writing
+from ...workspace import LoadJob, Workspace
+from ..bridge import EngineBatch
+from ..keys import CHAT_KEYS
+from ..memory import ReplyMemory
+from ..screens.model_loader import ModelLoader
+from ..textual_fixes import Footer
+from ..widgets.chat_log import ChatLog
+from ..widgets.conversation import ConversationView
+from ..widgets.draft_meter import DraftCosts
+from ..widgets.messages import ChatMessage
+from ..widgets.metrics import MetricsPanel
+from ..widgets.prompt import PromptInput
+from ..widgets.sampling import SamplingPanel
+from .chats import ChatsRoom
+from .conversation import ConversationRoom
+from .inspector import InspectorRoom
+from .lab import LabRoom
+from .models import ModelsRoom
+from .output_format import OutputFormatRoom
+from .tools import ToolsRoom
+
+PANEL_REFRESH_S = 0.5  # while a reply streams: each refresh lays the screen out again
+NARROW_BELOW = 100  # columns; a narrower screen gives the chat the width and shows the panel on F2
+IDLE_ONLY = frozenset({"regenerate", "continue", "edit_last"})  # what cannot start while a reply is written
+
+
+class ChatScreen(ConversationRoom, ChatsRoom, ModelsRoom, InspectorRoom, LabRoom, ToolsRoom, OutputFormatRoom):
+    """The conversation on the left, the panels on the right; the reply's route from the engine to the views.
+    Each chat feature's keys are its room's (keys.py is the one table of them)."""
+
+    CSS_PATH = "screen.tcss"
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]
+    BINDINGS = [*CHAT_KEYS]
+
+    def __init__(self, workspace: Workspace, model: str | None, live: LiveParams) -> None:
+        super().__init__()
+        self.workspace = workspace
+        self.initial_model = model
+        self.live = live
+        self.options = {"warn": lambda message: self.notify(message, severity="error", timeout=10, markup=False)}
+        workspace.new_chat(live, **self.options)
+        self.memory = ReplyMemory(self)
+        self.loader = ModelLoader(self, workspace, status=lambda line: self.view.set_status(line),
+                                  loaded=self.model_loaded, failed=self.model_failed)
+        self._panel_refreshed = 0.0
+        # The width's class from the start, as Textual picks it: added at the first resize instead, it would
+        # style every widget of the screen a second time before the first frame.
+        width = self.app.size.width
+        self.add_class(next(name for at, name in sorted(self.HORIZONTAL_BREAKPOINTS, reverse=True) if width >= at))
+
+    def compose(self) -> ComposeResult:
+        costs = lambda: DraftCosts(self.workspace.price, self.session.context_tokens,  # noqa: E731
+                                   self.live.snapshot()[1].max_tokens)
+        with Horizontal(id="main"):
+            yield ConversationView(self.session, costs, lambda: self.workspace.backend,
+                                   inspector_top=self.workspace.config.inspector_top, id="chat")
+            with VerticalScroll(id="side"):
+                yield MetricsPanel(self.workspace.config.prices, self.workspace.price.name,
+                                   lambda: self.session.spent(), id="metrics")
+                yield SamplingPanel(self.live, lambda: self.reply is not None, id="sampling")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.view.prompt.focus()
+        lost_default = self.initial_model is None and self.workspace.config.default_model and starter_installed()
+        self.loader.load(self.initial_model, fallback=STARTER_NAME if lost_default else None)
+        try:
+            self.workspace.open_history(history_path())
+        except HistoryError as error:
+            self.notify(f"{error}: this session is not saved", severity="warning", timeout=8, markup=False)
+        self.view.session = self.workspace.new_chat(self.live, **self.options)
+
+    def on_unmount(self) -> None:
+        model = self.workspace.backend
+        self.workspace.close()
+        self.memory.close()
+        if model is not None:  # its engine process ends with the chat, and the exit does not wait for it
+            threading.Thread(target=model.close, name="close-model", daemon=True).start()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """While a reply is written, regenerating or editing waits (shown dimmed in the footer); Esc
+        has something to stop only then."""
+        if (action in IDLE_ONLY or (parameters and parameters[0] in IDLE_ONLY)) and self.reply is not None:
+            return None
+        if parameters == ("stop",) and self.reply is None:
+            return False  # out of the footer while there is nothing to stop: room for what there is
+        return True
+
+    def watch_reply(self, writing: Writing | None) -> None:
+        sampling = self.query_one(SamplingPanel)
+        if writing is not None:
+            sampling.reply_started()
+            self.memory.reply_started()
+        else:
+            sampling.reply_ended()
+            self.memory.reply_ended()
+
+    def on_resize(self) -> None:
+        """Across the breakpoint the title takes the panel's figures or gives them back, once the width class is set."""
+        self.call_after_refresh(self.show_title)
+
+    # --- sending and streaming -----------------------------------------------------------------
+
+    @on(PromptInput.Submitted)
+    async def _send(self, event: PromptInput.Submitted) -> None:
+        """A message waits for a model on its way, even with another one loaded: the reply is written, and
+        saved, by the model the chat is on."""
+        if self.reply is not None:
+            self.notify("A reply is still being written: Esc stops it.", timeout=3)
+        elif self.workspace.loading is None and self.workspace.backend is not None:
+            self.view.prompt.clear()
+            await self.started(self.session.ask(event.text, self.workspace.backend.generate))
+        elif self.loader.hold(event.text):
+            self.view.prompt.clear()
+        elif self.workspace.loading is not None:
+            self.notify("A message is already waiting for the model.", timeout=3)
+        else:
+            self.notify("No model is loaded: Ctrl+O opens one.", severity="warning", timeout=4)
+
+    @on(EngineBatch)
+    async def _on_engine_batch(self, message: EngineBatch) -> None:
+        try:
+            if isinstance(message.job, LoadJob):
+                await self.loader.take(message.job, message.events)
+            elif isinstance(message.job, Writing) and message.job is self.session.writing:
+                await self._on_reply_events(message.job.turn, message.events)
+        finally:
+            message.done()
+
+    async def _on_reply_events(self, turn: Turn, batch: list[Event]) -> None:
+        update = self.session.take(batch)
+        sampling = self.query_one(SamplingPanel)
+        if sampling.pending_version is not None and (applied := update.applied_from(sampling.pending_version)):
+            sampling.show_applied(applied)
+        try:
+            await self.view.apply(turn, update)
+        finally:
+            if (ending := update.ending) is not None:
+                self.reply = None  # its widget has settled: actions that waited for it can run
+                if ending.kind in ("finished", "failed") and ending.done is not None:
+                    self.query_one(MetricsPanel).update_metrics(ending.done.metrics)
+                self.show_title()
+                self.view.recount_draft()
+        now = time.monotonic()
+        if update.metrics is not None and update.ending is None and now - self._panel_refreshed >= PANEL_REFRESH_S:
+            self._panel_refreshed = now
+            self.query_one(MetricsPanel).update_metrics(update.metrics)
+            self.show_title()
+
+    # --- actions -------------------------------------------------------------------------------
+
+    async def action_reply(self, how: str) -> None:
+        """Esc stops the reply being written; Ctrl+R writes another version of the last one, F8 goes on with it."""
+        backend = self.workspace.backend
+        if how == "stop":
+            self.session.stop()
+            self.action_to_box()  # Esc leaves where it was pressed, whatever else it did
+        elif self.reply is not None:
+            return
+        elif reason := self.loader.in_flight() or self.session.why_not_reply(how) or (
+                None if backend else "No model is loaded."):
+            self.notify(reason, severity="warning", timeout=5, markup=False)
+        elif backend is not None:
+            await self.started(self.session.regenerate(backend.generate) if how == "regenerate" else
+                                self.session.continue_reply(backend.generate))
+
+    def action_toggle_panel(self) -> None:
+        shown = self.query_one("#side").display
+        self.set_class(shown, "-panel-hidden").set_class(not shown, "-panel-shown")
+        self.show_title()
+
+    @property
+    def focus_chain(self) -> list[Widget]:
+        """Tab and Shift+Tab skip the messages (Alt+↑/↓ reach them): they go between the message box and
+        the panel, not through a long chat first. The message that has the focus keeps its place, with what
+        is inside it (a reply's thinking)."""
+        chain, log = super().focus_chain, self.query_one_optional(ChatLog)  # none while the screen is built
+        if log is None:
+            return chain
+        around = self.focused.ancestors_with_self if self.focused is not None else []
+        message = next((node for node in around if isinstance(node, ChatMessage)), None)
+        return [widget for widget in chain if log not in widget.ancestors or widget is self.focused
+                or (message is not None and message in widget.ancestors_with_self)]
+
+    async def on_key(self, event: events.Key) -> None:
+        """Typing anywhere goes to the message box, as in any chat app (keys bound where focus is excepted).
+
+        Fast typing arrives as a burst already queued for the widget that had focus; a key that reaches
+        the screen although the box has focus is one of those, so it goes to the box too (Enter sends).
+        """
+        prompt = self.view.prompt
+        active = self.app.active_bindings.get(event.key)
+        if self.focused is prompt and active is not None and active.node is prompt:
+            event.stop()
+            await self.app.run_action(active.binding.action, prompt)
+            return
+        if (
+            event.is_printable
+            and event.character
+            and not isinstance(self.focused, Input)
+            and event.key not in self.app.active_bindings
+        ):
+            self.set_focus(prompt)  # at once: the keys typed next are already queued behind this one
+            prompt.insert(event.character)
+            event.stop()
+
+    def action_help(self) -> None:
+        from ..screens.help import HelpScreen, chat_sections
+
+        self.app.push_screen(HelpScreen(chat_sections(self.BINDINGS), self.workspace.config.keys))
