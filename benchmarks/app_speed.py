@@ -43,10 +43,10 @@ from pathlib import Path
 from shared import fmt, median, own_dirs, ratio
 
 from tui_chat.config import cache_dir, models_dir
-from tui_chat.engine.base import STOP_LABELS
 from tui_chat.engine.local.cpu import cpu_model, read_topology
 from tui_chat.engine.local.llama import PREFILL_CHUNK
 from tui_chat.engine.models import starter_path
+from tui_chat.wording import STOP_LABELS
 
 MAX_TOKENS = 128
 INSPECTOR_TOP = 10  # the app's default: run records as many with --top-logprobs, so both do the same work a token

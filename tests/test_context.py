@@ -8,7 +8,7 @@ from conftest import GREEDY, ask, open_backend, run_cli
 from tui_chat.engine.base import EngineError, Error, Message, Request
 from tui_chat.engine.context import fit_context, left_out, reply_reserve, split_turns
 from tui_chat.engine.params import LiveParams
-from tui_chat.session import reply_footer
+from tui_chat.wording import reply_footer
 
 LONG = "Hello world " * 30
 

@@ -21,7 +21,7 @@ PACKAGE = Path(tui_chat.__file__).parent
 LOCAL_WING = "tui_chat.engine.local"
 TEXTUAL_FREE = ("tui_chat.engine", "tui_chat.hub", "tui_chat.session", "tui_chat.recording", "tui_chat.history",
                 "tui_chat.pricing", "tui_chat.config", "tui_chat.safetext", "tui_chat.export", "tui_chat.lag",
-                "tui_chat.workspace")
+                "tui_chat.workspace", "tui_chat.tools", "tui_chat.lab", "tui_chat.probe")
 MAX_SCREEN_METHODS = 30  # a screen over this holds logic that belongs to the workspace, the session or a widget
 MAX_APP_METHODS = 6
 MAX_UI_LINES = 400

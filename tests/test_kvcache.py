@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 from conftest import GREEDY, ask, open_backend
-from tui_chat.engine.base import Done, Message, Request, restore_note
+from tui_chat.engine.base import Done, Message, Request
 from tui_chat.engine.local import kvstore
 from tui_chat.engine.local.kvcache import DiskCache
 from tui_chat.engine.local.kvstore import KvStore
 from tui_chat.engine.params import LiveParams
+from tui_chat.wording import restore_note
 
 NOTES = "Hello the capital of France is Paris and the capital of Germany is Berlin. " * 6
 STARTER_NOTES = "Notes on European capitals. " + "Paris is on the Seine and Berlin is on the Spree. " * 45

@@ -12,7 +12,7 @@ from test_kvcache import NOTES
 from tui_chat.config import history_path, kv_cache_dir
 from tui_chat.engine.local.kvstore import KvStore
 from tui_chat.history import History
-from tui_chat.session import stored_footer
+from tui_chat.wording import stored_footer
 
 FIRST = ("run", "--save", "--temperature", "0", "--max-tokens", "24", "--system", NOTES)
 

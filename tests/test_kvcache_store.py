@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from tui_chat.config import DEFAULT_KV_CACHE_BUDGET_GB, ConfigError, load_config
-from tui_chat.engine.base import TurnMetrics, restore_note
+from tui_chat.engine.base import TurnMetrics
 from tui_chat.engine.local.kvcache import LOAD_BYTES_PER_S, MIN_GAIN_TOKENS, worth_restoring
 from tui_chat.engine.local.kvstore import KvKey, KvStore, Notes
+from tui_chat.wording import restore_note
 
 BODY = 10_000
 

@@ -18,11 +18,12 @@ from tui_chat.config import Config, history_path, load_config
 from tui_chat.engine.base import TurnMetrics
 from tui_chat.engine.models import STARTER_NAME
 from tui_chat.history import History
-from tui_chat.session import Branch, Turn, reply_footer
+from tui_chat.session import Branch, Turn
 from tui_chat.ui.app import ChatApp
 from tui_chat.ui.screens.open_model import OpenModelScreen
 from tui_chat.ui.widgets.messages import UserMessage
 from tui_chat.ui.widgets.prompt import PromptInput
+from tui_chat.wording import reply_footer
 
 LONG = GREEDY.with_changes(max_tokens=100_000)
 

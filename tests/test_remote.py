@@ -21,7 +21,7 @@ from tui_chat.engine.openai.backend import CHARS_PER_TOKEN
 from tui_chat.engine.openai.sse import SseDecoder
 from tui_chat.engine.params import LiveParams, SamplingParams
 from tui_chat.engine.server_params import ignored_settings
-from tui_chat.session import reply_footer
+from tui_chat.wording import reply_footer
 
 PROMPT = "Hello, what is the capital of France?"
 KEY = "sk-test-7f3a9c1e55d2"

@@ -226,7 +226,8 @@ def test_a_chats_tools_follow_the_model_it_switches_to(tiny_model, tmp_path):
         workspace.load_now(str(tiny_model))
         workspace.new_chat(LiveParams(GREEDY))
         tool = Tool("time", "get_current_time", "", {"type": "object"})
-        workspace.use_tools([tool], "auto", lambda call: decided("deny"))
+        workspace.consent = lambda call: decided("deny")
+        workspace.use_tools([tool], "auto")
         assert workspace.chat_tools is not None and workspace.chat_tools.form is GENERIC
         workspace.load_now(str(write_family("hermes", tmp_path / "qwen.gguf")))
         assert workspace.chat_tools.form.templated and workspace.chat_tools.form.head == "<tool_call>\n"

@@ -23,7 +23,7 @@ from tui_chat.tools.calls import call_format, find_call
 from tui_chat.tools.loop import ToolUse, approve_listed, decided
 from tui_chat.tools.mcp import ToolError, ToolServers
 from tui_chat.tools.settings import ServerSpec, parse_mcp
-from tui_chat.tools.setup import open_tools
+from tui_chat.tools.setup import tool_use
 
 FAULTS = ServerSpec("faults", sys.executable, (str(Path(__file__).parent / "mcp_faults.py"),))
 PARAMS = GREEDY.with_changes(max_tokens=48)
@@ -228,7 +228,7 @@ def test_a_tool_with_an_invalid_schema_is_left_out_in_one_line_and_the_others_ar
 
 def test_tool_names_and_choices_are_checked(servers):
     with pytest.raises(InvalidParameter, match="nope"):
-        open_tools(servers, [TIME], parse_mcp({}), None, "nope", approve_listed([]))
+        tool_use(servers, servers.start(TIME, 30), parse_mcp({}), None, "nope", approve_listed([]))
 
 
 def test_the_config_names_servers_and_limits():

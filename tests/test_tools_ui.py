@@ -12,7 +12,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-from functools import partial
 from pathlib import Path
 
 from textual.widgets import Select, Static, Switch
@@ -25,7 +24,7 @@ from tui_chat.history import History
 from tui_chat.session import Branch, Turn, turns_of
 from tui_chat.tools.settings import McpSettings, ServerSpec
 from tui_chat.ui.chat.screen import ChatScreen
-from tui_chat.ui.screens.consent import ConsentScreen, ask_consent
+from tui_chat.ui.screens.consent import ConsentScreen
 from tui_chat.ui.screens.conversations import ConversationsScreen
 from tui_chat.ui.screens.inspector import InspectorScreen
 from tui_chat.ui.screens.tools import ToolsScreen
@@ -52,7 +51,7 @@ async def time_tools_on(pilot, choice: str = "required") -> None:
     screen = await loaded(pilot)
     workspace = screen.workspace
     tools = workspace.start_tool_server("time")
-    workspace.use_tools(tools, choice, partial(ask_consent, pilot.app.screen))
+    workspace.use_tools(tools, choice)
 
 
 async def answered(pilot, button: str) -> tuple[ReplyMessage, list[str]]:
@@ -311,7 +310,7 @@ async def hang_asked(pilot) -> ChatScreen:
     """The fault server's `hang` on, its first call asked for (the consent dialog up)."""
     screen = await loaded(pilot)
     tools = screen.workspace.start_tool_server("faults")
-    screen.workspace.use_tools(tools, "hang", partial(ask_consent, pilot.app.screen))
+    screen.workspace.use_tools(tools, "hang")
     await send(pilot, "Wait for me")
     await screen_open(pilot, ConsentScreen)
     return screen
@@ -366,7 +365,7 @@ async def test_a_chats_tools_and_choice_come_back_with_it(tiny_model):
     async with app.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
         tools = screen.workspace.start_tool_server("time")
-        screen.workspace.use_tools(tools[:1], "none", partial(ask_consent, pilot.app.screen))
+        screen.workspace.use_tools(tools[:1], "none")
         await send(pilot, "Hello there")
         await wait_for(pilot, lambda: screen.reply is None and screen.query(ReplyMessage))
         await pilot.press("ctrl+n")

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from .engine.base import INCOMPLETE_LABEL, ToolCall, stop_label, thinking_line
+from .engine.base import ToolCall
 from .engine.context import left_out
 from .history import (
     STATES,
@@ -24,6 +24,7 @@ from .history import (
 )
 from .pricing import format_usd
 from .units import local_time
+from .wording import INCOMPLETE_LABEL, stop_label, thinking_line
 
 FORMAT = "tui-chat conversation"
 FORMAT_VERSION = 1

@@ -9,14 +9,12 @@ the backend's events come back through `take`, which updates the conversation an
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from .engine.base import (
-    INCOMPLETE_LABEL,
-    STOP_LABELS,
     Candidate,
     Done,
     Error,
@@ -24,7 +22,6 @@ from .engine.base import (
     LoadProgress,
     Message,
     Metrics,
-    ModelInfo,
     PromptProgress,
     Request,
     StopReason,
@@ -33,9 +30,6 @@ from .engine.base import (
     ToolActivity,
     ToolCall,
     TurnMetrics,
-    restore_note,
-    stop_label,
-    thinking_line,
     written,
 )
 from .engine.context import left_out
@@ -44,6 +38,7 @@ from .engine.params import LiveParams
 from .history import Conversation, HistoryError, ReplyWriter, StoredMessage, ToolSwitches, title_from
 from .recording import SavedChat, Saving, Settings
 from .safetext import quoted
+from .wording import STOP_LABELS, progress_line, reply_footer, stored_footer, thinking_line, wait_note
 
 if TYPE_CHECKING:
     from .lab import Column
@@ -52,40 +47,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 Generate = Callable[[Request], Stream]
 
-
-
-def reply_footer(reason: StopReason, metrics: Mapping[str, Any]) -> str:
-    """Stop reason, tokens, speed, TTFT and what came from disk: from a live `TurnMetrics.as_dict()` or a
-    stored reply's metrics."""
-    tokens = metrics.get("completion_tokens", 0)
-    withheld, unrecorded = metrics.get("withheld_tokens") or 0, metrics.get("unrecorded_tokens") or 0
-    parts = [stop_label(reason, metrics.get("stop_sequence") or ""), f"{tokens} token{'' if tokens == 1 else 's'}"
-             + (f", {withheld} withheld by the server (the stop sequence)" if withheld else "")
-             + (f", {unrecorded} with no record of their own (the server held them back: they might have begun a "
-                "stop sequence)" if unrecorded else "")]
-    if metrics.get("decode_tok_s"):
-        parts.append(f"{metrics['decode_tok_s']:.1f} tok/s")
-    if metrics.get("ttft_s") is not None:
-        parts.append(f"TTFT {metrics['ttft_s']:.2f} s")
-    if metrics.get("consent_s"):  # not model time: in none of the figures above
-        parts.append(f"waited {metrics['consent_s']:.1f} s for consent")
-    if metrics.get("incomplete"):
-        parts.append(INCOMPLETE_LABEL)
-    return " · ".join(filter(None, [*parts, restore_note(metrics)]))
-
-
-def wait_note(ttft_s: float | None, waited_s: float) -> str:
-    """Streaming off: when the first word would have shown, against the wait for the whole reply."""
-    first = "no word came" if ttft_s is None else f"first word after {ttft_s:.2f} s when streaming"
-    return f"{first}; you waited {waited_s:.1f} s"
-
-
-def stored_footer(message: StoredMessage) -> str:
-    if message.state == "interrupted":
-        return "interrupted: the app stopped while it was being written"
-    if message.state == "error":
-        return f"error: {message.error or 'unknown'}"
-    return reply_footer(message.stop_reason or "eos", message.metrics or {})
 
 
 @runtime_checkable
@@ -221,12 +182,6 @@ class Update:
     def applied_from(self, version: int) -> int | None:
         """The token from which settings `version` (or newer) were in use, if they were in this batch."""
         return next((count for used, count in self.versions if used >= version), None)
-
-
-def progress_line(event: PromptProgress) -> str:
-    line = f"Reading prompt {event.done:,} / {event.total:,} tokens"
-    eta = event.eta_s
-    return line if eta is None else f"{line} · {eta:.0f} s left"
 
 
 class ChatSession:
@@ -643,16 +598,6 @@ class ChatSession:
         self.thinking = on
         if self.saved is not None and (conversation_id := self.saved.id) is not None:
             self._save(lambda saved: saved.history.update(conversation_id, thinking=on))
-
-
-def no_thinking_note(info: ModelInfo) -> str | None:
-    """A local model whose chat template names no thinking markers does not think: the thinking switch
-    changes nothing for it, which the user is told rather than left to wonder. (A server's model cannot be
-    told from here: it may send its thinking apart.)"""
-    if info.thinking or info.remote_host:
-        return None
-    return (f"{info.name} does not think (its chat template names no thinking markers): "
-            "the thinking switch changes nothing for it")
 
 
 def _settled_calls(message: StoredMessage) -> tuple[ToolCall, ...]:

@@ -9,8 +9,9 @@ stays on the model that answers, so a reply is always saved under the name of th
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,12 +26,21 @@ from .recording import Saving
 from .session import ChatSession, opened
 
 if TYPE_CHECKING:
+    from .engine.base import ToolCall
     from .engine.local import KvStore
     from .hub.local import LocalModel
-    from .tools.loop import Consent, ToolUse
+    from .tools.loop import Consent, Decision, ToolUse
     from .tools.mcp import Tool, ToolServers
+    from .tools.settings import ServerSpec
 
 OpenBackend = Callable[[str | None], Backend]  # a BackendOpener, or a test's own
+
+
+def nobody_consents(_call: ToolCall) -> concurrent.futures.Future[Decision]:
+    """The Workspace's consent until a front-end sets its own: no call runs."""
+    from .tools.loop import decided
+
+    return decided("deny")
 
 
 def kv_store(config: Config) -> KvStore:
@@ -84,6 +94,9 @@ class Workspace:
         self.streaming = True  # for every chat of this run
         self.session: ChatSession | None = None
         self._tool_servers: ToolServers | None = None
+        # Who says yes to a tool call: set once by the front-end (the chat screen asks in a dialog; `run` answers
+        # from --approve); until then, nobody, which is a no
+        self.consent: Consent = nobody_consents
 
     @property
     def tool_servers(self) -> ToolServers:
@@ -112,11 +125,17 @@ class Workspace:
         self.config = replace(self.config, mcp=mcp)
         return ""
 
-    def use_tools(self, tools: list[Tool], choice: str, consent: Consent, *, remember: bool = True) -> None:
+    def start_tools(self, specs: Sequence[ServerSpec], choice: str) -> None:
+        """`run --mcp`: these servers started (blocks up to `start_timeout_s` each) and all their tools on for the
+        chat, not kept with it (they are not the config's). Raises ToolError or InvalidParameter."""
+        tools = [tool for spec in specs for tool in self.tool_servers.start(spec, self.config.mcp.start_timeout_s)]
+        self.use_tools(tools, choice, remember=False)
+
+    def use_tools(self, tools: list[Tool], choice: str, *, remember: bool = True) -> None:
         """The chat's tools from its next reply: those switched on, and how the model may call them (none on:
-        no tools), kept with the chat (`remember`: not when a reopened chat gets back part of what it had).
-        "Always" answers given in this chat stay. Raises InvalidParameter (a choice naming a tool that is off;
-        two tools of one name)."""
+        no tools), each call asked of `consent`; kept with the chat (`remember`: not when a reopened chat gets
+        back part of what it had). "Always" answers given in this chat stay. Raises InvalidParameter (a choice
+        naming a tool that is off; two tools of one name)."""
         from .tools.setup import tool_use
 
         session = self.session
@@ -124,7 +143,7 @@ class Workspace:
             return
         previous = session.tools
         use = tool_use(self.tool_servers, tools, self.config.mcp, self.backend.info if self.backend else None,
-                       choice, consent) if tools else None
+                       choice, self.consent) if tools else None
         if previous is not None and use is not None:
             use.always = previous.always
         session.tools = use

@@ -10,12 +10,13 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from ..engine.base import INCOMPLETE_LABEL, Comparing, EngineError, Error, LabDone, Message, Stream, stop_label
+from ..engine.base import Comparing, EngineError, Error, LabDone, Message, Stream
 from ..engine.compare import MAX_COLUMNS
 from ..engine.formats import OutputFormat
 from ..engine.params import InvalidParameter, SamplingParams
 from ..lab import Column, Lab
 from ..safetext import quoted
+from ..wording import INCOMPLETE_LABEL, stop_label
 from ..workspace import Workspace
 from .common import INTERRUPTED, RUNTIME_ERROR, fail, writer
 

@@ -32,10 +32,11 @@ from ..engine.params import (
 from ..engine.server_params import unsent_settings
 from ..guard import watch
 from ..history import Conversation, History
-from ..session import ChatSession, Writing, no_thinking_note, wait_note
+from ..session import ChatSession, Writing
 from ..tools.loop import approve_listed, call_line
 from ..tools.mcp import ToolError
-from ..tools.setup import open_tools, server_specs
+from ..tools.setup import server_specs
+from ..wording import no_thinking_note, wait_note
 from ..workspace import Workspace
 from .common import INTERRUPTED, RUNTIME_ERROR, add_model_options, fail, one_line, opener_for, writer
 from .compare import lab_columns, run_lab
@@ -156,8 +157,8 @@ def _run_opened(workspace: Workspace, args: argparse.Namespace, model: str | Non
         if args.mcp:
             specs = server_specs(args.mcp, workspace.config.mcp)
             try:
-                session.tools = open_tools(workspace.tool_servers, specs, workspace.config.mcp, backend.info,
-                                           args.tool_choice, approve_listed((args.approve or "").split(",")))
+                workspace.consent = approve_listed((args.approve or "").split(","))
+                workspace.start_tools(specs, args.tool_choice)
             except ToolError as error:
                 return fail(error, RUNTIME_ERROR)
             for line in (line for spec in specs for line in workspace.tool_servers.left_out(spec.name)):

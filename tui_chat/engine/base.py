@@ -13,7 +13,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Protocol, Self, runtime_checkable
 
-from ..safetext import quoted
 from .formats import KINDS, TEXT, OutputFormat
 from .params import LiveParams, SamplingParams, label
 
@@ -21,24 +20,6 @@ Role = Literal["system", "user", "assistant", "tool"]
 # context: the KV cache is full; cut: the server ended it unasked (llama-cpp-python's, for another request);
 # format: the output format's engine allowed no next token (a limit of its own reached)
 StopReason = Literal["eos", "stop", "length", "context", "cancelled", "cut", "format"]
-STOP_LABELS: dict[str, str] = {  # how a reply's end is said everywhere a person reads it
-    "eos": "end of text",
-    "stop": "stop sequence",
-    "length": "max tokens",
-    "context": "context full",
-    "cancelled": "stopped",
-    "cut": "cut short by the server",
-    "format": "the output format allowed nothing more",
-}
-
-
-INCOMPLETE_LABEL = "incomplete: it stopped before the output format was complete"  # footers and exports
-
-
-def stop_label(reason: str, sequence: str = "") -> str:
-    """How a reply's end is said, a stop sequence by name where known: `stop sequence "\\nUser:"`."""
-    label = STOP_LABELS.get(reason, reason)
-    return f"{label} {quoted(sequence)}" if reason == "stop" and sequence else label
 PREFILL_RATE_MIN_TOKENS = 8  # below this a prompt-reading rate says nothing
 
 
@@ -249,35 +230,6 @@ class TurnMetrics:
     def from_dict(cls, record: Mapping[str, Any]) -> Self:
         """A stored reply's figures; those it was stored without keep their defaults."""
         return cls(**{f.name: record[f.name] for f in fields(cls) if f.name in record})
-
-
-def restore_note(metrics: Mapping[str, Any]) -> str:
-    """`restored 3,812 tokens from disk in 40 ms (reading them would take ~6.1 s)`, or "" when nothing was.
-    Takes `TurnMetrics.as_dict()` or a stored reply's figures (older ones have none of these keys)."""
-    restored = metrics.get("restored_tokens") or 0
-    if not restored:
-        return ""
-    note = f"restored {restored:,} tokens from disk in {_duration(metrics.get('restore_s') or 0.0)}"
-    avoided = metrics.get("restore_avoided_s")
-    return note + (f" (reading them would take ~{_duration(avoided)})" if avoided else "")
-
-
-def thinking_line(metrics: Mapping[str, Any], ongoing: bool = False) -> str:
-    """`thought for 4.2 s · 312 tokens` (`thinking… 2.1 s · 57 tokens` while it goes on): from
-    `TurnMetrics.as_dict()` or a stored reply's figures ("" for a reply that did not think, or one stored
-    before replies kept their thinking's figures)."""
-    seconds = metrics.get("thinking_s")
-    if seconds is None:
-        return ""
-    tokens = metrics.get("reasoning_tokens") or 0
-    verb = "thinking…" if ongoing else "thought for"
-    return f"{verb} {seconds:.1f} s · {tokens:,} token{'' if tokens == 1 else 's'}"
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:,.0f} s"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,6 @@
 """Tools for a chat from what the user named: servers by name (`[mcp.servers.NAME]`) or by command, the tool
-choice checked against what they list, and who consents. The headless runner and the chat screen use it."""
+choice checked against what they list, and who consents (the Workspace's one `Consent`, which each front-end
+sets once). The headless runner and the chat screen use it through the Workspace."""
 
 from __future__ import annotations
 
@@ -24,18 +25,10 @@ def server_specs(named: Sequence[str], settings: McpSettings) -> list[ServerSpec
     return specs
 
 
-def open_tools(servers: ToolServers, specs: Sequence[ServerSpec], settings: McpSettings, info: ModelInfo | None,
-               choice: str, consent: Consent) -> ToolUse:
-    """Start the servers, list their tools and check `choice` against them. Raises ToolError (a server did
-    not start: one line) or InvalidParameter (a choice naming no tool)."""
-    tools = [tool for spec in specs for tool in servers.start(spec, settings.start_timeout_s)]
-    return tool_use(servers, tools, settings, info, choice, consent)
-
-
 def tool_use(servers: ToolServers, tools: list[Tool], settings: McpSettings, info: ModelInfo | None, choice: str,
              consent: Consent) -> ToolUse:
     """A chat's tools, from tools its servers listed: the chat screen's switches give them, `run` all of its
-    servers'. Raises InvalidParameter (see open_tools)."""
+    servers'. Raises InvalidParameter (a choice naming no tool; two tools of one name)."""
     names = [tool.name for tool in tools]
     twice = next((name for name in names if names.count(name) > 1), None)
     if twice is not None:

@@ -8,7 +8,8 @@ import time
 
 from textual import on
 
-from ...session import Turn, no_thinking_note
+from ...session import Turn
+from ...wording import no_thinking_note
 from ..keys import CONFIRM_WITHIN_S
 from ..widgets.messages import ReplyMessage, UserMessage
 from .room import Room

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from functools import partial
 
 from textual import events, on
 from textual.app import ComposeResult
@@ -27,6 +28,7 @@ from ...workspace import LoadJob, Workspace
 from ..bridge import EngineBatch
 from ..keys import CHAT_KEYS
 from ..memory import ReplyMemory
+from ..screens.consent import ask_consent
 from ..screens.model_loader import ModelLoader
 from ..textual_fixes import Footer
 from ..widgets.chat_log import ChatLog
@@ -64,6 +66,7 @@ class ChatScreen(ConversationRoom, ChatsRoom, ModelsRoom, InspectorRoom, LabRoom
         self.live = live
         self.options = {"warn": lambda message: self.notify(message, severity="error", timeout=10, markup=False)}
         workspace.new_chat(live, **self.options)
+        workspace.consent = partial(ask_consent, self)  # a call is asked about here, where it is shown
         self.memory = ReplyMemory(self)
         self.loader = ModelLoader(self, workspace, status=lambda line: self.view.set_status(line),
                                   loaded=self.model_loaded, failed=self.model_failed)

@@ -3,11 +3,9 @@ call is shown, over whatever screen is up; a reopened chat's tools back on."""
 
 from __future__ import annotations
 
-from functools import partial
-
 from textual import on
 
-from ..screens.consent import ConsentScreen, ConsentWanted, ask_consent
+from ..screens.consent import ConsentScreen, ConsentWanted
 from .room import Room
 
 
@@ -17,7 +15,7 @@ class ToolsRoom(Room):
 
         if problem := self.workspace.reload_tool_servers():
             self.notify(problem, severity="warning", timeout=8, markup=False)
-        self.app.push_screen(ToolsScreen(self.workspace, partial(ask_consent, self)))
+        self.app.push_screen(ToolsScreen(self.workspace))
 
     @on(ConsentWanted)
     def _consent(self, event: ConsentWanted) -> None:

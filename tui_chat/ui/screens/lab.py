@@ -16,11 +16,12 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Input, Static
 
-from ...engine.base import Comparing, Error, LabDone, Message, Request, Stream, stop_label
+from ...engine.base import Comparing, Error, LabDone, Message, Request, Stream
 from ...engine.compare import MAX_COLUMNS, Divergence
 from ...engine.params import InvalidParameter, SamplingParams
 from ...lab import Column, Lab
 from ...safetext import quoted, screen_safe
+from ...wording import stop_label
 from ..bridge import EngineBatch, forward_events
 from ..textual_fixes import Footer
 from ..widgets.heatmap import SELECTED, band_of, band_styles

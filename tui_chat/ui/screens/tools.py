@@ -23,10 +23,8 @@ from ...engine.params import InvalidParameter
 from ...safetext import screen_safe
 from ...session import ChatSession
 from ...tools.calls import AUTO, CHOICES
-from ...tools.loop import Consent
 from ...tools.mcp import Tool, ToolError
 from ...workspace import Workspace
-from .consent import ask_consent
 from .dialog import Dialog
 
 DESCRIPTION_CHARS = 70
@@ -51,10 +49,9 @@ class ToolsScreen(Dialog[None]):
     ToolsScreen #note { color: $error; display: none; }
     """
 
-    def __init__(self, workspace: Workspace, consent: Consent) -> None:
+    def __init__(self, workspace: Workspace) -> None:
         super().__init__()
         self.workspace = workspace
-        self.consent = consent
         self.servers = list(workspace.config.mcp.servers)
         self.tools: dict[Switch, Tool] = {}
         self.server_switches: dict[str, Switch] = {}
@@ -69,6 +66,13 @@ class ToolsScreen(Dialog[None]):
                 yield Static(Content(f"No MCP servers are configured: add one as [mcp.servers.NAME] to "
                                      f"{config_path()} (see the README's Tools section); F9 reads it again "
                                      "each time it opens."), classes="hint")
+            # How the model may call them, first: its list opens over the servers below, inside the box (at the
+            # foot of the box it drew over the border and past it)
+            with Horizontal(id="choice-row"):
+                yield Static(Content("The model may call them:"), id="choice-label")
+                shown = CHOICES if self.choice in CHOICES else (*CHOICES, self.choice)  # a tool's name too
+                yield Select([(choice, choice) for choice in shown], value=self.choice, allow_blank=False,
+                             id="choice")
             with VerticalScroll(id="servers"):
                 for index, name in enumerate(self.servers):
                     with Horizontal(classes="server"):
@@ -77,11 +81,6 @@ class ToolsScreen(Dialog[None]):
                         yield Static(Content(screen_safe(f"{name}  ({settings.servers[name].shown})")),
                                      classes="name")
                     yield Static(Content("starting…"), classes="state", id=f"state-{index}")
-            with Horizontal(id="choice-row"):
-                yield Static(Content("The model may call them:"), id="choice-label")
-                shown = CHOICES if self.choice in CHOICES else (*CHOICES, self.choice)  # a tool's name too
-                yield Select([(choice, choice) for choice in shown], value=self.choice, allow_blank=False,
-                             id="choice")
             yield Static(id="note")
             yield Static(Content("auto: when it wants · none: never · required: its first step is a call · a tool's "
                                  "name: that one first. Applies from the next reply. Esc closes."), classes="hint")
@@ -184,7 +183,7 @@ class ToolsScreen(Dialog[None]):
         kept = [tool for tool in use.tools if tool.server not in listed] if use is not None else []
         try:
             self.workspace.use_tools([*kept, *(tool for switch, tool in self.tools.items() if switch.value)],
-                                     chosen if isinstance(chosen, str) else AUTO, self.consent)
+                                     chosen if isinstance(chosen, str) else AUTO)
         except InvalidParameter as error:
             note.update(Content(screen_safe(str(error))))
             note.display = True
@@ -213,7 +212,7 @@ def _restore(screen: Screen[None], workspace: Workspace, session: ChatSession) -
             return  # another chat by now
         choice = session.tool_switches.choice
         choice = choice if choice in CHOICES or any(tool.name == choice for tool in tools) else AUTO
-        workspace.use_tools(tools, choice, partial(ask_consent, screen), remember=False)
+        workspace.use_tools(tools, choice, remember=False)
         names = ", ".join(tool.name for tool in tools) or "none"
         screen.notify(" · ".join([f"This chat's tools are on again: {names} (F9)", *notes]), timeout=6,
                    severity="warning" if notes else "information", markup=False)

@@ -13,10 +13,11 @@ from textual.content import Content
 from textual.message import Message
 from textual.widgets import Select, Sparkline, Static
 
-from ...engine.base import PREFILL_RATE_MIN_TOKENS, DeviceMemory, ModelInfo, TurnMetrics, restore_note
+from ...engine.base import PREFILL_RATE_MIN_TOKENS, DeviceMemory, ModelInfo, TurnMetrics
 from ...pricing import Price, format_usd, turn_cost
 from ...safetext import terminal_safe
 from ...units import format_size
+from ...wording import restore_note
 from .figures import show
 
 BAR_WIDTH = 20
