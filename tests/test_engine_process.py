@@ -229,7 +229,7 @@ def test_an_engine_that_died_between_replies_is_loaded_again_and_the_reply_says_
 def test_what_the_model_takes_on_each_device_is_llama_cpps_own_accounting(engine, starter_model: Path):
     """The weights, the KV cache and the compute buffers llama.cpp logged as it allocated them (on this machine's
     CPU: every layer in host memory), carried with the model's info out of the engine process, and in the panel."""
-    from tui_chat.ui.widgets.metrics import memory_line
+    from tui_chat.ui.panel.metrics import memory_line
 
     (cpu,) = engine.info.memory
     assert cpu.device == "CPU" and cpu.free is None

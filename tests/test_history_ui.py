@@ -12,12 +12,12 @@ from tui_chat.config import data_dir, history_path
 from tui_chat.engine.base import Message
 from tui_chat.engine.params import SamplingParams
 from tui_chat.history import History
+from tui_chat.ui.panel.metrics import MetricsPanel
+from tui_chat.ui.panel.sampling import SamplingPanel
 from tui_chat.ui.screens.ask import AskText
 from tui_chat.ui.screens.conversations import ConversationsScreen
 from tui_chat.ui.screens.inspector import InspectorScreen
 from tui_chat.ui.widgets.messages import ReplyMessage, UserMessage
-from tui_chat.ui.widgets.metrics import MetricsPanel
-from tui_chat.ui.widgets.sampling import SamplingPanel
 
 
 def stored() -> list:

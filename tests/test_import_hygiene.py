@@ -24,6 +24,7 @@ TEXTUAL_FREE = ("tui_chat.engine", "tui_chat.hub", "tui_chat.session", "tui_chat
                 "tui_chat.workspace", "tui_chat.tools", "tui_chat.lab", "tui_chat.probe")
 MAX_SCREEN_METHODS = 30  # a screen over this holds logic that belongs to the workspace, the session or a widget
 MAX_APP_METHODS = 6
+WIDGETS = ("tui_chat.ui.widgets", "tui_chat.ui.panel")  # the conversation's widgets, the side panel's
 MAX_UI_LINES = 400
 
 
@@ -105,16 +106,18 @@ def test_the_hub_never_imports_the_engine():
     assert offenders("tui_chat.hub", "tui_chat.engine") == []
 
 
-def test_widgets_never_import_screens():
+@pytest.mark.parametrize("layer", WIDGETS)
+def test_widgets_never_import_screens(layer):
     """A widget posts a message; the screen that handles it opens the next screen."""
-    assert offenders("tui_chat.ui.widgets", "tui_chat.ui.screens") == []
-    assert offenders("tui_chat.ui.widgets", "tui_chat.ui.chat") == []
+    assert offenders(layer, "tui_chat.ui.screens") == []
+    assert offenders(layer, "tui_chat.ui.chat") == []
 
 
-def test_no_widget_imports_the_workspace():
+@pytest.mark.parametrize("layer", WIDGETS)
+def test_no_widget_imports_the_workspace(layer):
     """Attributes down, messages up: a widget is given what it shows and says what the user did; the screen's rooms
     change the workspace and the chat."""
-    assert offenders("tui_chat.ui.widgets", "tui_chat.workspace") == []
+    assert offenders(layer, "tui_chat.workspace") == []
 
 
 def test_no_widget_changes_the_chat():
@@ -127,7 +130,7 @@ def test_no_widget_changes_the_chat():
     changing = {name for name in vars(ChatSession) if not name.startswith("_") and callable(getattr(ChatSession, name))
                 and name not in reading}
     calls = []
-    for path in sorted((PACKAGE / "ui" / "widgets").glob("*.py")):
+    for path in sorted([*(PACKAGE / "ui" / "widgets").glob("*.py"), *(PACKAGE / "ui" / "panel").glob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in changing
                     and ast.unparse(node.func.value).endswith("session")):

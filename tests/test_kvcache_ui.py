@@ -12,8 +12,8 @@ from test_models_screen import local_names, open_models
 from test_ui import SIZE, loaded, make_app, reply_done, send, wait_for
 from tui_chat.config import kv_cache_dir
 from tui_chat.engine.local.kvstore import KvStore
+from tui_chat.ui.panel.metrics import MetricsPanel
 from tui_chat.ui.screens.models import ConfirmScreen
-from tui_chat.ui.widgets.metrics import MetricsPanel
 
 
 def saved_for() -> list[str]:

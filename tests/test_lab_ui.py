@@ -11,9 +11,9 @@ from test_ui import SIZE, assert_help_lists, chat, loaded, make_app, screen_open
 from tui_chat.config import history_path
 from tui_chat.history import History
 from tui_chat.ui.chat.screen import ChatScreen
+from tui_chat.ui.panel.metrics import MetricsPanel
+from tui_chat.ui.panel.sampling import SamplingPanel
 from tui_chat.ui.screens.lab import LabColumn, LabScreen
-from tui_chat.ui.widgets.metrics import MetricsPanel
-from tui_chat.ui.widgets.sampling import SamplingPanel
 
 WIDE = (140, 36)
 

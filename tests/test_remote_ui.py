@@ -9,9 +9,9 @@ from tui_chat.config import RemoteProfile, history_path
 from tui_chat.engine.params import SPECS
 from tui_chat.history import History
 from tui_chat.pricing import turn_cost
+from tui_chat.ui.panel.metrics import MetricsPanel
+from tui_chat.ui.panel.slider import Slider
 from tui_chat.ui.widgets.messages import ReplyMessage
-from tui_chat.ui.widgets.metrics import MetricsPanel
-from tui_chat.ui.widgets.slider import Slider
 
 
 async def test_a_reply_cut_mid_stream_stays_on_screen_and_in_the_history():

@@ -19,12 +19,12 @@ from tui_chat.engine.formats import TEXT, choose, grammar
 from tui_chat.engine.params import DEFAULT_ORDER, PARAMS
 from tui_chat.session import Turn, Writing
 from tui_chat.ui.app import ChatApp
+from tui_chat.ui.panel.metrics import MetricsPanel
+from tui_chat.ui.panel.output_format import SourceArea
+from tui_chat.ui.panel.sampling import MAIN_PARAMS, MORE_PARAMS, SamplingPanel
+from tui_chat.ui.panel.slider import Slider
 from tui_chat.ui.widgets.messages import ReplyMessage
-from tui_chat.ui.widgets.metrics import MetricsPanel
-from tui_chat.ui.widgets.output_format import SourceArea
 from tui_chat.ui.widgets.prompt import PromptInput
-from tui_chat.ui.widgets.sampling import MAIN_PARAMS, MORE_PARAMS, SamplingPanel
-from tui_chat.ui.widgets.slider import Slider
 
 
 def burst(app, *keys: str) -> None:

@@ -6,7 +6,7 @@ import pytest
 from textual import on
 from textual.app import App, ComposeResult
 
-from tui_chat.ui.widgets.slider import Slider
+from tui_chat.ui.panel.slider import Slider
 
 # 21 cells wide with 20 steps: content x maps to exactly x * step.
 WIDTH = 21

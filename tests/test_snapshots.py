@@ -70,7 +70,7 @@ async def shown(pilot, turns: list[Turn]) -> None:
 
 def scripted_branch(**fields) -> Branch:
     tokens = [scripted_token(index, 0) for index in range(len(REPLY))]
-    return Branch(ANSWER, "end of text · 6 tokens · 60.0 tok/s · TTFT 0.05 s", tokens, metrics=METRICS,
+    return Branch(ANSWER, "end of text · 6 tokens · 60.0 tok/s · TTFT 0.05 s", tokens=tokens, metrics=METRICS,
                   model="scripted", **fields)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from test_speculative import COPY, COPY_PARAMS
 from test_ui import SIZE, loaded, make_app, reply_done, send
+from tui_chat.ui.panel.metrics import MetricsPanel
 from tui_chat.ui.widgets.heatmap import DRAFTED
-from tui_chat.ui.widgets.metrics import MetricsPanel
 
 
 async def test_drafted_tokens_are_underlined_and_the_panel_counts_them(starter_model):

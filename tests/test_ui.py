@@ -21,14 +21,14 @@ from tui_chat.pricing import PRESETS, format_usd, turn_cost
 from tui_chat.session import Branch, Turn, Writing
 from tui_chat.ui.app import ChatApp
 from tui_chat.ui.chat.screen import ChatScreen
+from tui_chat.ui.panel.metrics import MetricsPanel
+from tui_chat.ui.panel.sampling import SamplingPanel
+from tui_chat.ui.panel.slider import Slider
 from tui_chat.ui.screens.help import HelpScreen
 from tui_chat.ui.screens.inspector import InspectorScreen
 from tui_chat.ui.widgets.chat_log import MAX_MOUNTED, ChatLog
 from tui_chat.ui.widgets.messages import ReplyMessage, UserMessage
-from tui_chat.ui.widgets.metrics import MetricsPanel
 from tui_chat.ui.widgets.prompt import PromptInput
-from tui_chat.ui.widgets.sampling import SamplingPanel
-from tui_chat.ui.widgets.slider import Slider
 
 SIZE = (100, 32)
 LONG_REPLY = "Count from 1 to 100, separated by commas."  # the starter runs on until max tokens at temperature 0

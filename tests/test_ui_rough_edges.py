@@ -43,13 +43,13 @@ from tui_chat.safetext import screen_safe, terminal_safe
 from tui_chat.session import Branch, Turn
 from tui_chat.ui.chat.screen import ChatScreen
 from tui_chat.ui.keys import CHAT_KEYS
+from tui_chat.ui.panel.metrics import MetricsPanel
+from tui_chat.ui.panel.sampling import SETTINGS_SAVED_AFTER_S
 from tui_chat.ui.screens.help import HelpScreen
 from tui_chat.ui.widgets.chat_log import ChatLog
 from tui_chat.ui.widgets.heatmap import REOPENED_NOTE
 from tui_chat.ui.widgets.messages import ChatMessage, ReplyMessage, UserMessage
-from tui_chat.ui.widgets.metrics import MetricsPanel
 from tui_chat.ui.widgets.prompt import PromptInput
-from tui_chat.ui.widgets.sampling import SETTINGS_SAVED_AFTER_S
 
 # --- keys ----------------------------------------------------------------------------------------------------
 

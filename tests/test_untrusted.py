@@ -30,9 +30,9 @@ from test_ui import SIZE, finished_reply, loaded, make_app, reply_done, send, st
 from tui_chat.config import RemoteProfile, history_path
 from tui_chat.history import History
 from tui_chat.safetext import terminal_safe
+from tui_chat.ui.panel.metrics import MetricsPanel
 from tui_chat.ui.screens.ask import AskText
 from tui_chat.ui.screens.inspector import InspectorScreen
-from tui_chat.ui.widgets.metrics import MetricsPanel
 from tui_chat.ui.widgets.prompt import PromptInput
 
 WIDE = (230, 50)  # wide enough that no piece of HOSTILE wraps in the chat pane

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -77,6 +77,7 @@ class Branch:
 
     text: str
     footer: str
+    _: KW_ONLY  # the rest by name: a reply written, reopened or kept from the lab is built the same way
     tokens: list[Token] = field(default_factory=list)
     cut: int | None = None
     message_id: int | None = None  # in the history
@@ -290,9 +291,10 @@ class ChatSession:
                 self._save(partial(SavedChat.end_reply, reply=writer, final=done))
             footer = f"lab: {column.label} · " + reply_footer(done.stop_reason, done.metrics.as_dict() | {
                 "stop_sequence": done.stop_sequence, "incomplete": done.incomplete})
-            turn.branches.append(Branch(done.text, footer, list(column.tokens), None, writer.id if writer else None,
-                                        done.stop_reason, done.prompt_ids, self.model, done.reasoning,
-                                        thinking_line(done.metrics.as_dict()), done.answer_from, done.metrics))
+            turn.branches.append(Branch(
+                done.text, footer, tokens=list(column.tokens), message_id=writer.id if writer else None,
+                stop_reason=done.stop_reason, prompt_ids=done.prompt_ids, model=self.model, reasoning=done.reasoning,
+                thought=thinking_line(done.metrics.as_dict()), answer_from=done.answer_from, metrics=done.metrics))
             if index == kept:
                 shown = len(turn.branches) - 1
         if shown is not None:
@@ -556,9 +558,10 @@ class ChatSession:
                     answer_from: int = 0, metrics: TurnMetrics | None = None) -> None:
         cut = len(writing.forced) - 1 if writing.forced else None
         turn = writing.turn
-        turn.branches.append(Branch(text, footer, writing.tokens, cut, writing.writer.id if writing.writer else None,
-                                    stop_reason, prompt_ids, writing.model, reasoning, thought, answer_from, metrics,
-                                    list(writing.tool_calls)))
+        turn.branches.append(Branch(
+            text, footer, tokens=writing.tokens, cut=cut, message_id=writing.writer.id if writing.writer else None,
+            stop_reason=stop_reason, prompt_ids=prompt_ids, model=writing.model, reasoning=reasoning, thought=thought,
+            answer_from=answer_from, metrics=metrics, tool_calls=list(writing.tool_calls)))
         turn.active = len(turn.branches) - 1
 
     def _take_back(self, writing: Writing) -> Ending:

@@ -19,10 +19,10 @@ from ..safetext import screen_safe
 from ..workspace import OpenBackend, Workspace
 from .chat.screen import ChatScreen
 from .keys import CHAT_KEYS
+from .panel.sampling import SamplingPanel
 from .textual_fixes import spacing_marks_take_a_cell
 from .themes import load_themes
 from .widgets.live_tail import COMMON_CODE, warm_lexer
-from .widgets.sampling import SamplingPanel
 
 DEFAULT_THEME = "tui-chat-dusk"
 

@@ -8,8 +8,8 @@ from ...config import data_dir
 from ...engine.params import SamplingParams
 from ...history import HistoryError
 from ...session import ChatSession
+from ..panel.sampling import SamplingPanel
 from ..screens.tools import restore_chat_tools
-from ..widgets.sampling import SamplingPanel
 from .room import Room
 
 

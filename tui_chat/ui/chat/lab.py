@@ -6,7 +6,7 @@ from __future__ import annotations
 from textual import work
 
 from ...engine.base import Comparing
-from ..widgets.sampling import SamplingPanel
+from ..panel.sampling import SamplingPanel
 from .room import Room
 
 

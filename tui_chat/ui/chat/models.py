@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ...engine.base import Backend, ModelInfo
 from ...workspace import LoadJob
-from ..widgets.metrics import MetricsPanel
-from ..widgets.sampling import SamplingPanel
+from ..panel.metrics import MetricsPanel
+from ..panel.sampling import SamplingPanel
 from .room import Room
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from textual import on
 
-from ..widgets.sampling import SamplingPanel
+from ..panel.sampling import SamplingPanel
 from .room import Room
 
 

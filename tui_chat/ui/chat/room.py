@@ -16,9 +16,9 @@ from ...history import model_label
 from ...session import ChatSession, Turn, Writing
 from ...workspace import Workspace
 from ..bridge import forward_events
+from ..panel.metrics import MetricsPanel
 from ..screens.model_loader import ModelLoader
 from ..widgets.conversation import ConversationView
-from ..widgets.metrics import MetricsPanel
 
 
 class Room(Screen[None]):

@@ -28,6 +28,8 @@ from ...workspace import LoadJob, Workspace
 from ..bridge import EngineBatch
 from ..keys import CHAT_KEYS
 from ..memory import ReplyMemory
+from ..panel.metrics import MetricsPanel
+from ..panel.sampling import SamplingPanel
 from ..screens.consent import ask_consent
 from ..screens.model_loader import ModelLoader
 from ..textual_fixes import Footer
@@ -35,9 +37,7 @@ from ..widgets.chat_log import ChatLog
 from ..widgets.conversation import ConversationView
 from ..widgets.draft_meter import DraftCosts
 from ..widgets.messages import ChatMessage
-from ..widgets.metrics import MetricsPanel
 from ..widgets.prompt import PromptInput
-from ..widgets.sampling import SamplingPanel
 from .chats import ChatsRoom
 from .conversation import ConversationRoom
 from .inspector import InspectorRoom

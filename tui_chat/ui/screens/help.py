@@ -12,9 +12,9 @@ from textual.content import Content
 from textual.widgets import Static
 
 from ..keys import shown_key
+from ..panel.slider import Slider
 from ..widgets.messages import ChatMessage, ReplyMessage, UserMessage
 from ..widgets.prompt import PromptInput
-from ..widgets.slider import Slider
 from .dialog import Dialog
 
 Section = tuple[str, Sequence[BindingType]]
@@ -28,8 +28,8 @@ def handled(key: str, what: str) -> Binding:
 
 def chat_sections(chat_bindings: Sequence[BindingType]) -> list[Section]:
     """The chat screen's keys, then those of the screens and widgets it opens."""
-    from ..widgets.bias import BiasEntries
-    from ..widgets.order import OrderBar
+    from ..panel.bias import BiasEntries
+    from ..panel.order import OrderBar
     from ..widgets.thinking import ThinkingBlock
     from ..widgets.tool_calls import ToolCallBlock
     from .consent import ConsentScreen

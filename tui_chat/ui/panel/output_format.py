@@ -18,7 +18,7 @@ from textual.message import Message
 from textual.widgets import Button, Select, Static, TextArea
 
 from ...engine.formats import KINDS, TEXT, FormatError, OutputFormat, choose
-from .fields import ControlMessage, KeysInTurn
+from ..widgets.fields import ControlMessage, KeysInTurn
 
 NEEDS_SOURCE = {"json_schema": "a JSON schema", "grammar": "a GBNF grammar"}
 

@@ -18,7 +18,7 @@ from ...pricing import Price, format_usd, turn_cost
 from ...safetext import terminal_safe
 from ...units import format_size
 from ...wording import restore_note
-from .figures import show
+from ..widgets.figures import show
 
 BAR_WIDTH = 20
 

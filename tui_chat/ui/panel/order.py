@@ -16,7 +16,7 @@ from textual.widget import Widget
 
 from ...engine.params import DEFAULT_ORDER, SAMPLER_STAGES, SamplingParams
 from ...engine.stages import is_on, label, plan
-from .fields import ControlMessage
+from ..widgets.fields import ControlMessage
 
 SHORT_NAMES = {
     "penalties": "penalties", "dry": "DRY", "top_n_sigma": "top-nσ", "top_k": "top-k", "typical_p": "typical-p",

@@ -17,7 +17,7 @@ from textual.widgets.option_list import Option
 
 from ...engine.params import InvalidParameter, parse_logit_bias
 from ...safetext import quoted
-from .fields import ControlMessage, TextField
+from ..widgets.fields import ControlMessage, TextField
 
 Entries = tuple[tuple[str, float], ...]
 

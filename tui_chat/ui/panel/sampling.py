@@ -26,8 +26,8 @@ from ...engine.base import EngineError, FormatChecking, ModelInfo
 from ...engine.formats import TEXT, FormatError, OutputFormat
 from ...engine.params import LIST_SPECS, PARAMS, PRESETS, SPECS, InvalidParameter, LiveParams, ParamSpec, SamplingParams
 from ..keys import shown_key
+from ..widgets.fields import TextField, TickBox
 from .bias import BiasList
-from .fields import TextField, TickBox
 from .order import OrderBar
 from .output_format import FormatPicker
 from .slider import Slider

@@ -17,7 +17,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from .fields import ControlMessage, KeysInTurn
+from ..widgets.fields import ControlMessage, KeysInTurn
 
 
 def _decimals(number: float) -> int:
