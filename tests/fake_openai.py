@@ -326,7 +326,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._word(body, "".join(held), prompt, cached, written, record=held[-1])
                 sent, held = text, []
         else:
-            finish = "length" if written == body.get("max_tokens") else "stop"
+            finish = "length"
         self._send(_chunk(None, finish))
         timings = {"cache_n": cached, "prompt_n": len(prompt) - cached, "prompt_ms": 12.5, "predicted_n": written,
                    "predicted_ms": written * PACED_TOKEN_S * 1000, "predicted_per_second": 1 / PACED_TOKEN_S}

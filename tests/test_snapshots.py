@@ -196,7 +196,10 @@ async def output_format(pilot) -> None:
     side = screen.query_one("#side")
     await wait_for(pilot, lambda: side.scroll_y > 0 or side.max_scroll_y == 0)
     await pilot.pause(0.3)  # the scroll into view done
-    screen.query_one("#format-kind").value = "json_schema"
+    kind = screen.query_one("#format-kind")
+    kind.value = "json_schema"
+    await pilot.pause(0.3)
+    kind.scroll_visible(top=True, animate=False)  # where it ends whatever the timing: the picker at the top
 
 
 SURFACES: list[Surface] = [empty_chat, after_a_reply, panel_toggled, heatmap, inspector, drafted_underline, thinking,
