@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from scripted import METRICS, REPLY, scripted_token
-from test_ui import loaded, palette, reply_done, screen_open, scripted_app, send, wait_for
+from test_ui import loaded, reply_done, screen_open, scripted_app, send
 from tui_chat.config import history_path
 from tui_chat.engine.base import ToolCall
 from tui_chat.history import History
@@ -190,21 +190,9 @@ async def lab(pilot) -> None:
     await pilot.press("ctrl+r")
 
 
-async def output_format(pilot) -> None:
-    screen = await loaded(pilot)
-    await palette(pilot, "Output format")
-    side = screen.query_one("#side")
-    await wait_for(pilot, lambda: side.scroll_y > 0 or side.max_scroll_y == 0)
-    await pilot.pause(0.3)  # the scroll into view done
-    kind = screen.query_one("#format-kind")
-    kind.value = "json_schema"
-    await pilot.pause(0.3)
-    kind.scroll_visible(top=True, animate=False)  # where it ends whatever the timing: the picker at the top
-
-
 SURFACES: list[Surface] = [empty_chat, after_a_reply, panel_toggled, heatmap, inspector, drafted_underline, thinking,
                            folded_tool_call, two_branches, help_keys, system_prompt, open_model, models, saved_chats,
-                           confirm_delete, tools_none_configured, consent, lab, output_format]
+                           confirm_delete, tools_none_configured, consent, lab]
 
 
 @pytest.mark.parametrize("size", SIZES)
