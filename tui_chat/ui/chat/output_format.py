@@ -26,6 +26,5 @@ class OutputFormatRoom(Room):
 
     def action_output_format(self) -> None:
         if not self.query_one("#side").display:
-            self.set_class(False, "-panel-hidden").set_class(True, "-panel-shown")
-            self.show_title()
+            self.action_toggle_panel()
         self.query_one(SamplingPanel).focus_format()

@@ -64,6 +64,11 @@ class Room(Screen[None]):
             self.notify(f"cannot save the price preset: {error.strerror}", severity="warning", markup=False)
         self.show_figures(edited=True)
 
+    def action_toggle_panel(self) -> None:
+        shown = self.query_one("#side").display
+        self.set_class(shown, "-panel-hidden").set_class(not shown, "-panel-shown")
+        self.show_title()
+
     def show_figures(self, shown: Turn | None = None, *, edited: bool = False) -> None:
         """The panel's figures: its reply's are those of the reply on screen (the branch of `shown`, else the
         chat's last: another chat, a kept lab column); the session's cost and the draft's estimate follow too

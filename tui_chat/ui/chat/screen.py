@@ -192,11 +192,6 @@ class ChatScreen(ConversationRoom, ChatsRoom, ModelsRoom, InspectorRoom, LabRoom
             await self.started(self.session.regenerate(backend.generate) if how == "regenerate" else
                                 self.session.continue_reply(backend.generate))
 
-    def action_toggle_panel(self) -> None:
-        shown = self.query_one("#side").display
-        self.set_class(shown, "-panel-hidden").set_class(not shown, "-panel-shown")
-        self.show_title()
-
     @property
     def focus_chain(self) -> list[Widget]:
         """Tab and Shift+Tab skip the messages (Alt+↑/↓ reach them): they go between the message box and
