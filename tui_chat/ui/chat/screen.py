@@ -157,6 +157,8 @@ class ChatScreen(ConversationRoom, ChatsRoom, ModelsRoom, InspectorRoom, LabRoom
 
     async def _on_reply_events(self, turn: Turn, batch: list[Event]) -> None:
         update = self.session.take(batch)
+        if update.tools:
+            self.ask_due_consent()
         sampling = self.query_one(SamplingPanel)
         if sampling.pending_version is not None and (applied := update.applied_from(sampling.pending_version)):
             sampling.show_applied(applied)

@@ -10,6 +10,10 @@ from .room import Room
 
 
 class ToolsRoom(Room):
+    # A question that came before the batch holding its call: the dialog waits for it, so that the call is saved
+    # (and survives a kill -9) before anyone can be asked about it.
+    _consent_due: ConsentWanted | None = None
+
     def action_tools(self) -> None:
         from ..screens.tools import ToolsScreen
 
@@ -19,4 +23,15 @@ class ToolsRoom(Room):
 
     @on(ConsentWanted)
     def _consent(self, event: ConsentWanted) -> None:
-        self.app.push_screen(ConsentScreen(event.call, event.answer))
+        self._consent_due = event
+        self.ask_due_consent()
+
+    def ask_due_consent(self) -> None:
+        """Open the consent dialog once its call is in the reply being written; a question the reply stopped
+        before (its Future cancelled) is dropped."""
+        due, writing = self._consent_due, self.session.writing
+        if due is None or (not due.answer.done() and (writing is None or due.call not in writing.tool_calls)):
+            return
+        self._consent_due = None
+        if not due.answer.done():
+            self.app.push_screen(ConsentScreen(due.call, due.answer))
