@@ -21,7 +21,7 @@ PACKAGE = Path(tui_chat.__file__).parent
 LOCAL_WING = "tui_chat.engine.local"
 TEXTUAL_FREE = ("tui_chat.engine", "tui_chat.hub", "tui_chat.session", "tui_chat.recording", "tui_chat.history",
                 "tui_chat.pricing", "tui_chat.config", "tui_chat.safetext", "tui_chat.export", "tui_chat.lag",
-                "tui_chat.workspace", "tui_chat.tools", "tui_chat.lab", "tui_chat.probe")
+                "tui_chat.workspace", "tui_chat.tools", "tui_chat.lab", "tui_chat.probe", "tui_chat.serve")
 MAX_SCREEN_METHODS = 30  # a screen over this holds logic that belongs to the workspace, the session or a widget
 MAX_APP_METHODS = 6
 WIDGETS = ("tui_chat.ui.widgets", "tui_chat.ui.panel")  # the conversation's widgets, the side panel's
@@ -96,6 +96,13 @@ def test_the_engine_process_and_its_link_know_no_backend(module):
     """The engine process runs whatever backend its first message builds, and the app's side of it only sends and
     receives: neither imports the local wing (llama.cpp is loaded there, by the backend) or a server's client."""
     assert offenders(module, LOCAL_WING) == [] and offenders(module, "tui_chat.engine.openai") == []
+
+
+def test_the_server_speaks_to_an_engine_never_a_backend():
+    """`serve` answers HTTP over whatever `Serving` engine it is given (the engine process): it knows no backend,
+    nor the process that holds one."""
+    for wing in (LOCAL_WING, "tui_chat.engine.openai", "tui_chat.engine.process", "tui_chat.engine.host"):
+        assert offenders("tui_chat.serve", wing) == []
 
 
 def test_the_engine_reaches_the_hub_only_through_its_factory():

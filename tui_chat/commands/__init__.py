@@ -13,5 +13,6 @@ SUMMARIES = {  # command: (its module in this package, its line in `tui-chat --h
     "import": ("history", "add a conversation from a JSON export to the history"),
     "models": ("models", "find, download and manage GGUF models (hub and local)"),
     "cache": ("cache", "list the saved KV caches (model, tokens, size, last used), or clear them"),
+    "serve": ("serve", "serve the model over OpenAI's API to other programs, several at once"),
     "info": ("info", "versions, what llama.cpp can use here, and the paths in use"),
 }

@@ -68,6 +68,8 @@ class Request:
     # How the model may call them (auto, none, required or a tool's name): a server is sent it as `tool_choice`;
     # the in-process engine is held to it by the calls' grammar (`format`) instead.
     tool_choice: str = "auto"
+    # A plain completion (`serve`'s /v1/completions): this text is the whole prompt, read as it is, no template.
+    text_prompt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -474,6 +476,7 @@ class Error:
     text: str = ""
     reasoning: str = ""
     tools_refused: bool = False  # a server refused a request for carrying tools: it cannot take them
+    code: str = ""  # a request refused before any work, in OpenAI's words (e.g. context_length_exceeded)
 
 
 def written(final: Done | Error) -> bool:
@@ -557,6 +560,13 @@ class Comparing(Backend, Protocol):
     """A backend that decodes several sampling settings over one read of a prompt: the sampling lab."""
 
     def compare(self, request: Request, columns: Sequence[LiveParams]) -> Stream: ...
+
+
+@runtime_checkable
+class Serving(Backend, Protocol):
+    """Answers several requests at once (`tui-chat serve`), each using at most `room` tokens of context."""
+
+    def generate_together(self, request: Request, room: int) -> Stream: ...
 
 
 @runtime_checkable

@@ -2,7 +2,8 @@
 engine module that may use the hub (to find a downloaded model by its hub name).
 
 Wherever a model is named (`--model`, `default_model`, Ctrl+O, a saved chat), `@PROFILE` or
-`@PROFILE:MODEL` means a server; anything else is a local GGUF model.
+`@PROFILE:MODEL` means a server of the config, `@http://HOST:PORT` (or https) a server at that address that
+needs no key (`tui-chat serve` on this machine, a llama-server); anything else is a local GGUF model.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from .models import resolve_model
 
 if TYPE_CHECKING:
     from .local.settings import LlamaSettings
+    from .openai import RemoteSettings
 
 REMOTE_MARK = "@"
+URL_SCHEMES = ("http://", "https://")
 
 
 def remote_spec(profile: str, model: str | None = None) -> str:
@@ -102,8 +105,9 @@ class BackendOpener:
 
         return LocalEngineProcess(make, local.log_dir)
 
-    def _open_server(self, name: str) -> Backend:
-        from .openai import OpenAIBackend, RemoteSettings
+    def _profile_settings(self, name: str) -> RemoteSettings:
+        """A `[remotes.PROFILE]` server's settings, the model named after the colon or the profile's."""
+        from .openai import RemoteSettings
 
         profile_name, _, model = name[len(REMOTE_MARK):].partition(":")
         profile = self.servers.get(profile_name)
@@ -114,8 +118,18 @@ class BackendOpener:
             api_key = profile.resolved_api_key()
         except ValueError as error:  # the config's one-line error: the key's variable is not set
             raise EngineError(str(error)) from None
-        make = partial(OpenAIBackend, RemoteSettings(profile.base_url, model or profile.model, api_key,
-                                                     profile.timeout_s))
+        return RemoteSettings(profile.base_url, model or profile.model, api_key, profile.timeout_s)
+
+    def _open_server(self, name: str) -> Backend:
+        from .openai import OpenAIBackend, RemoteSettings
+
+        spec = name[len(REMOTE_MARK):]
+        if spec.startswith(URL_SCHEMES):
+            root = spec.rstrip("/")
+            settings = RemoteSettings(root if root.endswith("/v1") else f"{root}/v1")
+        else:
+            settings = self._profile_settings(name)
+        make = partial(OpenAIBackend, settings)
         if not self.local.engine_process:
             return make()
         from .process import EngineProcess
@@ -126,10 +140,10 @@ class BackendOpener:
 def local_backend(settings: LlamaSettings, name: str, log_dir: Path) -> Backend:
     """The llama.cpp backend, built where it runs (in the engine process, or in this one)."""
     from .local import logs
-    from .local.lab import LlamaLab
+    from .local.slots import LlamaServing
 
     logs.install(log_dir)
-    return LlamaLab(settings, name=name)
+    return LlamaServing(settings, name=name)
 
 
 def model_file(name: str | None, default_model: str | None, models_dir: Path) -> Path:

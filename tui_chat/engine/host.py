@@ -27,7 +27,7 @@ from .params import LiveParams
 from .process import lives_in
 
 BATCH_INTERVAL_S = 0.015
-JOBS = frozenset({"load", "generate", "compare", "xray", "word_probability"})
+JOBS = frozenset({"load", "generate", "generate_together", "compare", "xray", "word_probability"})
 CALLS = frozenset({"count_tokens", "check_format"})
 
 

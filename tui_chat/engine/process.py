@@ -5,7 +5,8 @@ there, llama.cpp's threads and the UI's never wait for one interpreter lock, and
 abort, a segfault in a CPU kernel, out of GPU memory, kill -9) ends that process, not the app. This module is
 the app's side; `host.py` is the engine process's. They speak over one socket with pickled tuples:
 
-  app → engine   ("job", key, method, args, reload)   load, generate, compare, xray, word_probability
+  app → engine   ("job", key, method, args, reload)   load, generate, generate_together, compare, xray,
+                                                       word_probability
                  ("call", key, method, args)          count_tokens, check_format: a value or an exception back
                  ("cancel", key)   ("params", live key, version, params)   ("close",)
   engine → app   ("events", key, [events])            every event of a job since the last, a few dozen a second
@@ -289,3 +290,6 @@ class LocalEngineProcess(EngineProcess):
 
     def word_probability(self, context: Sequence[int], text: str) -> Stream:
         return self._job("word_probability", (tuple(context), text))
+
+    def generate_together(self, request: Request, room: int) -> Stream:
+        return self._job("generate_together", (request, room))

@@ -149,7 +149,7 @@ def step_messages(calls: Sequence[tuple[ToolCall, str]], form: CallForm, number:
     from its `number` (nine letters and digits: Mistral's templates refuse others)."""
     if not form.templated:
         return [message for call, result in calls for message in (
-            Message("assistant", _call_text(call.name, call.arguments, call.before, form), call.reasoning),
+            Message("assistant", call_text(call.name, call.arguments, call.before, form), call.reasoning),
             Message("user", f"<tool_response>\n{result}\n</tool_response>"))]
     ids = [(idents[index] if index < len(idents) else "") or f"call{number + index:05d}" for index in range(len(calls))]
     called = tuple({"id": ident, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
@@ -254,7 +254,7 @@ def _mismatch(tool: Tool, arguments: dict[str, Any]) -> str:
     return f"the arguments do not match the tool's schema: {problem}" if problem else ""
 
 
-def _call_text(name: str, arguments: dict[str, Any], before: str, form: CallForm = GENERIC) -> str:
+def call_text(name: str, arguments: dict[str, Any], before: str, form: CallForm = GENERIC) -> str:
     """A call as the reply that made it reads in the conversation."""
     written = json.dumps({"name": name, form.arguments: arguments}, ensure_ascii=False)
     return f"{before}\n{form.head}{written}{form.tail}".lstrip()

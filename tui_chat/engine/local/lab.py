@@ -10,21 +10,16 @@ sequence is left holding exactly the prompt, so the next reply reuses it.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
 
-import numpy as np
-
 from ..base import (
-    Done,
     EngineError,
     LabDone,
     Metrics,
     Request,
-    Stage,
     StopReason,
     Stream,
     TurnMetrics,
@@ -32,10 +27,10 @@ from ..base import (
 from ..compare import MAX_COLUMNS, ColumnStream
 from ..params import LiveParams, SamplingParams
 from ..prompts import PromptFormat
-from .chain import Chain
-from .grammar import Constraint, FormatStuck
+from .grammar import Constraint
 from .llama import METRICS_INTERVAL_S, LlamaBackend, _Turn
-from .llamacpp import FIRST_COLUMN_SEQ, Inspection, LlamaSession
+from .llamacpp import FIRST_COLUMN_SEQ, LlamaSession
+from .rows import RowTurn
 
 
 class LlamaLab(LlamaBackend):
@@ -62,7 +57,6 @@ class LabTurn(_Turn):
         if request.forced:
             raise EngineError("the lab writes replies from the prompt, not a branch of one")
         super().__init__(backend, session, prompt_format, request, stream)
-        self.probs = np.empty(session.n_vocab, dtype=np.float32)  # the columns' softmax buffer, one at a time
         self.columns = [_Column(self, index, live) for index, live in enumerate(columns)]
         self.reads = 0
 
@@ -137,28 +131,19 @@ class LabTurn(_Turn):
         self.stream.put(LabDone(tuple(column.done for column in self.columns if column.done is not None), self.reads))
 
 
-class _Column(_Turn):
+class _Column(RowTurn):
     """One column: a reply with its own settings, in its own sequence, drawn from its row of the lab's batch."""
 
-    drafts = False
+    with_prob = True  # the lab marks how surprised each column was by what it drew
 
     def __init__(self, lab: LabTurn, index: int, live: LiveParams) -> None:
         super().__init__(lab.backend, lab.session, lab.format, replace(lab.request, params=live),
                          ColumnStream(lab.stream, index), (lab.prompt_text, lab.prompt, lab.dropped_turns))
+        self._start_drawing()
         self.lab = lab
         self.seq = FIRST_COLUMN_SEQ + index
         self.shown = True  # each token's own text goes with it: the lab shows where columns part
-        self.sampler: Chain | None = None
-        self.version = -1
-        self.params = live.snapshot()[1]
         self.room = self.params.max_tokens  # the cells the lab set aside for it
-        self.done: Done | None = None
-        self.ending: list[int] = []  # the end of a thinking past its budget, still to write: a token a step
-
-    @property
-    def position(self) -> int:
-        """Where its last token goes in its sequence."""
-        return len(self.context) + len(self.generated) - 1
 
     def start(self) -> None:
         """After the lab read the prompt: its figures, and a sequence that shares the prompt's cells."""
@@ -168,61 +153,6 @@ class _Column(_Turn):
         self.text = self._new_text(self.params.stop + self.implicit_stops)
         self.session.share_prompt(self.seq)
 
-    def draw_next(self) -> int | None:
-        """Its next token from the session's row, taken into the reply; None when the reply ended with it."""
-        live = self.request.params
-        if live.version != self.version or self.sampler is None:
-            self.version, self.params = live.snapshot()
-            if self.sampler is not None:
-                self.sampler.free()
-            seed = self.params.seed if self.params.seed >= 0 else random.getrandbits(32)
-            self.sampler = self.session.chains.build(self.params, seed, [*self.context, *self.generated])
-            self.text.scanner.stops = self.params.stop + self.implicit_stops
-        if len(self.generated) >= self.params.max_tokens:
-            self.end("length")
-            return None
-        if self._budget_spent(self.params):
-            self.ending = list(self.backend._end_thinking)
-        inserted = bool(self.ending)
-        stages: tuple[Stage, ...] = ()
-        if inserted:  # as `_end_thinking` writes it, a token a step: the other columns go on meanwhile
-            token = self.ending.pop(0)
-            seen = self._seen(token, self.params)
-            self.sampler.accept(token)
-            self.inserted += 1
-        else:
-            try:
-                token, seen, stages = self._draw(self.sampler, self.params)
-            except FormatStuck as stuck:
-                self.stuck = str(stuck)
-                self.end("format")
-                return None
-            self.first_at = self.first_at or time.perf_counter()
-            self.drawn += 1
-        now = self.last_at = time.perf_counter()
-        reason = self._take(token, now, self.version, seen, stages, inserted=inserted) or self._no_room(self.params)
-        if reason is not None:
-            self.end(reason)
-            return None
-        return token
-
-    def _draw(self, sampler: Chain, params: SamplingParams) -> tuple[int, Inspection, tuple[Stage, ...]]:
-        """The reply's draw; with the inspector off, the token's probability still."""
-        token, seen, stages = super()._draw(sampler, params)
-        return token, seen if seen.prob is not None else replace(seen, prob=self._prob(token)), stages
-
-    def _seen(self, token: int, params: SamplingParams) -> Inspection:
-        """What the inspector records of a token the engine writes: what the model gave it there."""
-        top_n = self.request.top_logprobs
-        return self.session.inspect(token, top_n, params) if top_n else Inspection(self._prob(token), (), None)
-
-    def _prob(self, token: int) -> float:
-        """`token`'s probability under this row's raw distribution: one softmax, as `inspect` computes it."""
-        logits, probs = self.session.logits(), self.lab.probs
-        np.subtract(logits, logits.max(), out=probs)
-        np.exp(probs, out=probs)
-        return float(probs[token]) * (1.0 / float(probs.sum()))
-
     def _no_room(self, params: SamplingParams) -> StopReason | None:
         """Max tokens raised mid-reply past what the lab set aside: the column's context is full."""
         return super()._no_room(params) or ("context" if len(self.generated) >= self.room else None)
@@ -230,15 +160,6 @@ class _Column(_Turn):
     def metrics(self) -> TurnMetrics:
         return replace(super().metrics(), context_tokens=len(self.context) + len(self.generated))
 
-    def end(self, reason: StopReason) -> None:
-        """Its last event; its cells go back to the cache."""
-        self.text.finish()
-        self.done = self._done(reason)
-        self.release()
-        self.stream.put(self.done)
-
     def release(self) -> None:
-        if self.sampler is not None:
-            self.sampler.free()
-            self.sampler = None
+        super().release()
         self.session.drop_sequence(self.seq)

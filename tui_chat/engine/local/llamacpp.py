@@ -480,6 +480,28 @@ class LlamaSession:
         """Free the cells only `seq` holds (the ones it shares stay with the others)."""
         llama_cpp.llama_memory_seq_rm(self.memory, seq, -1, -1)
 
+    def trim_sequence(self, seq: int, keep: int) -> int:
+        """Drop sequence `seq`'s cells from position `keep` on; how many stay (none where llama.cpp cannot cut
+        it there)."""
+        if llama_cpp.llama_memory_seq_rm(self.memory, seq, keep, -1):
+            return keep
+        llama_cpp.llama_memory_seq_rm(self.memory, seq, -1, -1)
+        return 0
+
+    def read_sequence(self, seq: int, tokens: Sequence[int], n_past: int, should_stop: Callable[[], bool]) -> None:
+        """Evaluate `tokens` into sequence `seq` after its first `n_past` cells, in n_batch chunks, the last
+        row's logits kept (`row` -1). A stop is seen between chunks; what was read of an aborted or failed
+        read is dropped."""
+        for start in range(0, len(tokens), self.n_batch):
+            if should_stop():
+                self.trim_sequence(seq, n_past)
+                raise PrefillAborted
+            chunk = tokens[start : start + self.n_batch]
+            status = self._submit(chunk, n_past + start, seq, start + len(chunk) == len(tokens))
+            if status != 0:
+                self.trim_sequence(seq, n_past)
+                raise PrefillAborted if status == 2 else EngineError(_decode_failure(status))
+
     def step_rows(self, rows: Sequence[tuple[int, int, int]]) -> None:
         """One `llama_decode` of one token per sequence, each (token, position, sequence), with logits for
         every row: `row = i` reads row i's. The sequence ids go back to 0 afterwards, as `step` needs."""

@@ -48,7 +48,7 @@ class OpenModelScreen(Dialog[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical() as box:
             box.border_title = "Open a model"
-            yield Static(Content(f"A path to a .gguf file, OWNER/NAME:FILE, {STARTER_NAME} or @SERVER[:MODEL]:"),
+            yield Static(Content(f"A path to a .gguf file, OWNER/NAME:FILE, {STARTER_NAME}, @SERVER[:MODEL] or @http://HOST:PORT:"),
                          classes="hint")
             yield Input(placeholder="~/models/model-Q4_K_M.gguf", id="model-name")
             yield Static(Content("Or one on this machine or a configured server (↓ or Tab, then Enter):"),

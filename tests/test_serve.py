@@ -1,0 +1,328 @@
+"""`tui-chat serve` as a client sees it: the official `openai` client (and raw HTTP where a client would refuse to
+send the request) against the real command on the starter model, in a process of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import jsonschema
+import openai
+import pytest
+
+from conftest import run_cli
+
+PROMPT = [{"role": "user", "content": "Count from 1 to 100: 1, 2, 3,"}]
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city now",
+                                            "parameters": {"type": "object", "properties": {
+                                                "city": {"type": "string"}}, "required": ["city"]}}}
+
+
+@contextmanager
+def serving(model: Path, home: Path, *flags: str) -> Iterator[str]:
+    """`tui-chat serve --no-ui` on a free port, its own data dirs; yields its base URL, stops it with Ctrl+C."""
+    env = os.environ | {name: str(home / name) for name in ("XDG_DATA_HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME")}
+    process = subprocess.Popen([sys.executable, "-m", "tui_chat", "serve", "--no-ui", "--port", "0", "--model",
+                                str(model), *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = process.stdout.readline()
+        found = re.search(r" at (http://\S+/v1) ", line)
+        assert found, (line, process.stderr.read() if process.poll() is not None else "")
+        yield found.group(1)
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def server_home(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("serve")
+
+
+@pytest.fixture(scope="module")
+def server(starter_model, server_home) -> Iterator[str]:
+    """One server for the module: two at once, one more waiting, a JSON line per request."""
+    log = server_home / "log.jsonl"
+    with serving(starter_model, server_home, "--parallel", "2", "--queue", "1", "--json-log", str(log)) as url:
+        yield url
+
+
+def client(url: str, **options) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url, api_key=options.pop("api_key", "none"), max_retries=0, **options)
+
+
+def post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict, dict]:
+    """A raw POST: its status, JSON body and headers."""
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read()), dict(response.headers)
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read()), dict(error.headers)
+
+
+def test_a_completion_whole_and_streamed(server):
+    chat = client(server)
+    [model] = chat.models.list().data
+    assert model.id == "gemma-3-270m-q4_k_m" and model.owned_by == "tui-chat"
+    whole = chat.chat.completions.create(model=model.id, messages=PROMPT, max_tokens=12, temperature=0)
+    assert whole.choices[0].finish_reason == "length" and whole.choices[0].message.content.strip()
+    assert whole.usage.completion_tokens == 12 and whole.usage.prompt_tokens > 10
+    extras = whole.model_extra["x_tui_chat"]
+    assert extras["ttft_s"] > 0 and extras["decode_tok_s"] > 0 and extras["kv_used"] >= whole.usage.total_tokens - 1
+    pieces, finish = [], None
+    for chunk in chat.chat.completions.create(model=model.id, messages=PROMPT, max_tokens=12, temperature=0,
+                                              stream=True, stream_options={"include_usage": True}):
+        if chunk.choices:
+            pieces.append(chunk.choices[0].delta.content or "")
+            finish = chunk.choices[0].finish_reason or finish
+        else:
+            assert chunk.usage.completion_tokens == 12
+            assert chunk.usage.prompt_tokens_details.cached_tokens > 0, "the same prompt again: its prefix reused"
+    assert finish == "length" and len([piece for piece in pieces if piece]) >= 6
+    text = chat.completions.create(model=model.id, prompt="1, 2, 3, 4,", max_tokens=6, temperature=0)
+    assert text.choices[0].text.strip() and text.object == "text_completion"
+
+
+def test_top_logprobs_are_those_of_run(starter_model, tmp_path):
+    """The same prompt, read fresh by `tui-chat run` and by a new server: each token's probabilities agree."""
+    prompt = "Write the alphabet: A, B, C,"
+    ran = run_cli("run", "-m", str(starter_model), "-p", prompt, "--temperature", "0", "--max-tokens", "4",
+                  "--top-logprobs", "3", "--json")
+    assert ran.returncode == 0, ran.stderr
+    expected = json.loads(ran.stdout)["turns"][0]["tokens"]
+    with serving(starter_model, tmp_path, "--parallel", "1") as url:
+        reply = client(url).chat.completions.create(model="", messages=[{"role": "user", "content": prompt}],
+                                                    max_tokens=4, temperature=0, logprobs=True, top_logprobs=3)
+    served = reply.choices[0].logprobs.content
+    assert [entry.token for entry in served] == [token["token"] for token in expected]
+    for entry, token in zip(served, expected, strict=True):
+        assert abs(2.718281828 ** entry.logprob - token["prob"]) < 1e-4
+        assert [top.token for top in entry.top_logprobs] == [top["token"] for top in token["top"]]
+        for top, wanted in zip(entry.top_logprobs, token["top"], strict=True):
+            assert abs(2.718281828 ** top.logprob - wanted["prob"]) < 1e-4
+
+
+def test_a_schema_reply_validates(server):
+    reply = client(server).chat.completions.create(
+        model="gemma-3-270m-q4_k_m", messages=[{"role": "user", "content": "A person as JSON, with a name and age."}],
+        max_tokens=200, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}})
+    jsonschema.validate(json.loads(reply.choices[0].message.content), PERSON)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_call_validates_against_its_schema(server, stream):
+    chat = client(server)
+    asked = {"model": "gemma-3-270m-q4_k_m", "messages": [{"role": "user", "content": "Weather in Paris?"}],
+             "tools": [WEATHER], "tool_choice": "required", "max_tokens": 60, "temperature": 0}
+    if stream:
+        calls: dict[int, dict[str, str]] = {}
+        finish = None
+        for chunk in chat.chat.completions.create(**asked, stream=True):
+            delta = chunk.choices[0].delta
+            assert not (delta.content or "").count("<tool_call>"), "a call never goes out as text"
+            for piece in delta.tool_calls or ():
+                call = calls.setdefault(piece.index, {"name": "", "arguments": ""})
+                call["name"] += piece.function.name or ""
+                call["arguments"] += piece.function.arguments or ""
+            finish = chunk.choices[0].finish_reason or finish
+        [call] = calls.values()
+        name, arguments = call["name"], call["arguments"]
+    else:
+        reply = chat.chat.completions.create(**asked)
+        finish = reply.choices[0].finish_reason
+        [called] = reply.choices[0].message.tool_calls
+        name, arguments = called.function.name, called.function.arguments
+    assert finish == "tool_calls" and name == "get_weather"
+    jsonschema.validate(json.loads(arguments), WEATHER["function"]["parameters"])
+
+
+def test_two_clients_at_once_are_answered_together_each_reusing_its_own_prefix(server):
+    """Two conversations of two turns each, at the same time: the second turn of each reads only its new part."""
+    results: dict[str, list] = {}
+
+    def converse(topic: str) -> None:
+        chat = client(server)
+        messages = [{"role": "user", "content": f"Tell me about {topic}. Count to fifty first: 1, 2, 3,"}]
+        first = chat.chat.completions.create(model="", messages=messages, max_tokens=48, temperature=0)
+        spans = [first.model_extra["x_tui_chat"]]
+        messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                     {"role": "user", "content": "And then?"}]
+        second = chat.chat.completions.create(model="", messages=messages, max_tokens=8, temperature=0)
+        results[topic] = [first, second, spans, time.perf_counter()]
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=converse, args=(topic,)) for topic in ("owls", "rivers")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert set(results) == {"owls", "rivers"}
+    for first, second, _, _ in results.values():
+        assert first.model_extra["x_tui_chat"]["queued_s"] < 0.5, "both in flight at once (--parallel 2)"
+        reused = second.usage.prompt_tokens_details.cached_tokens
+        assert reused >= first.usage.prompt_tokens + first.usage.completion_tokens - 8, (reused, first.usage)
+    alone = sum(result[0].usage.completion_tokens / result[0].model_extra["x_tui_chat"]["decode_tok_s"]
+                for result in results.values())
+    assert time.perf_counter() - started < alone + 30
+
+
+def test_a_client_that_disconnects_frees_its_place(server):
+    """--parallel 2: two long streams, one read a little and dropped; the next request starts at once."""
+    stay = client(server).chat.completions.create(model="", messages=PROMPT, max_tokens=400, temperature=0,
+                                                  stream=True)
+    leave = client(server).chat.completions.create(model="", messages=PROMPT, max_tokens=400, temperature=0,
+                                                   stream=True)
+    next(iter(stay))
+    for _, _ in zip(range(3), leave, strict=False):
+        pass
+    leave.close()
+    time.sleep(0.3)
+    reply = client(server).chat.completions.create(model="", messages=PROMPT, max_tokens=2, temperature=0)
+    assert reply.model_extra["x_tui_chat"]["queued_s"] < 1.0, "the dropped stream's place was free"
+    stay.close()
+
+
+def test_past_the_queue_a_request_is_told_to_retry(server):
+    """--parallel 2 --queue 1: two long streams in flight, one waiting; the fourth is answered 429."""
+    streams = [client(server).chat.completions.create(model="", messages=PROMPT, max_tokens=300, stream=True)
+               for _ in range(2)]
+    for stream in streams:
+        next(iter(stream))
+    waiting = threading.Thread(target=lambda: client(server).chat.completions.create(
+        model="", messages=PROMPT, max_tokens=1))
+    waiting.start()
+    time.sleep(0.3)
+    status, body, headers = post(f"{server}/chat/completions", json.dumps({"messages": PROMPT}).encode())
+    assert status == 429 and headers["Retry-After"] == "1" and body["error"]["code"] == "rate_limit_exceeded"
+    for stream in streams:
+        stream.close()
+    waiting.join(60)
+
+
+def test_bad_requests_are_answered_in_openais_shape(server):
+    chat = client(server)
+    status, body, _ = post(f"{server}/chat/completions", b'{"messages": [')
+    assert status == 400 and body["error"]["message"].startswith("the request body is not valid JSON")
+    with pytest.raises(openai.NotFoundError) as unknown:
+        chat.chat.completions.create(model="gpt-9", messages=PROMPT)
+    assert unknown.value.body["code"] == "model_not_found" and unknown.value.body["param"] == "model"
+    with pytest.raises(openai.BadRequestError) as negative:
+        chat.chat.completions.create(model="", messages=PROMPT, max_tokens=-5)
+    assert negative.value.body["param"] == "max_tokens"
+    status, body, _ = post(f"{server}/chat/completions", b" " * (10 * 2**20))
+    assert status == 413 and body["error"]["code"] == "request_too_large"
+    with pytest.raises(openai.BadRequestError) as long:
+        chat.chat.completions.create(model="", messages=[{"role": "user", "content": "word " * 3000}])
+    assert long.value.body["code"] == "context_length_exceeded"
+    status, body, _ = post(f"{server}/chat/completions", json.dumps({"messages": [{"role": "robot"}]}).encode())
+    assert status == 400 and body["error"]["param"] == "messages[0].role"
+    assert chat.chat.completions.create(model="", messages=PROMPT, max_tokens=2).choices, "the server still answers"
+
+
+def test_another_address_needs_a_key_which_every_request_must_send(starter_model, tmp_path):
+    refused = run_cli("serve", "--no-ui", "--host", "0.0.0.0", "--port", "0", "--model", str(starter_model))
+    assert refused.returncode == 2 and "give --api-key KEY" in refused.stderr and "Traceback" not in refused.stderr
+    with serving(starter_model, tmp_path, "--host", "0.0.0.0", "--api-key", "sesame") as url:
+        url = url.replace("0.0.0.0", "127.0.0.1")
+        with pytest.raises(openai.AuthenticationError) as missing:
+            client(url).models.list()
+        assert missing.value.body["code"] == "invalid_api_key"
+        assert client(url, api_key="sesame").models.list().data
+
+
+def test_tui_chats_own_remote_backend_chats_with_it_and_reads_its_figures(server, server_home):
+    log = server_home / "log.jsonl"
+    before = len(log.read_text().splitlines())
+    ran = run_cli("run", "--base-url", server, "-p", "Say hello", "--max-tokens", "6", "--temperature", "0",
+                  "--json")
+    assert ran.returncode == 0, ran.stderr
+    report = json.loads(ran.stdout)
+    turn = report["turns"][0]
+    [logged] = [json.loads(line) for line in log.read_text().splitlines()[before:]]
+    assert turn["prompt_tokens"] == logged["prompt_tokens"]
+    assert turn["cached_tokens"] == logged["cached_tokens"]
+    assert turn["completion_tokens"] == logged["completion_tokens"]
+    assert turn["server_decode_tok_s"] == pytest.approx(logged["decode_tok_s"], rel=1e-3)
+
+
+async def test_the_app_chats_with_it_and_its_panel_shows_the_servers_figures(server, server_home):
+    """Ctrl+O's `@http://HOST:PORT`: a chat on the server, whose panel reads the figures the server logged."""
+    from test_ui import SIZE, loaded, make_app, reply_done, send
+    from tui_chat.ui.panel.metrics import MetricsPanel
+
+    log = server_home / "log.jsonl"
+    before = len(log.read_text().splitlines())
+    async with make_app(f"@{server.removesuffix('/v1')}").run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        assert screen.workspace.backend.info.name == "gemma-3-270m-q4_k_m"
+        await send(pilot, "Say hello")
+        await reply_done(pilot)
+        shown = screen.query_one(MetricsPanel).metrics
+        [logged] = [json.loads(line) for line in log.read_text().splitlines()[before:]]
+        assert (shown.prompt_tokens, shown.cached_tokens, shown.completion_tokens) == (
+            logged["prompt_tokens"], logged["cached_tokens"], logged["completion_tokens"])
+        assert shown.server_decode_tok_s == pytest.approx(logged["decode_tok_s"], rel=1e-3)
+        assert logged["prefill_tok_s"] is None or shown.prefill_tok_s == pytest.approx(logged["prefill_tok_s"],
+                                                                                       rel=1e-3)
+
+
+async def test_the_live_view_shows_each_request_with_the_panels_figures(tiny_model):
+    """The Textual view over a real server (the engine in this process): a request's row and the totals."""
+    from textual.widgets import DataTable, Static
+
+    from tui_chat.engine.base import Loaded
+    from tui_chat.engine.local.settings import LlamaSettings
+    from tui_chat.engine.local.slots import LlamaServing
+    from tui_chat.engine.params import SamplingParams
+    from tui_chat.pricing import PRESETS
+    from tui_chat.serve.monitor import Monitor
+    from tui_chat.serve.server import ServeOptions, TuiChatServer
+    from tui_chat.ui.serve import ServeApp
+
+    backend = LlamaServing(LlamaSettings(tiny_model, n_ctx=1024))
+    loaded = backend.load().result()
+    assert isinstance(loaded, Loaded)
+    monitor = Monitor(next(iter(PRESETS.values())))
+    server = TuiChatServer(ServeOptions(port=0), backend, loaded.info, SamplingParams(temperature=0), monitor)
+    url = f"http://127.0.0.1:{server.server_port}/v1"
+    try:
+        app = ServeApp(server, monitor, url)
+        async with app.run_test(size=(140, 20)) as pilot:
+            answered: list[int] = []
+            asking = threading.Thread(target=lambda: answered.append(post(f"{url}/chat/completions", json.dumps(
+                {"messages": PROMPT, "max_tokens": 5}).encode())[0]))
+            asking.start()
+            table = app.query_one(DataTable)
+            for _ in range(200):
+                await pilot.pause(0.05)
+                if table.row_count and str(table.get_row_at(0)[3]) == "length":
+                    break
+            row = [str(cell) for cell in table.get_row_at(0)]
+            assert row[:4] == ["1", "127.0.0.1", "chat", "length"] and row[6] == "5", row
+            assert row[10].endswith("/1,024")
+            assert str(app.query_one("#totals", Static).render()).startswith("1 request (0 refused, 0 failed)")
+            await pilot.press("q")
+        asking.join(10)
+        assert answered == [200]
+    finally:
+        server.server_close()
+        backend.close()

@@ -1,0 +1,240 @@
+"""Several requests at once (`tui-chat serve`): each in a slot of its own, all decoded together a token a step.
+
+As llama.cpp's server does it: a slot is a sequence of the one cache, and it keeps what it last read after its
+request ends, so a client that sends its conversation again, one turn longer, reads only the new part. A new
+request takes the free slot whose cells share the longest prefix with its prompt (the least recently used where
+none does). A request that comes while others are being written joins them at the next step: its prompt is
+read (a decode of its own, which holds the others for that long), then it draws from its row of each step's
+batch like them. Each slot's reply is a `RowTurn`, with every rule of a chat's reply; speculative drafting, the
+X-ray and the KV cache on disk are the chat's, not the server's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+from ..base import EngineError, Error, Metrics, PromptProgress, Request, StopReason, Stream, TurnMetrics
+from ..compare import MAX_COLUMNS
+from ..formats import FormatError
+from ..params import SamplingParams
+from ..prompts import PromptError, PromptFormat
+from .grammar import Constraint
+from .lab import LlamaLab
+from .llama import METRICS_INTERVAL_S
+from .llamacpp import FIRST_COLUMN_SEQ, LlamaSession, PrefillAborted
+from .rows import RowTurn
+
+SLOTS = MAX_COLUMNS  # the lab's sequences: a server runs no lab
+
+
+class ContextExceeded(EngineError):
+    """The prompt leaves no room for a reply in the context a request may use."""
+
+
+@dataclass(slots=True)
+class _Slot:
+    seq: int
+    tokens: list[int] = field(default_factory=list)  # exactly what its cells hold
+    used_at: float = 0.0
+    turn: SlotTurn | None = None
+
+
+class LlamaServing(LlamaLab):
+    """The in-process backend that also answers several requests at once (`Serving`)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._slots = [_Slot(FIRST_COLUMN_SEQ + index) for index in range(SLOTS)]
+        self._arrivals: deque[tuple[Request, Stream, int]] = deque()
+        self._arrivals_lock = threading.Lock()
+        self._serving = False
+
+    def generate_together(self, request: Request, room: int) -> Stream:
+        """A reply decoded beside any others in flight, in at most `room` tokens of context; its events as
+        `generate`'s. A prompt that leaves no room is an `Error` with code `context_length_exceeded`."""
+        stream = Stream()
+        with self._arrivals_lock:
+            self._arrivals.append((request, stream, room))
+            idle, self._serving = not self._serving, True
+        if idle:
+            self._jobs.put(self._serve)
+        return stream
+
+    def _serve(self) -> None:
+        """The slot loop, on the worker thread, while any request is in flight or waiting."""
+        live: list[SlotTurn] = []
+        next_metrics = 0.0
+        try:
+            while self._busy(live):
+                session = self._live_session()
+                drawn = [(turn, token) for row, turn in enumerate(live) if (token := self._draw(turn, row)) is not None]
+                drawn += self._admit(session)
+                live = [turn for turn, _ in drawn]
+                if not drawn:
+                    continue
+                session.step_rows([(token, turn.position, turn.seq) for turn, token in drawn])
+                for turn, token in drawn:
+                    turn.slot.tokens.append(token)
+                if (now := time.perf_counter()) >= next_metrics:
+                    for turn in live:
+                        turn.stream.put(Metrics(turn.metrics()))
+                    next_metrics = now + METRICS_INTERVAL_S
+                if time.monotonic() >= self.threads.next_check and live:
+                    live[0].retune_threads()
+        except Exception as error:  # noqa: BLE001 - every request in flight ends in one line, the loop with them
+            self._fail(live, error if isinstance(error, EngineError) else
+                       EngineError(f"internal error ({type(error).__name__}: {error})"))
+
+    def _busy(self, live: list[SlotTurn]) -> bool:
+        """Whether the loop goes on; once nothing is in flight or waiting, it ends (a later arrival starts it)."""
+        with self._arrivals_lock:
+            self._serving = bool(live or self._arrivals)
+            return self._serving
+
+    def _live_session(self) -> LlamaSession:
+        if self._session is None or self._format is None:
+            raise EngineError("no model is loaded")
+        return self._session
+
+    @staticmethod
+    def _draw(turn: SlotTurn, row: int) -> int | None:
+        if turn.stream.cancelled.is_set():
+            turn.end("cancelled")
+            return None
+        turn.session.row = row
+        return turn.draw_next()
+
+    def _admit(self, session: LlamaSession) -> list[tuple[SlotTurn, int]]:
+        """Requests waiting, each into a free slot while there is one: their prompts read, their first tokens."""
+        drawn: list[tuple[SlotTurn, int]] = []
+        while True:
+            with self._arrivals_lock:
+                free = [slot for slot in self._slots if slot.turn is None]
+                if not free or not self._arrivals:
+                    return drawn
+                request, stream, room = self._arrivals.popleft()
+            assert self._format is not None
+            try:
+                turn = SlotTurn(self, session, self._format, request, stream, room)
+            except ContextExceeded as error:
+                stream.put(Error(str(error), code="context_length_exceeded"))
+                continue
+            except (EngineError, PromptError, FormatError) as error:
+                stream.put(Error(str(error)))
+                continue
+            slot = max(free, key=lambda slot: (_shared(slot.tokens, turn.context), -slot.used_at))
+            self._make_room(session, slot, turn)
+            if (token := turn.begin(slot)) is not None:
+                drawn.append((turn, token))
+
+    def _make_room(self, session: LlamaSession, slot: _Slot, turn: SlotTurn) -> None:
+        """Idle slots' cells go, least recently used first, while the cache could not hold this reply too."""
+        reply = min(turn.params.max_tokens, turn.room - len(turn.context))
+        need = len(turn.context) - _shared(slot.tokens, turn.context) + reply
+        idle = sorted((other for other in self._slots if other.turn is None and other is not slot and other.tokens),
+                      key=lambda other: other.used_at)
+        while idle and sum(len(other.tokens) for other in self._slots) + need > session.n_ctx:
+            emptied = idle.pop(0)
+            session.trim_sequence(emptied.seq, 0)
+            emptied.tokens.clear()
+
+    def _fail(self, live: list[SlotTurn], error: EngineError) -> None:
+        """A failed step: the requests in flight and waiting end with it; the slots' cells are forgotten."""
+        with self._arrivals_lock:
+            waiting = [stream for _, stream, _ in self._arrivals]
+            self._arrivals.clear()
+            self._serving = False
+        for stream in [turn.stream for turn in live] + waiting:
+            stream.put(Error(str(error)))
+        for slot in self._slots:
+            slot.turn = None
+            slot.tokens.clear()
+            if self._session is not None:
+                self._session.trim_sequence(slot.seq, 0)
+
+
+class SlotTurn(RowTurn):
+    """One request's reply in a slot, within `room` tokens of context (prompt and reply)."""
+
+    def __init__(self, backend: LlamaServing, session: LlamaSession, prompt_format: PromptFormat, request: Request,
+                 stream: Stream, room: int) -> None:
+        self.room = room
+        super().__init__(backend, session, prompt_format, request, stream)
+        self._start_drawing()
+        output = request.format
+        opening = backend._opens_thinking if not self.inside else frozenset()
+        self.constraint = Constraint(session, output, opening) if output.constrained else None
+        self.slot = _Slot(-1)
+
+    def _fitted_prompt(self) -> tuple[str, list[int], int]:
+        """The whole prompt (a server leaves no turn out): its text and tokens; an error where it leaves no room."""
+        session, request = self.session, self.request
+        if request.text_prompt is not None:
+            text = request.text_prompt
+        else:
+            extra = self.format.options(request.thinking, request.tools)
+            text = self.format.render(list(request.messages), session.bos_text, session.eos_text, extra)
+        add_bos = session.add_bos and not (session.bos_text and text.startswith(session.bos_text))
+        tokens = session.tokenize(text, add_bos=add_bos)
+        if len(tokens) + 1 > self.room:
+            raise ContextExceeded(f"the prompt takes {len(tokens):,} tokens and a request here may use {self.room:,} "
+                                  "of context, prompt and reply together: send a shorter one")
+        return text, tokens, 0
+
+    def begin(self, slot: _Slot) -> int | None:
+        """Into `slot`: the prompt read after the prefix its cells share, then the first token drawn (None where
+        the reply ended with it, or was stopped while its prompt was read)."""
+        self.slot, slot.turn, self.seq = slot, self, slot.seq
+        session, context = self.session, self.context
+        keep = session.trim_sequence(slot.seq, min(_shared(slot.tokens, context), len(context) - 1))
+        del slot.tokens[keep:]
+        self.cached = keep
+        todo = context[keep:]
+        started = time.perf_counter()
+        self.stream.put(PromptProgress(0, len(todo), 0.0, tuple(self.prompt)))
+        try:
+            session.read_sequence(slot.seq, todo, keep, self.stream.cancelled.is_set)
+        except PrefillAborted:
+            self.end("cancelled")
+            return None
+        except EngineError as error:
+            self.release()
+            self.stream.put(Error(str(error)))
+            return None
+        slot.tokens.extend(todo)
+        self.prefill_s = time.perf_counter() - started
+        self.stream.put(PromptProgress(len(todo), len(todo), self.prefill_s))
+        self.decode_at = time.perf_counter()
+        session.row = -1
+        return self.draw_next()
+
+    def _no_room(self, params: SamplingParams) -> StopReason | None:
+        if len(self.generated) >= params.max_tokens:
+            return "length"
+        return "context" if self.position + 2 > self.room else None
+
+    def _cached(self) -> int:
+        return len(self.slot.tokens)
+
+    def metrics(self) -> TurnMetrics:
+        return replace(super().metrics(), n_ctx=self.room)
+
+    def release(self) -> None:
+        """The sampler goes; the slot's cells stay, for the next request that starts as this one did."""
+        super().release()
+        self.slot.turn = None
+        self.slot.used_at = time.monotonic()
+
+
+def _shared(cached: list[int], prompt: list[int]) -> int:
+    """How many tokens `prompt` starts with of `cached`."""
+    count = 0
+    for have, want in zip(cached, prompt, strict=False):
+        if have != want:
+            break
+        count += 1
+    return count
+

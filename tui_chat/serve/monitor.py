@@ -1,0 +1,172 @@
+"""What `tui-chat serve` shows of its requests, as the chat's panel shows a reply: per request its time to first
+token, prompt-reading and decode rates, KV use, reuse and what it would cost on the paid API chosen; and the
+totals. The server's threads write records; the live view (plain lines, or the Textual screen) and the JSON
+log read them. No Textual here.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import IO, Any
+
+from ..engine.base import Token, TurnMetrics
+from ..pricing import Price, turn_cost
+from ..safetext import terminal_safe
+
+RECENT = 200
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One request, from its arrival to its end (`state`: waiting, running, then why it ended)."""
+
+    number: int
+    client: str
+    kind: str
+    stream: bool
+    ident: str = ""
+    wall_started: float = field(default_factory=time.time)
+    arrived: float = field(default_factory=time.perf_counter)
+    admitted_at: float | None = None
+    tokens: int = 0
+    metrics: TurnMetrics | None = None
+    state: str = "waiting"
+    detail: str = ""
+    cost: Decimal = Decimal(0)
+    status: int = 200
+
+    def admitted(self) -> None:
+        self.admitted_at = time.perf_counter()
+        self.state = "running"
+
+    def token(self, _token: Token) -> None:
+        self.tokens += 1
+
+    @property
+    def queued_s(self) -> float:
+        return (self.admitted_at or self.arrived) - self.arrived
+
+    @property
+    def cached(self) -> int:
+        return self.metrics.cached_tokens if self.metrics is not None else 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON log's line: the request and the panel's figures for it."""
+        m = self.metrics
+        figures: dict[str, Any] = {} if m is None else {
+            "prompt_tokens": m.prompt_tokens, "cached_tokens": m.cached_tokens,
+            "completion_tokens": m.completion_tokens, "ttft_s": _round(m.ttft_s),
+            "prefill_tok_s": _round(m.prefill_tok_s), "decode_tok_s": _round(m.decode_tok_s),
+            "kv_used": m.context_tokens, "n_ctx": m.n_ctx}
+        return {"id": self.ident, "number": self.number, "client": self.client, "endpoint": self.kind,
+                "stream": self.stream, "started": round(self.wall_started, 3), "queued_s": round(self.queued_s, 4),
+                "status": self.status, "end": self.state, "detail": self.detail, **figures,
+                "cost_usd": str(self.cost)}
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+@dataclass(slots=True)
+class Totals:
+    requests: int = 0
+    refused: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    cost: Decimal = Decimal(0)
+
+
+class Monitor:
+    """The records of the requests in flight and the totals; `on_change` is told of each change (from the
+    server's threads), and each ended request goes to the JSON log as one line."""
+
+    def __init__(self, price: Price, json_log: Path | None = None) -> None:
+        self.price = price
+        self.in_flight: dict[int, RequestRecord] = {}
+        self.recent: deque[RequestRecord] = deque(maxlen=RECENT)  # the last requests that ended, newest last
+        self.totals = Totals()
+        self.lock = threading.Lock()
+        self.watchers: list[Callable[[RequestRecord], None]] = []
+        self._log: IO[str] | None = json_log.open("a", encoding="utf-8") if json_log is not None else None
+
+    def new_record(self, number: int, client: str, kind: str, stream: bool) -> RequestRecord:
+        prefix = "chatcmpl" if kind == "chat" else "cmpl"
+        record = RequestRecord(number, client, kind, stream, ident=f"{prefix}-{number:08d}")
+        with self.lock:
+            self.in_flight[number] = record
+        self._changed(record)
+        return record
+
+    def refused(self, record: RequestRecord, status: int) -> None:
+        record.status = status
+        self.finish(record, "refused", f"HTTP {status}")
+
+    def finish(self, record: RequestRecord, end: str, detail: str = "") -> None:
+        record.state, record.detail = end, terminal_safe(detail)[:200]
+        if record.status == 200 and end in ("refused", "failed"):
+            record.status = 400 if end == "refused" else 500
+        metrics = record.metrics
+        with self.lock:
+            self.in_flight.pop(record.number, None)
+            self.recent.append(record)
+            totals = self.totals
+            totals.requests += 1
+            totals.refused += end == "refused"
+            totals.failed += end == "failed"
+            if metrics is not None:
+                bill = turn_cost(self.price, metrics.prompt_tokens, metrics.cached_tokens, metrics.completion_tokens)
+                record.cost = bill.total
+                totals.cost += bill.total
+                totals.prompt_tokens += metrics.prompt_tokens
+                totals.cached_tokens += metrics.cached_tokens
+                totals.completion_tokens += metrics.completion_tokens
+            if self._log is not None:
+                self._log.write(json.dumps(record.as_dict()) + "\n")
+                self._log.flush()
+        self._changed(record)
+
+    def _changed(self, record: RequestRecord) -> None:
+        for watcher in self.watchers:
+            watcher(record)
+
+    def snapshot(self) -> tuple[list[RequestRecord], list[RequestRecord], Totals]:
+        """The requests in flight, the recent ones and a copy of the totals, read together."""
+        with self.lock:
+            totals = Totals(**{name: getattr(self.totals, name) for name in Totals.__dataclass_fields__})
+            return list(self.in_flight.values()), list(self.recent), totals
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+
+
+def request_line(record: RequestRecord) -> str:
+    """One ended request as `--no-ui` prints it."""
+    m = record.metrics
+    clock = time.strftime("%H:%M:%S", time.localtime(record.wall_started))
+    head = f"{clock} #{record.number} {record.client} {record.kind}{' stream' if record.stream else ''}"
+    if m is None:
+        return f"{head} · {record.state}{f': {record.detail}' if record.detail else ''}"
+    ttft = f"{m.ttft_s:.2f} s" if m.ttft_s is not None else "–"
+    prefill = f"{m.prefill_tok_s:,.0f} tok/s" if m.prefill_tok_s else "–"
+    decode = f"{m.decode_tok_s:,.1f} tok/s" if m.decode_tok_s else "–"
+    return (f"{head} · in {m.prompt_tokens:,} (reused {m.cached_tokens:,}) · out {m.completion_tokens:,} · "
+            f"TTFT {ttft} · read {prefill} · decode {decode} · KV {m.context_tokens:,}/{m.n_ctx:,} · "
+            f"${record.cost:.6f} · {record.state}" + (f" · queued {record.queued_s:.2f} s" if record.queued_s > 0.05
+                                                      else ""))
+
+
+def totals_line(totals: Totals) -> str:
+    return (f"{totals.requests:,} request{'s' if totals.requests != 1 else ''} ({totals.refused:,} refused, {totals.failed:,} failed) · "
+            f"in {totals.prompt_tokens:,} (reused {totals.cached_tokens:,}) · out {totals.completion_tokens:,} · "
+            f"${totals.cost:.6f}")

@@ -1,0 +1,404 @@
+"""OpenAI's chat-completions protocol, read and written: a request body becomes the engine's `Request`, the
+engine's events become a response or its streamed chunks. Pure functions over untrusted input: every field a
+client sends is checked, and a bad one is a `BadRequest` naming it, as OpenAI's errors do.
+
+Besides OpenAI's fields, what llama.cpp's server takes of sampling (top_k, min_p, repeat_penalty, DRY, XTC…),
+so that tui-chat's own remote backend (and any llama-server client) gets the same settings through; fields
+neither knows are ignored, as llama-server ignores them. A field left out takes tui-chat's default (the
+config's `[sampling]`), not OpenAI's: the server answers as `tui-chat run` would. Nothing in a request can
+name a file: a schema or a grammar is text, never a path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine.base import Done, Message, ModelInfo, Request, StopReason, Token, TurnMetrics
+from ..engine.formats import TEXT, FormatError, OutputFormat, json_schema
+from ..engine.params import MAX_TOP_LOGPROBS, SPECS, InvalidParameter, LiveParams, SamplingParams
+from ..tools.calls import (
+    AUTO,
+    CHOICES,
+    NONE,
+    CallForm,
+    call_form,
+    call_format,
+    call_text,
+    find_call,
+    template_tools,
+    with_instructions,
+)
+from ..tools.mcp import Tool
+
+CLIENT_TOOLS = "client"  # the server a client's tools are said to be on: the client runs them, never we
+# Sampling fields by the name llama.cpp's server gives them, where it is ours too (OpenAI's own among them).
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "typical_p", "top_n_sigma", "xtc_probability",
+                   "xtc_threshold", "repeat_penalty", "frequency_penalty", "presence_penalty", "dry_multiplier",
+                   "dry_base", "dry_allowed_length", "dry_penalty_last_n", "mirostat_eta", "seed")
+FINISH = {"eos": "stop", "stop": "stop", "format": "stop", "length": "length", "context": "length", "cut": "length",
+          "cancelled": "stop"}
+
+
+class BadRequest(Exception):
+    """A request refused: its HTTP status and OpenAI's error object (message, type, param, code)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.param, self.code, self.kind = status, param, code, kind
+
+    def body(self) -> dict[str, Any]:
+        return error_body(str(self), self.kind, self.param, self.code)
+
+
+def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+@dataclass(slots=True)
+class Asked:
+    """A request as the engine takes it, with what the response must carry."""
+
+    request: Request
+    stream: bool = False
+    usage_in_stream: bool = False
+    logprobs: bool = False
+    timings_per_token: bool = False
+    progress: bool = False
+    tools: list[Tool] = field(default_factory=list)
+    form: CallForm | None = None
+    chat: bool = True
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as error:
+        raise BadRequest(f"the request body is not valid JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def check_model(body: dict[str, Any], served: str) -> None:
+    model = body.get("model")
+    if model is not None and model != served and not (isinstance(model, str) and model.strip() in ("", served)):
+        raise BadRequest(f"the model {str(model)[:200]!r} does not exist; this server serves {served!r}",
+                         "model", "model_not_found", status=404)
+
+
+def parse_chat(body: dict[str, Any], defaults: SamplingParams, info: ModelInfo, room: int) -> Asked:
+    """A `/v1/chat/completions` body."""
+    asked = _common(body, defaults, room)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list of messages", "messages")
+    asked.form = form = call_form(info)
+    asked.tools = _tools(body.get("tools"))
+    choice = _choice(body.get("tool_choice", AUTO if asked.tools else NONE), asked.tools)
+    chat = [_message(entry, index, form) for index, entry in enumerate(messages)]
+    request = asked.request
+    request.messages = chat
+    if asked.tools:
+        if request.format.constrained:
+            raise BadRequest("response_format cannot be combined with tools here: a reply's grammar is its calls'",
+                             "response_format")
+        request.format = call_format(asked.tools, choice, form)
+        request.tool_choice = choice
+        if form.templated:
+            request.tools = template_tools(asked.tools)
+        else:
+            request.messages = with_instructions(chat, asked.tools)
+    kwargs = body.get("chat_template_kwargs")
+    if isinstance(kwargs, dict) and isinstance(kwargs.get("enable_thinking"), bool):
+        request.thinking = kwargs["enable_thinking"]
+    return asked
+
+
+def parse_completion(body: dict[str, Any], defaults: SamplingParams, room: int) -> Asked:
+    """A `/v1/completions` body: the prompt is read as it is, no template."""
+    asked = _common(body, defaults, room)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise BadRequest("prompt must be a non-empty string (one prompt a request)", "prompt")
+    asked.request.text_prompt = prompt
+    asked.chat = False
+    return asked
+
+
+def _common(body: dict[str, Any], defaults: SamplingParams, room: int) -> Asked:
+    """What chat and completion requests share: sampling, limits, format, streaming and what to report."""
+    if body.get("n", 1) != 1:
+        raise BadRequest("n must be 1: one choice a request (send several requests: they are decoded together)", "n")
+    changes = {name: body[name] for name in SAMPLING_FIELDS if body.get(name) is not None}
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= room:
+            raise BadRequest(f"max_tokens must be a whole number from 1 to {room:,}, the context a request may use "
+                             f"here (got {str(limit)[:40]})", "max_tokens", "invalid_value")
+    changes["max_tokens"] = limit if limit is not None else min(room, SPECS["max_tokens"].maximum)
+    changes |= _stops(body.get("stop")) | _mirostat(body) | _samplers(body.get("samplers"))
+    if body.get("logit_bias"):
+        raise BadRequest("logit_bias is not supported by this server", "logit_bias", "unsupported_parameter")
+    try:
+        params = defaults.with_changes(**changes)
+    except InvalidParameter as error:
+        raise BadRequest(str(error), str(error).split(" ", 1)[0], "invalid_value") from None
+    logprobs, top = _logprobs(body)
+    stream = _flag(body, "stream")
+    options = body.get("stream_options")
+    request = Request([], LiveParams(params), top_logprobs=top, format=_format(body))
+    return Asked(request, stream, isinstance(options, dict) and options.get("include_usage") is True,
+                 logprobs, _flag(body, "timings_per_token"), _flag(body, "return_progress"))
+
+
+def _flag(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise BadRequest(f"{name} must be true or false", name)
+    return value
+
+
+def _logprobs(body: dict[str, Any]) -> tuple[bool, int]:
+    """Whether each token's logprobs go with it, and how many alternatives: chat's `logprobs` (true or false)
+    and `top_logprobs`, or a completion's `logprobs` (the number of alternatives)."""
+    wanted, top = body.get("logprobs"), body.get("top_logprobs")
+    if isinstance(wanted, int) and not isinstance(wanted, bool):
+        wanted, top = True, wanted if top is None else top
+    if wanted not in (None, True, False):
+        raise BadRequest("logprobs must be true or false (a completion's: the number of alternatives)", "logprobs")
+    if top is None:
+        return bool(wanted), 1 if wanted else 0
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise BadRequest(f"top_logprobs must be a whole number from 0 to {MAX_TOP_LOGPROBS}", "top_logprobs")
+    return True, max(top, 1)
+
+
+def _stops(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(stop, str) and stop for stop in stops) or len(stops) > 16:
+        raise BadRequest("stop must be a string or a list of at most 16 non-empty strings", "stop")
+    return {"stop": stops}
+
+
+def _mirostat(body: dict[str, Any]) -> dict[str, Any]:
+    """llama-server's mirostat 2 with its tau; 0 (or none) leaves it off."""
+    mode = body.get("mirostat", 0)
+    if mode in (0, None):
+        return {}
+    if mode != 2:
+        raise BadRequest("mirostat must be 0 or 2 (Mirostat 2.0)", "mirostat")
+    return {"mirostat_tau": body.get("mirostat_tau", 5.0)}
+
+
+def _samplers(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+        raise BadRequest("samplers must be a list of sampler names", "samplers")
+    return {"sampler_order": ["typical_p" if name == "typ_p" else name for name in value]}
+
+
+def _format(body: dict[str, Any]) -> OutputFormat:
+    """response_format (text, json_object, json_schema), or llama-server's `grammar` (GBNF text, never a path)."""
+    grammar = body.get("grammar")
+    if grammar:
+        if not isinstance(grammar, str) or "::=" not in grammar:
+            raise BadRequest("grammar must be GBNF text with rules such as: root ::= \"yes\" | \"no\"", "grammar")
+        return OutputFormat("grammar", grammar)
+    response_format = body.get("response_format")
+    if response_format is None:
+        return TEXT
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "text":
+        return TEXT
+    if kind == "json_object":
+        schema = response_format.get("schema")
+        return _schema(schema) if isinstance(schema, dict) and schema != {"type": "object"} else OutputFormat("json")
+    if kind == "json_schema":
+        wrapper = response_format.get("json_schema")
+        schema = wrapper.get("schema") if isinstance(wrapper, dict) else None
+        if not isinstance(schema, dict):
+            raise BadRequest("response_format.json_schema.schema must be a JSON schema object",
+                             "response_format.json_schema.schema")
+        return _schema(schema)
+    raise BadRequest("response_format.type must be text, json_object or json_schema", "response_format.type")
+
+
+def _schema(schema: dict[str, Any]) -> OutputFormat:
+    try:
+        return json_schema(json.dumps(schema))  # text starting with `{`: never read as a path
+    except FormatError as error:
+        raise BadRequest(str(error), "response_format.json_schema.schema") from None
+
+
+def _tools(value: Any) -> list[Tool]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > 128:
+        raise BadRequest("tools must be a list of at most 128 function tools", "tools")
+    tools = []
+    for index, entry in enumerate(value):
+        function = entry.get("function") if isinstance(entry, dict) and entry.get("type") == "function" else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not name or len(name) > 64:
+            raise BadRequest("each tool must be {\"type\": \"function\", \"function\": {\"name\": …}}, a name of at "
+                             "most 64 characters", f"tools[{index}]")
+        assert isinstance(function, dict)
+        schema = function.get("parameters", {"type": "object", "properties": {}})
+        description = function.get("description", "")
+        if not isinstance(schema, dict) or not isinstance(description, str):
+            raise BadRequest("a tool's parameters must be a JSON schema object and its description text",
+                             f"tools[{index}].function")
+        _schema(schema)
+        tools.append(Tool(CLIENT_TOOLS, name, description, schema))
+    return tools
+
+
+def _choice(value: Any, tools: Sequence[Tool]) -> str:
+    """tool_choice: auto, none, required, or {"type": "function", "function": {"name": …}}."""
+    if isinstance(value, dict):
+        function = value.get("function")
+        value = function.get("name") if isinstance(function, dict) else None
+        if not any(tool.name == value for tool in tools):
+            raise BadRequest("tool_choice names no tool of the request's tools", "tool_choice")
+        return str(value)
+    if value not in CHOICES:
+        raise BadRequest("tool_choice must be auto, none, required or a function to call", "tool_choice")
+    if value != NONE and not tools:
+        raise BadRequest(f"tool_choice {value!r} needs tools", "tool_choice")
+    return str(value)
+
+
+def _message(entry: Any, index: int, form: CallForm) -> Message:
+    """One message of the conversation: text content (a list of text parts too), its role's fields."""
+    where = f"messages[{index}]"
+    role = entry.get("role") if isinstance(entry, dict) else None
+    if role not in ("system", "developer", "user", "assistant", "tool"):
+        raise BadRequest("each message needs a role: system, developer, user, assistant or tool", f"{where}.role")
+    assert isinstance(entry, dict)
+    content = _text(entry.get("content"), where)
+    if role == "tool":
+        if not form.templated:  # the generic form: a result comes back as the user's
+            return Message("user", f"<tool_response>\n{content}\n</tool_response>")
+        return Message("tool", content, tool_call_id=str(entry.get("tool_call_id", ""))[:64])
+    if role == "assistant" and entry.get("tool_calls"):
+        return _called(entry["tool_calls"], content, where, form)
+    reasoning = entry.get("reasoning_content") if role == "assistant" else ""
+    return Message("system" if role == "developer" else role, content,
+                   reasoning if isinstance(reasoning, str) else "")
+
+
+def _text(content: Any, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list) and all(isinstance(part, dict) for part in content):
+        if any(part.get("type") != "text" or not isinstance(part.get("text"), str) for part in content):
+            raise BadRequest("only text content parts are supported (this model reads no images or audio)",
+                             f"{where}.content")
+        return "".join(part["text"] for part in content)
+    raise BadRequest("content must be a string or a list of text parts", f"{where}.content")
+
+
+def _called(calls: Any, content: str, where: str, form: CallForm) -> Message:
+    """An assistant message that called tools, as the model's template (or the generic form) reads it."""
+    if not isinstance(calls, list):
+        raise BadRequest("tool_calls must be a list", f"{where}.tool_calls")
+    parsed: list[dict[str, Any]] = []
+    for index, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        try:
+            arguments = json.loads(function.get("arguments") or "{}") if isinstance(function, dict) else None
+        except (TypeError, ValueError, RecursionError):
+            arguments = None
+        if not isinstance(name, str) or not isinstance(arguments, dict):
+            raise BadRequest("a tool call needs function.name and function.arguments, a JSON object as text",
+                             f"{where}.tool_calls[{index}]")
+        assert isinstance(call, dict)
+        parsed.append({"id": str(call.get("id", ""))[:64], "type": "function", "name": name, "arguments": arguments})
+    if not form.templated:
+        first = parsed[0]
+        return Message("assistant", call_text(first["name"], first["arguments"], content, form))
+    return Message("assistant", content, tool_calls=tuple(
+        {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}
+        for call in parsed))
+
+
+# --- responses -------------------------------------------------------------------------------------
+
+
+def completion_id(prefix: str, number: int) -> str:
+    return f"{prefix}-{int(time.time())}{number:06d}"
+
+
+def logprob_entry(token: Token) -> dict[str, Any]:
+    """A token's logprobs in OpenAI's form; the probability of the raw distribution (before any sampler)."""
+    return {"token": token.piece, "logprob": _log(token.prob), "bytes": list(token.piece.encode()),
+            "top_logprobs": [{"token": c.text, "logprob": _log(c.prob), "bytes": list(c.text.encode())}
+                             for c in token.top]}
+
+
+def _log(prob: float | None) -> float:
+    return math.log(prob) if prob else -9999.0
+
+
+def usage(metrics: TurnMetrics) -> dict[str, Any]:
+    return {"prompt_tokens": metrics.prompt_tokens, "completion_tokens": metrics.completion_tokens,
+            "total_tokens": metrics.prompt_tokens + metrics.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": metrics.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": metrics.reasoning_tokens}}
+
+
+def timings(metrics: TurnMetrics) -> dict[str, Any]:
+    """llama.cpp's server's `timings`, which tui-chat's remote backend (and its panel) reads."""
+    read = metrics.prompt_tokens - metrics.cached_tokens
+    decode_s = metrics.decode_s
+    return {"cache_n": metrics.cached_tokens, "prompt_n": read, "prompt_ms": metrics.prefill_s * 1000,
+            "prompt_per_second": read / metrics.prefill_s if metrics.prefill_s else None,
+            "predicted_n": metrics.completion_tokens, "predicted_ms": decode_s * 1000,
+            "predicted_per_second": (metrics.completion_tokens - 1) / decode_s if decode_s else None}
+
+
+def extras(metrics: TurnMetrics, queued_s: float) -> dict[str, Any]:
+    """`x_tui_chat`: the panel's figures of this request (never in OpenAI's own fields)."""
+    return {"ttft_s": metrics.ttft_s, "queued_s": round(queued_s, 4), "prefill_tok_s": metrics.prefill_tok_s,
+            "decode_tok_s": metrics.decode_tok_s, "cached_tokens": metrics.cached_tokens,
+            "read_tokens": metrics.prompt_tokens - metrics.cached_tokens, "kv_used": metrics.context_tokens,
+            "n_ctx": metrics.n_ctx, "grammar_ms_per_token": metrics.grammar_ms_per_token}
+
+
+@dataclass(slots=True)
+class Outcome:
+    """A finished reply as the response says it: its text, calls and why it ended."""
+
+    content: str | None
+    reasoning: str
+    calls: list[dict[str, Any]]
+    finish_reason: str
+
+
+def outcome(done: Done, asked: Asked, number: int) -> Outcome:
+    """The reply's text, or the call it made (its arguments checked by the grammar and the schema)."""
+    finish = FINISH.get(done.stop_reason, "stop")
+    if asked.tools and asked.form is not None and (call := find_call(done.text, asked.tools, asked.form)):
+        arguments = json.dumps(call.arguments, ensure_ascii=False)
+        called = [{"id": f"call_{number:06d}", "type": "function",
+                   "function": {"name": call.tool.name, "arguments": arguments}}]
+        return Outcome(call.before or None, done.reasoning, called, "tool_calls")
+    return Outcome(done.text, done.reasoning, [], finish)
+
+
+def stop_name(reason: StopReason) -> str:
+    return FINISH.get(reason, "stop")

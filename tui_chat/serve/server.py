@@ -1,0 +1,449 @@
+"""`tui-chat serve`'s HTTP side: OpenAI's endpoints over the engine process, several clients at once.
+
+A thread per connection (the standard library's server): each request is checked (key, size, JSON, fields),
+admitted (at most `parallel` in the engine, `queue` more waiting, `429` with Retry-After past that), handed to
+the engine (`generate_together`: decoded beside the others in flight) and answered from its events, streamed
+as server-sent events or whole. A client that goes away (its socket closed) cancels its reply at once, which
+frees its slot for the next. What the engine says of each request goes to the `Monitor` (the live view, the
+JSON log).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import select
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from ..engine.base import Done, Error, Event, Metrics, ModelInfo, PromptProgress, Serving, Token
+from ..engine.params import SamplingParams
+from ..engine.prompts import choose_format
+from ..engine.templates import PLAIN
+from . import protocol
+from .monitor import Monitor, RequestRecord
+from .protocol import Asked, BadRequest
+
+DEFAULT_MAX_BODY = 4 * 2**20  # bytes of a request body: 4 MiB, a long conversation with room to spare
+DISCARD_LIMIT = 64 * 2**20  # a refused body larger than this is not read away: the connection is closed
+POLL_S = 0.05  # how often a waiting request looks whether its client is still there
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str = ""
+    parallel: int = 1  # requests decoded together
+    queue: int = 8  # requests waiting beyond those; more are answered 429
+    max_body: int = DEFAULT_MAX_BODY
+
+
+class Admission:
+    """At most `parallel` requests in the engine and `queue` waiting for a place; the rest are turned away."""
+
+    def __init__(self, parallel: int, queue: int) -> None:
+        self.parallel, self.queue = parallel, queue
+        self.in_flight = self.waiting = 0
+        self._changed = threading.Condition()
+
+    def enter(self, gone: Callable[[], bool]) -> bool | None:
+        """True once admitted; False when the queue is full (429); None when the client left while waiting."""
+        with self._changed:
+            if self.in_flight >= self.parallel and self.waiting >= self.queue:
+                return False
+            self.waiting += 1
+            try:
+                while self.in_flight >= self.parallel:
+                    if self._changed.wait(POLL_S) is False and gone():
+                        return None
+            finally:
+                self.waiting -= 1
+            self.in_flight += 1
+            return True
+
+    def leave(self) -> None:
+        with self._changed:
+            self.in_flight -= 1
+            self._changed.notify()
+
+
+class TuiChatServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, options: ServeOptions, backend: Serving, info: ModelInfo, defaults: SamplingParams,
+                 monitor: Monitor) -> None:
+        self.options, self.backend, self.info, self.defaults, self.monitor = options, backend, info, defaults, monitor
+        self.room = max(info.n_ctx // options.parallel, 1)  # each request's share of the context
+        self.admission = Admission(options.parallel, options.queue)
+        self.numbers = iter(range(1, 2**62))
+        self._numbers_lock = threading.Lock()
+        super().__init__((options.host, options.port), _Handler)
+
+    def next_number(self) -> int:
+        with self._numbers_lock:
+            return next(self.numbers)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: TuiChatServer
+    protocol_version = "HTTP/1.1"
+    server_version = "tui-chat"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the standard library's name
+        """Requests are the monitor's to show; the standard library would write each to stderr."""
+
+    # --- routes ------------------------------------------------------------------------------------
+
+    def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+        if not self._authorized():
+            return
+        path = self.path.split("?", 1)[0].rstrip("/")
+        if path in ("/v1/models", "/models"):
+            self._json(200, {"object": "list", "data": [self._model_entry()]})
+        elif path == "/health":
+            self._json(200, {"status": "ok"})
+        elif path == "/props":
+            self._json(200, self._props())
+        else:
+            self._error(BadRequest(f"no such endpoint: GET {path[:200]}", code="not_found", status=404))
+
+    def do_POST(self) -> None:  # noqa: N802
+        if not self._authorized():
+            return
+        path = self.path.split("?", 1)[0].rstrip("/")
+        routes: dict[str, Callable[[dict[str, Any]], None]] = {
+            "/v1/chat/completions": self._chat, "/chat/completions": self._chat,
+            "/v1/completions": self._completion, "/completions": self._completion, "/tokenize": self._tokenize}
+        route = routes.get(path)
+        try:
+            if route is None:
+                self._drain_body()
+                raise BadRequest(f"no such endpoint: POST {path[:200]}", code="not_found", status=404)
+            route(protocol.parse_body(self._body()))
+        except BadRequest as error:
+            self._error(error)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _chat(self, body: dict[str, Any]) -> None:
+        server = self.server
+        protocol.check_model(body, server.info.name)
+        self._answer(protocol.parse_chat(body, server.defaults, server.info, server.room), "chat")
+
+    def _completion(self, body: dict[str, Any]) -> None:
+        server = self.server
+        protocol.check_model(body, server.info.name)
+        self._answer(protocol.parse_completion(body, server.defaults, server.room), "completion")
+
+    def _tokenize(self, body: dict[str, Any]) -> None:
+        """llama.cpp's server's `/tokenize`: tui-chat's remote backend counts a draft's tokens with it."""
+        content = body.get("content")
+        if not isinstance(content, str):
+            raise BadRequest("content must be a string", "content")
+        count = self.server.backend.count_tokens(content)
+        self._json(200, {"tokens": list(range(count)), "count": count})
+
+    # --- one request ---------------------------------------------------------------------------------
+
+    def _answer(self, asked: Asked, kind: str) -> None:
+        server = self.server
+        record = server.monitor.new_record(server.next_number(), self.client_address[0], kind, asked.stream)
+        admitted = server.admission.enter(self._gone)
+        if admitted is False:
+            server.monitor.refused(record, 429)
+            raise BadRequest(f"the server is busy: {server.options.parallel} requests in flight and "
+                             f"{server.options.queue} waiting; try again shortly", code="rate_limit_exceeded",
+                             status=429, kind="rate_limit_error")
+        if admitted is None:
+            server.monitor.finish(record, "gone")
+            return
+        try:
+            record.admitted()
+            events = server.backend.generate_together(asked.request, server.room)
+            try:
+                self._reply(asked, record, _Events(events.drain, events.cancel, self._gone))
+            finally:
+                events.cancel()  # a client gone, or an answer that failed to send: the slot goes at once
+        finally:
+            server.admission.leave()
+
+    def _reply(self, asked: Asked, record: RequestRecord, events: _Events) -> None:
+        first = events.first()
+        if isinstance(first, Error):
+            self.server.monitor.finish(record, "refused" if first.code else "failed", first.message)
+            status, kind = (400, "invalid_request_error") if first.code else (500, "server_error")
+            raise BadRequest(first.message, "messages" if first.code else None, first.code or None, status, kind)
+        writer = _StreamWriter(self, asked, record) if asked.stream else _WholeWriter(self, asked, record)
+        for event in events.rest(first):
+            if isinstance(event, Token):
+                record.token(event)
+                writer.token(event)
+            elif isinstance(event, Metrics):
+                record.metrics = event.metrics
+                writer.metrics()
+            elif isinstance(event, PromptProgress):
+                writer.progress(event)
+            elif isinstance(event, Done):
+                record.metrics = event.metrics
+                writer.done(event)
+                self.server.monitor.finish(record, "gone" if events.gone else event.stop_reason)
+                return
+            elif isinstance(event, Error):
+                writer.failed(event.message)
+                self.server.monitor.finish(record, "failed", event.message)
+                return
+        self.server.monitor.finish(record, "gone")
+
+    # --- the wire ----------------------------------------------------------------------------------
+
+    def _authorized(self) -> bool:
+        key = self.server.options.api_key
+        given = self.headers.get("Authorization", "")
+        if not key or hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            return True
+        self._drain_body()
+        self._error(BadRequest("a valid API key is needed: send it as Authorization: Bearer KEY",
+                               code="invalid_api_key", status=401))
+        return False
+
+    def _body(self) -> bytes:
+        length = self.headers.get("Content-Length")
+        if length is None or not length.isdigit():
+            self.close_connection = True
+            raise BadRequest("the request needs a Content-Length header (chunked bodies are not read)", status=411)
+        size, limit = int(length), self.server.options.max_body
+        if size > limit:
+            self.close_connection = True
+            self._discard(size)  # read away, so the client is not cut off mid-send and reads the answer
+            raise BadRequest(f"the request body is {size:,} bytes; this server takes at most {limit:,}",
+                             code="request_too_large", status=413)
+        return self.rfile.read(size)
+
+    def _drain_body(self) -> None:
+        """A body not wanted (a refused request's) is read away, so the connection can carry the next."""
+        length = self.headers.get("Content-Length", "0")
+        self._discard(int(length) if length.isdigit() else 0)
+
+    def _discard(self, size: int) -> None:
+        """Read `size` bytes away, a chunk at a time; past DISCARD_LIMIT the connection is closed instead."""
+        if size > DISCARD_LIMIT:
+            self.close_connection = True
+            return
+        while size > 0:
+            chunk = self.rfile.read(min(size, 2**16))
+            if not chunk:
+                break
+            size -= len(chunk)
+
+    def _gone(self) -> bool:
+        """Whether the client closed its connection (a socket that reads as ended)."""
+        connection: socket.socket = self.connection
+        try:
+            readable, _, _ = select.select([connection], [], [], 0)
+            return bool(readable) and connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
+
+    def _json(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(payload, ensure_ascii=False).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, error: BadRequest) -> None:
+        retry = {"Retry-After": "1"} if error.status == 429 else {}
+        try:
+            self._json(error.status, error.body(), retry)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _model_entry(self) -> dict[str, Any]:
+        info = self.server.info
+        return {"id": info.name, "object": "model", "created": 0, "owned_by": "tui-chat",
+                "meta": {"n_ctx": info.n_ctx, "n_ctx_per_request": self.server.room, "n_params": info.n_params,
+                         "size": info.size_bytes, "quantization": info.quantization, "offload": info.offload}}
+
+    def _props(self) -> dict[str, Any]:
+        """llama.cpp's server's `/props`, which tui-chat's remote backend reads: each request's context, the
+        model's file type, and the template (a base model's plain transcript is recognised by it)."""
+        server = self.server
+        template = choose_format(PLAIN, None).source if server.info.chat_format == PLAIN else ""
+        return {"default_generation_settings": {"n_ctx": server.room}, "total_slots": server.options.parallel,
+                "model_path": server.info.path, "model_ftype": server.info.quantization, "chat_template": template,
+                "build_info": "tui-chat serve"}
+
+
+class _Events:
+    """A request's engine events, read in batches, while watching that its client is still there."""
+
+    def __init__(self, drain: Callable[[float], list[Event]], cancel: Callable[[], None],
+                 gone: Callable[[], bool]) -> None:
+        self._drain, self._cancel, self._gone = drain, cancel, gone
+        self.gone = False
+
+    def _batches(self) -> Iterator[list[Event]]:
+        while True:
+            batch = self._drain(POLL_S)
+            if not batch and self._gone():
+                self.gone = True
+                self._cancel()
+                return
+            yield batch
+
+    def first(self) -> Event:
+        """The first event that says the prompt was taken (or refused): nothing is sent before it."""
+        for batch in self._batches():
+            if batch:
+                self._held = batch
+                return batch[0]
+        return Error("the client went away")
+
+    def rest(self, first: Event) -> Iterator[Event]:
+        yield from self._held
+        for batch in self._batches():
+            yield from batch
+
+
+class _WholeWriter:
+    """A reply answered whole, once it is done."""
+
+    def __init__(self, handler: _Handler, asked: Asked, record: RequestRecord) -> None:
+        self.handler, self.asked, self.record = handler, asked, record
+        self.entries: list[dict[str, Any]] = []
+
+    def token(self, token: Token) -> None:
+        if self.asked.logprobs and not token.thinking and not token.forced:
+            self.entries.append(protocol.logprob_entry(token))
+
+    def metrics(self) -> None:
+        pass
+
+    def progress(self, progress: PromptProgress) -> None:
+        pass
+
+    def done(self, done: Done) -> None:
+        asked, record = self.asked, self.record
+        said = protocol.outcome(done, asked, record.number)
+        logprobs = {"content": self.entries} if asked.logprobs else None
+        if asked.chat:
+            message: dict[str, Any] = {"role": "assistant", "content": said.content}
+            if said.reasoning:
+                message["reasoning_content"] = said.reasoning
+            if said.calls:
+                message["tool_calls"] = said.calls
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": said.finish_reason}
+        else:
+            choice = {"index": 0, "text": said.content or "", "logprobs": logprobs, "finish_reason": said.finish_reason}
+        payload = {"id": record.ident, "object": "chat.completion" if asked.chat else "text_completion",
+                   "created": int(record.wall_started), "model": self.handler.server.info.name, "choices": [choice],
+                   "usage": protocol.usage(done.metrics), "timings": protocol.timings(done.metrics),
+                   "x_tui_chat": protocol.extras(done.metrics, record.queued_s)}
+        self.handler._json(200, payload)
+
+    def failed(self, message: str) -> None:
+        self.handler._error(BadRequest(message, code="engine_error", status=500, kind="server_error"))
+
+
+class _StreamWriter:
+    """A reply as server-sent events: a chunk per token. With tools, the text a call could begin with is held
+    back until it is clear that it is text: a call goes out as `tool_calls`, never as content."""
+
+    def __init__(self, handler: _Handler, asked: Asked, record: RequestRecord) -> None:
+        self.handler, self.asked, self.record = handler, asked, record
+        self.head = asked.form.head if asked.tools and asked.form is not None else ""
+        self.held = ""
+        self.calling = False
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.send_header("Cache-Control", "no-cache")
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        handler.close_connection = True
+        if asked.chat:
+            self._send({"role": "assistant", "content": ""})
+
+    def token(self, token: Token) -> None:
+        logprobs = {"content": [protocol.logprob_entry(token)]} if self.asked.logprobs and not token.thinking \
+            else None
+        if token.reasoning:
+            self._send({"reasoning_content": token.reasoning}, logprobs=logprobs)
+            return
+        text = self._shown(token.text)
+        if text or logprobs:
+            self._send({"content": text}, logprobs=logprobs)
+
+    def _shown(self, text: str) -> str:
+        """What of `text` may go out now: none once a call has begun; a possible call's start, held."""
+        if not self.head or self.calling:
+            return text if not self.head else ""
+        held = self.held + text
+        start = held.find(self.head.strip() or "\0")
+        if start >= 0:
+            self.calling, self.held = True, ""
+            return held[:start]
+        keep = next((size for size in range(min(len(held), len(self.head)), 0, -1)
+                     if self.head.startswith(held[-size:])), 0)
+        self.held = held[len(held) - keep:]
+        return held[: len(held) - keep]
+
+    def metrics(self) -> None:
+        if self.asked.timings_per_token and self.record.metrics is not None:
+            self._send({}, timings=protocol.timings(self.record.metrics))
+
+    def progress(self, progress: PromptProgress) -> None:
+        if self.asked.progress and progress.total:
+            record = self.record
+            self._send({}, prompt_progress={"total": progress.total + record.cached, "cache": record.cached,
+                                            "processed": progress.done + record.cached,
+                                            "time_ms": progress.elapsed_s * 1000})
+
+    def done(self, done: Done) -> None:
+        said = protocol.outcome(done, self.asked, self.record.number)
+        if said.calls:
+            before = said.content or ""
+            if before:
+                self._send({"content": before})
+            self._send({"tool_calls": [dict(call, index=index) for index, call in enumerate(said.calls)]})
+        elif self.held:
+            self._send({"content": self.held})
+        metrics = done.metrics
+        tail: dict[str, Any] = {"timings": protocol.timings(metrics),
+                                "x_tui_chat": protocol.extras(metrics, self.record.queued_s)}
+        self._send({}, finish=said.finish_reason, **tail)
+        if self.asked.usage_in_stream:
+            self._write({"id": self.record.ident, "object": self._object(), "created": int(self.record.wall_started),
+                         "model": self.handler.server.info.name, "choices": [], "usage": protocol.usage(metrics)})
+        self.handler.wfile.write(b"data: [DONE]\n\n")
+        self.handler.wfile.flush()
+
+    def failed(self, message: str) -> None:
+        self._write(protocol.error_body(message, "server_error", code="engine_error"))
+        self.handler.wfile.write(b"data: [DONE]\n\n")
+
+    def _object(self) -> str:
+        return "chat.completion.chunk" if self.asked.chat else "text_completion"
+
+    def _send(self, delta: dict[str, Any], *, finish: str | None = None, logprobs: dict[str, Any] | None = None,
+              **extra: Any) -> None:
+        if self.asked.chat:
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": delta.get("content", ""), "logprobs": logprobs, "finish_reason": finish}
+        self._write({"id": self.record.ident, "object": self._object(), "created": int(self.record.wall_started),
+                     "model": self.handler.server.info.name, "choices": [choice], **extra})
+
+    def _write(self, payload: dict[str, Any]) -> None:
+        self.handler.wfile.write(b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n")
+        self.handler.wfile.flush()
