@@ -1,4 +1,5 @@
-"""The layers, checked: no Textual in the engine, the hub or the session; no llama_cpp in the UI, and none
+"""The layers, checked: no Textual in the engine, the hub, the session or the server (`serve/`, which knows no
+backend either); no llama_cpp in the UI, and none
 outside the engine's local wing; the engine process's two sides know no backend; the engine reaches the hub only
 through its factory, the hub never the engine; widgets never import screens nor the workspace; every chat key is a
 room's of ui/chat/ and the App keeps to app concerns; the GGUF reader is a leaf; and no module imports itself round

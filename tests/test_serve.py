@@ -97,8 +97,11 @@ def test_a_completion_whole_and_streamed(server):
             assert chunk.usage.completion_tokens == 12
             assert chunk.usage.prompt_tokens_details.cached_tokens > 0, "the same prompt again: its prefix reused"
     assert finish == "length" and len([piece for piece in pieces if piece]) >= 6
-    text = chat.completions.create(model=model.id, prompt="1, 2, 3, 4,", max_tokens=6, temperature=0)
+    text = chat.completions.create(model=model.id, prompt="1, 2, 3, 4,", max_tokens=6, temperature=0, logprobs=2)
     assert text.choices[0].text.strip() and text.object == "text_completion"
+    logprobs = text.choices[0].logprobs
+    assert "".join(logprobs.tokens) == text.choices[0].text and len(logprobs.token_logprobs) == 6
+    assert all(len(top) == 2 for top in logprobs.top_logprobs) and logprobs.text_offset[0] == 0
 
 
 def test_top_logprobs_are_those_of_run(starter_model, tmp_path):

@@ -167,6 +167,7 @@ def request_line(record: RequestRecord) -> str:
 
 
 def totals_line(totals: Totals) -> str:
-    return (f"{totals.requests:,} request{'s' if totals.requests != 1 else ''} ({totals.refused:,} refused, {totals.failed:,} failed) · "
+    plural = "s" if totals.requests != 1 else ""
+    return (f"{totals.requests:,} request{plural} ({totals.refused:,} refused, {totals.failed:,} failed) · "
             f"in {totals.prompt_tokens:,} (reused {totals.cached_tokens:,}) · out {totals.completion_tokens:,} · "
             f"${totals.cost:.6f}")

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.base import Done, Message, ModelInfo, Request, StopReason, Token, TurnMetrics
+from ..engine.base import Done, Message, ModelInfo, Request, Token, TurnMetrics
 from ..engine.formats import TEXT, FormatError, OutputFormat, json_schema
 from ..engine.params import MAX_TOP_LOGPROBS, SPECS, InvalidParameter, LiveParams, SamplingParams
 from ..tools.calls import (
@@ -350,6 +350,20 @@ def logprob_entry(token: Token) -> dict[str, Any]:
                              for c in token.top]}
 
 
+def logprobs_field(entries: list[dict[str, Any]], chat: bool) -> dict[str, Any]:
+    """A choice's `logprobs`: chat's list of entries, or a completion's parallel lists."""
+    if chat:
+        return {"content": entries}
+    offsets, offset = [], 0
+    for entry in entries:
+        offsets.append(offset)
+        offset += len(entry["token"])
+    return {"tokens": [entry["token"] for entry in entries],
+            "token_logprobs": [entry["logprob"] for entry in entries],
+            "top_logprobs": [{top["token"]: top["logprob"] for top in entry["top_logprobs"]} for entry in entries],
+            "text_offset": offsets}
+
+
 def _log(prob: float | None) -> float:
     return math.log(prob) if prob else -9999.0
 
@@ -399,6 +413,3 @@ def outcome(done: Done, asked: Asked, number: int) -> Outcome:
         return Outcome(call.before or None, done.reasoning, called, "tool_calls")
     return Outcome(done.text, done.reasoning, [], finish)
 
-
-def stop_name(reason: StopReason) -> str:
-    return FINISH.get(reason, "stop")

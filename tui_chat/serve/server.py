@@ -172,6 +172,8 @@ class _Handler(BaseHTTPRequestHandler):
                 events.cancel()  # a client gone, or an answer that failed to send: the slot goes at once
         finally:
             server.admission.leave()
+            if record.state == "running":  # the connection broke while the answer was sent
+                server.monitor.finish(record, "gone")
 
     def _reply(self, asked: Asked, record: RequestRecord, events: _Events) -> None:
         first = events.first()
@@ -336,7 +338,7 @@ class _WholeWriter:
     def done(self, done: Done) -> None:
         asked, record = self.asked, self.record
         said = protocol.outcome(done, asked, record.number)
-        logprobs = {"content": self.entries} if asked.logprobs else None
+        logprobs = protocol.logprobs_field(self.entries, asked.chat) if asked.logprobs else None
         if asked.chat:
             message: dict[str, Any] = {"role": "assistant", "content": said.content}
             if said.reasoning:
@@ -375,8 +377,8 @@ class _StreamWriter:
             self._send({"role": "assistant", "content": ""})
 
     def token(self, token: Token) -> None:
-        logprobs = {"content": [protocol.logprob_entry(token)]} if self.asked.logprobs and not token.thinking \
-            else None
+        logprobs = protocol.logprobs_field([protocol.logprob_entry(token)], self.asked.chat) \
+            if self.asked.logprobs and not token.thinking else None
         if token.reasoning:
             self._send({"reasoning_content": token.reasoning}, logprobs=logprobs)
             return

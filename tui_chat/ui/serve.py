@@ -21,7 +21,7 @@ COLUMNS = ("#", "client", "endpoint", "state", "in", "reused", "out", "TTFT", "r
 
 class ServeApp(App[None]):
     TITLE = "tui-chat serve"
-    BINDINGS = [Binding("q", "quit", "Stop the server")]
+    BINDINGS = [Binding("q", "quit", "Stop the server"), Binding("ctrl+c", "quit", "Stop", show=False)]
     CSS = """
     #where { padding: 0 1; background: $boost; }
     #totals { padding: 0 1; dock: bottom; height: 1; margin-bottom: 1; }

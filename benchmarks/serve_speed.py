@@ -1,0 +1,202 @@
+"""`tui-chat serve` under concurrent clients, beside llama.cpp's own `llama-server --parallel` on the same model.
+
+Why: a server's worth is what several clients get at once. Each side is started once with the same number of
+slots (4), context, threads and batch size; then 1, 2 and 4 clients stream a completion of the same prompt at
+the same time (`/v1/completions`, the prompt read as it is on both: no chat template in the way), and each
+stream's decode rate (its tokens after the first over the time from its first to its last) and the total rate
+(all tokens over the wall time from the first request to the last end) are taken. Rounds alternate the sides,
+so background load lands on both alike; the medians and the ratios tui-chat / llama-server are printed, or
+with --json one JSON document. The prompt differs per client and per round, so neither side reuses a cache.
+
+    python benchmarks/serve_speed.py [--rounds 3] [--max-tokens 256] [--threads N] [--model PATH]
+                                     [--gpu-layers N] [--llama-server PATH] [--json]
+
+The first run builds llama-server once, as app_speed.py builds llama-bench (minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import importlib.metadata
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from app_speed import llama_cpp_tool
+from shared import fmt, median, own_dirs, ratio
+
+from tui_chat.config import models_dir
+from tui_chat.engine.local.cpu import cpu_model, read_topology
+from tui_chat.engine.local.llama import PREFILL_CHUNK
+from tui_chat.engine.models import starter_path
+
+CLIENTS = (1, 2, 4)
+SLOTS = 4
+N_CTX = 8192  # 2,048 tokens a slot on both sides
+PROMPT = "Round {round}, client {client}. Count from 1 to 1000: 1, 2, 3, 4,"
+START_TIMEOUT_S = 300
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_ready(port: int, process: subprocess.Popen[bytes], name: str) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            sys.exit(f"{name} ended at start (status {process.returncode})")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    sys.exit(f"{name} did not answer within {START_TIMEOUT_S} s")
+
+
+def start_tui_chat(model: Path, threads: int, gpu_layers: int | None, home: Path) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    env = own_dirs(home)
+    config = home / "config" / "tui-chat" / "config.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text("kv_cache_budget_gb = 0\n")
+    command = [sys.executable, "-m", "tui_chat", "serve", "--no-ui", "--model", str(model), "--port", str(port),
+               "--parallel", str(SLOTS), "--n-ctx", str(N_CTX), "--threads", str(threads), "--threads-batch",
+               str(threads), *(["--gpu-layers", str(gpu_layers)] if gpu_layers is not None else [])]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    wait_ready(port, process, "tui-chat serve")
+    return process, port
+
+
+def start_llama_server(binary: Path, model: Path, threads: int, gpu_layers: int | None) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    command = [str(binary), "-m", str(model), "--port", str(port), "--parallel", str(SLOTS), "-c", str(N_CTX),
+               "-t", str(threads), "-tb", str(threads), "-b", str(PREFILL_CHUNK), "-ub", str(PREFILL_CHUNK),
+               "-ngl", str(99 if (gpu_layers or 0) < 0 else gpu_layers or 0), "--no-webui", "-kvu"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    wait_ready(port, process, "llama-server")
+    return process, port
+
+
+def stream_one(port: int, prompt: str, max_tokens: int, out: list[dict], gate: threading.Barrier) -> None:
+    """One client: a streamed completion; when its first and last tokens came, and how many it got."""
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "repeat_penalty": 1.0,
+                       "top_k": 1, "seed": 1, "stream": True, "stream_options": {"include_usage": True}})
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    gate.wait()
+    sent = time.perf_counter()
+    connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    first = last = None
+    chunks = 0
+    usage = None
+    for line in response:
+        if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+            continue
+        payload = json.loads(line[6:])
+        if payload.get("usage"):
+            usage = payload["usage"]
+        if payload.get("choices") and payload["choices"][0].get("text"):
+            now = time.perf_counter()
+            first = first or now
+            last = now
+            chunks += 1
+    connection.close()
+    tokens = (usage or {}).get("completion_tokens") or chunks
+    out.append({"sent": sent, "first": first, "last": last, "tokens": tokens, "ttft_s": (first or sent) - sent})
+
+
+def clients_round(port: int, clients: int, max_tokens: int, round_number: int) -> dict:
+    results: list[dict] = []
+    gate = threading.Barrier(clients)
+    threads = [threading.Thread(target=stream_one, args=(port, PROMPT.format(round=round_number, client=client),
+                                                         max_tokens, results, gate)) for client in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    start = min(result["sent"] for result in results)
+    end = max(result["last"] or result["sent"] for result in results)
+    per_stream = [(r["tokens"] - 1) / (r["last"] - r["first"]) for r in results
+                  if r["first"] and r["last"] != r["first"]]
+    return {"per_stream_tok_s": median(per_stream), "total_tok_s": sum(r["tokens"] for r in results) / (end - start),
+            "ttft_s": median([r["ttft_s"] for r in results]), "tokens": [r["tokens"] for r in results]}
+
+
+def stop(process: subprocess.Popen) -> None:
+    os.killpg(process.pid, signal.SIGINT)
+    try:
+        process.wait(15)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=256, metavar="N", help="tokens each stream asks for")
+    parser.add_argument("--threads", type=int, metavar="N", help="both sides' threads (default: the physical cores)")
+    parser.add_argument("--model", type=Path, metavar="PATH", help="a GGUF model (default: the starter)")
+    parser.add_argument("--gpu-layers", type=int, metavar="N", help="layers offloaded on both sides, -1 all")
+    parser.add_argument("--llama-server", type=Path, metavar="PATH", help="an existing llama-server binary")
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    args = parser.parse_args()
+    version = importlib.metadata.version("llama-cpp-python")
+    binary = args.llama_server or llama_cpp_tool("llama-server", version)
+    model = args.model or starter_path(models_dir())
+    topology = read_topology()
+    threads = args.threads or topology.physical
+    home = Path(tempfile.mkdtemp(prefix="tui-chat-serve-speed-"))
+    log = sys.stderr if args.json else sys.stdout
+    machine = f"{cpu_model() or platform.processor()}, {topology.physical} cores ({topology.logical} logical)"
+    print(f"machine   {machine}, llama-cpp-python {version}, load avg {os.getloadavg()[0]:.2f}", file=log)
+    print(f"model     {model}\nsettings  {SLOTS} slots, n_ctx {N_CTX}, {threads} threads, batch {PREFILL_CHUNK}, "
+          f"greedy, {args.max_tokens} tokens a stream, /v1/completions streamed; files in {home}", file=log)
+    ours, our_port = start_tui_chat(model, threads, args.gpu_layers, home)
+    theirs, their_port = start_llama_server(binary, model, threads, args.gpu_layers)
+    runs: dict[str, dict[int, list[dict]]] = {"tui-chat": {n: [] for n in CLIENTS},
+                                              "llama-server": {n: [] for n in CLIENTS}}
+    try:
+        for number in range(args.rounds):
+            for clients in CLIENTS:
+                for side, port in (("tui-chat", our_port), ("llama-server", their_port)):
+                    runs[side][clients].append(clients_round(port, clients, args.max_tokens, number))
+            print(f"round {number + 1}/{args.rounds} done", file=log, flush=True)
+    finally:
+        stop(ours)
+        stop(theirs)
+    summary = {}
+    print(f"\n{'clients':>8}{'tui per-stream':>16}{'llama per-stream':>18}{'ratio':>7}{'tui total':>11}"
+          f"{'llama total':>13}{'ratio':>7}", file=log)
+    for clients in CLIENTS:
+        row = {side: {key: median([run[key] for run in runs[side][clients]]) for key in
+                      ("per_stream_tok_s", "total_tok_s", "ttft_s")} for side in runs}
+        row["ratio_per_stream"] = ratio(row["tui-chat"]["per_stream_tok_s"], row["llama-server"]["per_stream_tok_s"])
+        row["ratio_total"] = ratio(row["tui-chat"]["total_tok_s"], row["llama-server"]["total_tok_s"])
+        summary[clients] = row
+        print(f"{clients:>8}{fmt(row['tui-chat']['per_stream_tok_s']):>16}"
+              f"{fmt(row['llama-server']['per_stream_tok_s']):>18}{fmt(row['ratio_per_stream'], '.2f'):>7}"
+              f"{fmt(row['tui-chat']['total_tok_s']):>11}{fmt(row['llama-server']['total_tok_s']):>13}"
+              f"{fmt(row['ratio_total'], '.2f'):>7}", file=log)
+    if args.json:
+        json.dump({"machine": machine, "threads": threads, "max_tokens": args.max_tokens, "slots": SLOTS,
+                   "n_ctx": N_CTX, "summary": summary, "runs": runs}, sys.stdout, indent=1)
+
+
+if __name__ == "__main__":
+    main()
