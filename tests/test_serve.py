@@ -256,8 +256,8 @@ def test_tui_chats_own_remote_backend_chats_with_it_and_reads_its_figures(server
     log = server_home / "log.jsonl"
     before = len(log.read_text().splitlines())
     ran = run_cli("run", "--base-url", server, "-p", "Say hello", "--max-tokens", "6", "--temperature", "0",
-                  "--json")
-    assert ran.returncode == 0, ran.stderr
+                  "--logit-bias", "Hello=-inf", "--xtc-probability", "0.2", "--json")
+    assert ran.returncode == 0 and ran.stderr == "", ran.stderr  # every setting sent: none it cannot take
     report = json.loads(ran.stdout)
     turn = report["turns"][0]
     [logged] = [json.loads(line) for line in log.read_text().splitlines()[before:]]
@@ -276,7 +276,9 @@ async def test_the_app_chats_with_it_and_its_panel_shows_the_servers_figures(ser
     before = len(log.read_text().splitlines())
     async with make_app(f"@{server.removesuffix('/v1')}").run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
-        assert screen.workspace.backend.info.name == "gemma-3-270m-q4_k_m"
+        info = screen.workspace.backend.info
+        assert info.name == "gemma-3-270m-q4_k_m" and info.description.startswith("tui-chat serve · ")
+        assert info.ignored_params == () and info.ignored_formats == ()
         await send(pilot, "Say hello")
         await reply_done(pilot)
         shown = screen.query_one(MetricsPanel).metrics

@@ -26,11 +26,13 @@ def refused(**body) -> BadRequest:
 
 def test_sampling_fields_and_defaults():
     asked = chat(temperature=0.2, top_k=5, min_p=0.1, repeat_penalty=1.3, seed=7, stop="END", max_tokens=9,
-                 samplers=["top_k", "typ_p", "temperature"], mirostat=2, mirostat_tau=4.0)
+                 samplers=["top_k", "typ_p", "temperature"], mirostat=2, mirostat_tau=4.0,
+                 logit_bias=[["Paris", False], ["London", 2]], thinking_budget_tokens=64)
     params = asked.request.params.snapshot()[1]
     assert (params.temperature, params.top_k, params.min_p, params.repeat_penalty, params.seed) == (0.2, 5, 0.1, 1.3, 7)
     assert params.stop == ("END",) and params.max_tokens == 9 and params.mirostat_tau == 4.0
-    assert params.sampler_order == ("top_k", "typical_p", "temperature")
+    assert params.sampler_order == ("top_k", "typical_p", "temperature") and params.thinking_budget == 64
+    assert params.logit_bias == (("Paris", float("-inf")), ("London", 2.0))
     left_out = chat().request.params.snapshot()[1]
     assert left_out.top_p == DEFAULTS.top_p and left_out.max_tokens == 2048, "the app's defaults, the whole room"
 
@@ -39,6 +41,7 @@ def test_sampling_fields_and_defaults():
     ({"temperature": 9}, "temperature"), ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 4096}, "max_tokens"),
     ({"max_tokens": True}, "max_tokens"), ({"n": 2}, "n"), ({"stop": [1]}, "stop"), ({"stream": "yes"}, "stream"),
     ({"top_logprobs": 99}, "top_logprobs"), ({"logit_bias": {"1": 5}}, "logit_bias"),
+    ({"logit_bias": [["Paris", 500]]}, "logit_bias"),
     ({"messages": []}, "messages"), ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages[0].content"),

@@ -76,8 +76,13 @@ _VLLM = _OPENAI | {
     "repeat_penalty": ServerField("repetition_penalty"),
 }
 
+SERVE_BUILD = "tui-chat serve"  # its family's name, and what its /props says it is (`build_info`)
+# tui-chat's own server reads llama-server's fields, with the engine's meaning of each (a bias on a text's first token)
+_TUI_CHAT = _LLAMA_SERVER | {"logit_bias": ServerField("logit_bias", convert=_bias_pairs)}
+
 SERVER_FIELDS: dict[str, dict[str, ServerField]] = {
     "llama.cpp server": _LLAMA_SERVER,
+    "tui-chat serve": _TUI_CHAT,
     "llama-cpp-python server": _LLAMA_CPP_PYTHON,
     "vLLM": _VLLM,
     "OpenAI-compatible server": _OPENAI,
@@ -96,7 +101,7 @@ SAMPLER_OF = {
 # The chat's thinking switch, for families that pass template variables on (`chat_template_kwargs`);
 # sent only to switch thinking off, so a server's own default stands otherwise.
 _THINKING_OFF = {"chat_template_kwargs": {"enable_thinking": False}}
-THINKING_SWITCH = ("llama.cpp server", "vLLM")
+THINKING_SWITCH = ("llama.cpp server", "tui-chat serve", "vLLM")
 
 
 def ignored_settings(server: str) -> tuple[str, ...]:
@@ -155,6 +160,12 @@ def _openai_schema(output: OutputFormat) -> dict[str, Any]:
 # llama-cpp-python's json_object is an object already. OpenAI and vLLM take no GBNF.
 _FORMAT_FIELDS: dict[str, dict[str, Callable[[OutputFormat], dict[str, Any]]]] = {
     "llama.cpp server": {
+        "json": lambda o: {"response_format": {"type": "json_object", "schema": {"type": "object"}}},
+        "json_schema": lambda o: {"response_format": {"type": "json_schema",
+                                                      "json_schema": {"schema": json.loads(o.source)}}},
+        "grammar": lambda o: {"grammar": o.source},
+    },
+    "tui-chat serve": {
         "json": lambda o: {"response_format": {"type": "json_object", "schema": {"type": "object"}}},
         "json_schema": lambda o: {"response_format": {"type": "json_schema",
                                                       "json_schema": {"schema": json.loads(o.source)}}},

@@ -40,6 +40,7 @@ CLIENT_TOOLS = "client"  # the server a client's tools are said to be on: the cl
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "typical_p", "top_n_sigma", "xtc_probability",
                    "xtc_threshold", "repeat_penalty", "frequency_penalty", "presence_penalty", "dry_multiplier",
                    "dry_base", "dry_allowed_length", "dry_penalty_last_n", "mirostat_eta", "seed")
+WIRE_NAMES = {"sampler_order": "samplers", "thinking_budget": "thinking_budget_tokens"}  # ours → the request's
 FINISH = {"eos": "stop", "stop": "stop", "format": "stop", "length": "length", "context": "length", "cut": "length",
           "cancelled": "stop"}
 
@@ -145,18 +146,24 @@ def _common(body: dict[str, Any], defaults: SamplingParams, room: int) -> Asked:
                              f"here (got {str(limit)[:40]})", "max_tokens", "invalid_value")
     changes["max_tokens"] = limit if limit is not None else min(room, SPECS["max_tokens"].maximum)
     changes |= _stops(body.get("stop")) | _mirostat(body) | _samplers(body.get("samplers"))
-    if body.get("logit_bias"):
-        raise BadRequest("logit_bias is not supported by this server", "logit_bias", "unsupported_parameter")
-    try:
-        params = defaults.with_changes(**changes)
-    except InvalidParameter as error:
-        raise BadRequest(str(error), str(error).split(" ", 1)[0], "invalid_value") from None
+    changes |= _biases(body.get("logit_bias")) | _thinking_budget(body.get("thinking_budget_tokens"))
+    params = _validated(defaults, changes)
     logprobs, top = _logprobs(body)
     stream = _flag(body, "stream")
     options = body.get("stream_options")
     request = Request([], LiveParams(params), top_logprobs=top, format=_format(body))
     return Asked(request, stream, isinstance(options, dict) and options.get("include_usage") is True,
                  logprobs, _flag(body, "timings_per_token"), _flag(body, "return_progress"))
+
+
+def _validated(defaults: SamplingParams, changes: dict[str, Any]) -> SamplingParams:
+    """The settings with the request's changes; a bad one is named by its field in the request."""
+    for name, value in changes.items():
+        try:
+            defaults.with_changes(**{name: value})
+        except InvalidParameter as error:
+            raise BadRequest(str(error), WIRE_NAMES.get(name, name), "invalid_value") from None
+    return defaults.with_changes(**changes)
 
 
 def _flag(body: dict[str, Any], name: str) -> bool:
@@ -200,6 +207,20 @@ def _mirostat(body: dict[str, Any]) -> dict[str, Any]:
     if mode != 2:
         raise BadRequest("mirostat must be 0 or 2 (Mirostat 2.0)", "mirostat")
     return {"mirostat_tau": body.get("mirostat_tau", 5.0)}
+
+
+def _biases(value: Any) -> dict[str, Any]:
+    """llama-server's logit_bias, [[text, bias], …] (false bans the text); OpenAI's by token id is refused."""
+    if not value:
+        return {}
+    if not isinstance(value, list) or not all(isinstance(entry, list) and len(entry) == 2 for entry in value):
+        raise BadRequest("logit_bias must be [[text, bias], …] pairs (a bias of false bans the text); biases by "
+                         "token id are not supported", "logit_bias", "unsupported_parameter")
+    return {"logit_bias": [(text, -math.inf if bias is False else bias) for text, bias in value]}
+
+
+def _thinking_budget(value: Any) -> dict[str, Any]:
+    return {} if value is None else {"thinking_budget": value}
 
 
 def _samplers(value: Any) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from typing import Any
 from ..engine.base import Done, Error, Event, Metrics, ModelInfo, PromptProgress, Serving, Token
 from ..engine.params import SamplingParams
 from ..engine.prompts import choose_format
+from ..engine.server_params import SERVE_BUILD
 from ..engine.templates import PLAIN
 from . import protocol
 from .monitor import Monitor, RequestRecord
@@ -284,7 +285,7 @@ class _Handler(BaseHTTPRequestHandler):
         template = choose_format(PLAIN, None).source if server.info.chat_format == PLAIN else ""
         return {"default_generation_settings": {"n_ctx": server.room}, "total_slots": server.options.parallel,
                 "model_path": server.info.path, "model_ftype": server.info.quantization, "chat_template": template,
-                "build_info": "tui-chat serve"}
+                "build_info": SERVE_BUILD}
 
 
 class _Events:

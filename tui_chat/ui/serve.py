@@ -67,4 +67,4 @@ def _cells(record: RequestRecord) -> tuple[str, ...]:
     return (str(record.number), record.client, record.kind, record.state, f"{m.prompt_tokens:,}",
             f"{m.cached_tokens:,}", f"{m.completion_tokens:,}", f"{m.ttft_s:.2f} s" if m.ttft_s is not None else "–",
             f"{m.prefill_tok_s:,.0f}" if m.prefill_tok_s else "–", f"{m.decode_tok_s:,.1f}" if m.decode_tok_s else "–",
-            f"{m.context_tokens:,}/{m.n_ctx:,}", f"{record.cost:.6f}")
+            f"{m.context_tokens:,}/{m.n_ctx:,}", "–" if record.state == "running" else f"{record.cost:.6f}")

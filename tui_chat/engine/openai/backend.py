@@ -24,7 +24,7 @@ from ..base import Done, EngineError, Error, LabDone, Loaded, Message, ModelInfo
 from ..compare import MAX_COLUMNS, ColumnStream, overlapped
 from ..formats import KINDS, FormatError, OutputFormat
 from ..params import LiveParams, SamplingParams
-from ..server_params import format_fields, server_fields, server_notes, thinking_fields
+from ..server_params import SERVE_BUILD, format_fields, server_fields, server_notes, thinking_fields
 from ..templates import PLAIN
 from .connection import Connection, CuttableStream
 from .servers import (
@@ -32,6 +32,7 @@ from .servers import (
     LLAMA_CPP_PYTHON,
     LLAMA_SERVER,
     PLAIN_FORMAT,
+    TUI_CHAT_SERVE,
     VLLM,
     Served,
     is_plain,
@@ -203,7 +204,8 @@ class OpenAIBackend:
             meta = entry.get("meta")
             meta = meta if isinstance(meta, dict) else {}
             quantized = quantization(meta.get("ftype") or props.get("model_ftype"))
-            return Served(LLAMA_SERVER, n_ctx, quantized, is_plain(props.get("chat_template")))
+            kind = TUI_CHAT_SERVE if props.get("build_info") == SERVE_BUILD else LLAMA_SERVER
+            return Served(kind, n_ctx, quantized, is_plain(props.get("chat_template")))
         schema = self._probe(f"{self.root_url}/openapi.json")
         if isinstance(schema, dict) and "/extras/tokenize/count" in (schema.get("paths") or {}):
             return Served(LLAMA_CPP_PYTHON)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..prompts import choose_format
-from ..server_params import ignored_formats, ignored_settings
+from ..server_params import SERVE_BUILD, ignored_formats, ignored_settings
 from ..templates import PLAIN
 
 
@@ -45,6 +45,8 @@ LLAMA_SERVER = ServerKind(
     "llama.cpp server", "tokenize", lambda text, _model: {"content": text, "add_special": False},
     reporting={"timings_per_token": True, "return_progress": True}, continues={},
 )
+# `tui-chat serve`: llama-server's dialect (its /props, /tokenize, timings and progress), the engine's meanings.
+TUI_CHAT_SERVE = replace(LLAMA_SERVER, name=SERVE_BUILD)
 # Its chat formats always open a new assistant turn after the messages: no branch can continue a reply.
 # Any request arriving mid-stream makes it end the stream at once (its `interrupt_requests`, on by default).
 LLAMA_CPP_PYTHON = ServerKind(
