@@ -239,6 +239,8 @@ def test_bad_requests_are_answered_in_openais_shape(server):
     status, body, _ = post(f"{server}/chat/completions", json.dumps({"messages": [{"role": "robot"}]}).encode())
     assert status == 400 and body["error"]["param"] == "messages[0].role"
     assert chat.chat.completions.create(model="", messages=PROMPT, max_tokens=2).choices, "the server still answers"
+    status, body, _ = post(f"{server.removesuffix('/v1')}/tokenize", json.dumps({"content": "one two"}).encode())
+    assert status == 200 and body["count"] == len(body["tokens"]) == 2 and body["tokens"] != [0, 1]
 
 
 def test_another_address_needs_a_key_which_every_request_must_send(starter_model, tmp_path):

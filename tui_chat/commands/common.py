@@ -74,15 +74,7 @@ def print_table(rows: Sequence[tuple[str, ...]], right: tuple[int, ...] = ()) ->
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", "-m", help="a .gguf file, a downloaded OWNER/NAME:FILE.gguf, or gemma-3-270m")
-    parser.add_argument("--n-ctx", type=int, help="context size in tokens (rounded up to a multiple of 256)")
-    parser.add_argument("--gpu-layers", type=int, help="layers to offload to the GPU: -1 all, 0 none")
-    parser.add_argument("--threads", type=int, metavar="N",
-                        help="decode threads (default: the physical cores, fewer while other programs keep them busy)")
-    parser.add_argument("--threads-batch", type=int, metavar="N", help="prompt-reading threads (default: likewise)")
-    parser.add_argument("--extra-buffers", choices=CPU_PATHS,
-                        help="llama.cpp's CPU weight layouts: auto (tested once where AMX could crash), all, "
-                             "no-amx (repacked, without AMX), none")
+    add_local_model_options(parser)
     parser.add_argument("--draft", metavar="ngram|MODEL.gguf|off",
                         help="speculative decoding: ngram guesses the next tokens from earlier text (prompt lookup), "
                              "a small model sharing the model's vocabulary guesses them itself; the model checks them "
@@ -93,6 +85,19 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-url", metavar="URL", help="the server's API root, e.g. http://127.0.0.1:8080/v1")
     parser.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the server's API key")
     parser.add_argument("--remote", metavar="PROFILE", help="a [remotes.PROFILE] server from the config")
+
+
+def add_local_model_options(parser: argparse.ArgumentParser) -> None:
+    """The model and how llama.cpp runs it here (`serve` takes these alone: it serves a local model)."""
+    parser.add_argument("--model", "-m", help="a .gguf file, a downloaded OWNER/NAME:FILE.gguf, or gemma-3-270m")
+    parser.add_argument("--n-ctx", type=int, help="context size in tokens (rounded up to a multiple of 256)")
+    parser.add_argument("--gpu-layers", type=int, help="layers to offload to the GPU: -1 all, 0 none")
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="decode threads (default: the physical cores, fewer while other programs keep them busy)")
+    parser.add_argument("--threads-batch", type=int, metavar="N", help="prompt-reading threads (default: likewise)")
+    parser.add_argument("--extra-buffers", choices=CPU_PATHS,
+                        help="llama.cpp's CPU weight layouts: auto (tested once where AMX could crash), all, "
+                             "no-amx (repacked, without AMX), none")
 
 
 def opener_for(config: Config, args: argparse.Namespace | None = None, *,

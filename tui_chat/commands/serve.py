@@ -13,6 +13,7 @@ import ipaddress
 import os
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,7 +23,7 @@ from ..engine.compare import MAX_COLUMNS
 from ..engine.factory import REMOTE_MARK
 from ..engine.params import InvalidParameter
 from ..pricing import find_preset
-from .common import RUNTIME_ERROR, add_model_options, fail, opener_for
+from .common import RUNTIME_ERROR, add_local_model_options, fail, opener_for
 
 if TYPE_CHECKING:
     from ..serve.monitor import Monitor
@@ -35,7 +36,7 @@ MAX_QUEUE = 1024
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = commands.add_parser("serve", description="Serve the model over OpenAI's API (/v1/chat/completions, "
                                                      "/v1/completions, /v1/models), several clients at once.")
-    add_model_options(serve)
+    add_local_model_options(serve)
     serve.add_argument("--host", default="127.0.0.1",
                        help="the address to listen on (default 127.0.0.1, this machine only; any other needs a key)")
     serve.add_argument("--port", type=int, default=8080, help="the port (default 8080; 0: any free one)")
@@ -61,9 +62,10 @@ def run(args: argparse.Namespace, config: Config) -> int:
     if not key and not _loopback(options.host):
         raise InvalidParameter(f"--host {options.host} can be reached from other machines: give --api-key KEY "
                                f"(or set {KEY_ENV}); without a key, listen on 127.0.0.1")
-    if getattr(args, "model", None) and args.model.startswith(REMOTE_MARK) or args.backend == "openai":
+    if args.model and args.model.startswith(REMOTE_MARK):
         raise InvalidParameter("serve serves a local model (a .gguf file or a downloaded one), not another server's")
-    opener, model = opener_for(config, args, engine_process=True)
+    # a server's slots draw a token a step each: no drafting, so no draft model loaded for nothing
+    opener, model = opener_for(replace(config, draft="off"), args, engine_process=True)
     backend = opener(model)
     try:
         return _serve(backend, options, config, Path(args.json_log) if args.json_log else None, args.no_ui)

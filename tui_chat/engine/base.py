@@ -568,6 +568,8 @@ class Serving(Backend, Protocol):
 
     def generate_together(self, request: Request, room: int) -> Stream: ...
 
+    def tokenize(self, text: str) -> list[int]: ...
+
 
 @runtime_checkable
 class Recomputing(Backend, Protocol):

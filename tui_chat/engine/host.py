@@ -28,7 +28,7 @@ from .process import lives_in
 
 BATCH_INTERVAL_S = 0.015
 JOBS = frozenset({"load", "generate", "generate_together", "compare", "xray", "word_probability"})
-CALLS = frozenset({"count_tokens", "check_format"})
+CALLS = frozenset({"count_tokens", "tokenize", "check_format"})
 
 
 class Host:

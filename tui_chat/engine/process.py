@@ -7,7 +7,8 @@ the app's side; `host.py` is the engine process's. They speak over one socket wi
 
   app → engine   ("job", key, method, args, reload)   load, generate, generate_together, compare, xray,
                                                        word_probability
-                 ("call", key, method, args)          count_tokens, check_format: a value or an exception back
+                 ("call", key, method, args)          count_tokens, tokenize, check_format: a value or an
+                                                       exception back
                  ("cancel", key)   ("params", live key, version, params)   ("close",)
   engine → app   ("events", key, [events])            every event of a job since the last, a few dozen a second
                  ("reply", key, ok, value)   ("loaded", ModelInfo)
@@ -280,7 +281,7 @@ class EngineProcess:
 
 class LocalEngineProcess(EngineProcess):
     """llama.cpp in its own process: what the in-process engine does besides replying (`FormatChecking`,
-    `Recomputing`) crosses too."""
+    `Recomputing`, `Serving`) crosses too."""
 
     def check_format(self, output: OutputFormat) -> str:
         return str(self._live_link().call("check_format", output))
@@ -293,3 +294,6 @@ class LocalEngineProcess(EngineProcess):
 
     def generate_together(self, request: Request, room: int) -> Stream:
         return self._job("generate_together", (request, room))
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self._live_link().call("tokenize", text))

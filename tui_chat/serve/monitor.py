@@ -107,6 +107,12 @@ class Monitor:
         self._changed(record)
         return record
 
+    def turned_away(self) -> None:
+        """A request refused before it had a record (bad JSON, a bad field, no key, too large): counted."""
+        with self.lock:
+            self.totals.requests += 1
+            self.totals.refused += 1
+
     def refused(self, record: RequestRecord, status: int) -> None:
         record.status = status
         self.finish(record, "refused", f"HTTP {status}")

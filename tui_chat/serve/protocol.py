@@ -49,9 +49,10 @@ class BadRequest(Exception):
     """A request refused: its HTTP status and OpenAI's error object (message, type, param, code)."""
 
     def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400,
-                 kind: str = "invalid_request_error") -> None:
+                 kind: str = "invalid_request_error", *, recorded: bool = False) -> None:
         super().__init__(message)
         self.status, self.param, self.code, self.kind = status, param, code, kind
+        self.recorded = recorded  # the monitor has its record already (else it is counted as turned away)
 
     def body(self) -> dict[str, Any]:
         return error_body(str(self), self.kind, self.param, self.code)

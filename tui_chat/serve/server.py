@@ -128,6 +128,8 @@ class _Handler(BaseHTTPRequestHandler):
                 raise BadRequest(f"no such endpoint: POST {path[:200]}", code="not_found", status=404)
             route(protocol.parse_body(self._body()))
         except BadRequest as error:
+            if not error.recorded:
+                self.server.monitor.turned_away()
             self._error(error)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
@@ -143,12 +145,13 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(protocol.parse_completion(body, server.defaults, server.room), "completion")
 
     def _tokenize(self, body: dict[str, Any]) -> None:
-        """llama.cpp's server's `/tokenize`: tui-chat's remote backend counts a draft's tokens with it."""
+        """llama.cpp's server's `/tokenize` (the text's token ids, no BOS): tui-chat's remote backend counts a
+        draft's tokens with it."""
         content = body.get("content")
         if not isinstance(content, str):
             raise BadRequest("content must be a string", "content")
-        count = self.server.backend.count_tokens(content)
-        self._json(200, {"tokens": list(range(count)), "count": count})
+        tokens = self.server.backend.tokenize(content)
+        self._json(200, {"tokens": tokens, "count": len(tokens)})
 
     # --- one request ---------------------------------------------------------------------------------
 
@@ -160,7 +163,7 @@ class _Handler(BaseHTTPRequestHandler):
             server.monitor.refused(record, 429)
             raise BadRequest(f"the server is busy: {server.options.parallel} requests in flight and "
                              f"{server.options.queue} waiting; try again shortly", code="rate_limit_exceeded",
-                             status=429, kind="rate_limit_error")
+                             status=429, kind="rate_limit_error", recorded=True)
         if admitted is None:
             server.monitor.finish(record, "gone")
             return
@@ -181,7 +184,8 @@ class _Handler(BaseHTTPRequestHandler):
         if isinstance(first, Error):
             self.server.monitor.finish(record, "refused" if first.code else "failed", first.message)
             status, kind = (400, "invalid_request_error") if first.code else (500, "server_error")
-            raise BadRequest(first.message, "messages" if first.code else None, first.code or None, status, kind)
+            raise BadRequest(first.message, "messages" if first.code else None, first.code or None, status, kind,
+                             recorded=True)
         writer = _StreamWriter(self, asked, record) if asked.stream else _WholeWriter(self, asked, record)
         for event in events.rest(first):
             if isinstance(event, Token):
@@ -211,6 +215,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not key or hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
             return True
         self._drain_body()
+        self.server.monitor.turned_away()
         self._error(BadRequest("a valid API key is needed: send it as Authorization: Bearer KEY",
                                code="invalid_api_key", status=401))
         return False

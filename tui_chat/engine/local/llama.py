@@ -131,11 +131,15 @@ class LlamaBackend:
             return check_format(self._session, output)
 
     def count_tokens(self, text: str) -> int:
-        """Tokens `text` takes in this model; tokenizing only reads the vocabulary, so no worker hop."""
+        """Tokens `text` takes in this model."""
+        return len(self.tokenize(text))
+
+    def tokenize(self, text: str) -> list[int]:
+        """`text`'s tokens in this model, no BOS; tokenizing only reads the vocabulary, so no worker hop."""
         with self._session_lock:
             if self._session is None:
                 raise EngineError("no model is loaded")
-            return len(self._session.tokenize(text, add_bos=False))
+            return self._session.tokenize(text, add_bos=False)
 
     def close(self) -> None:
         self._jobs.put(None)
