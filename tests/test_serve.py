@@ -26,6 +26,9 @@ from conftest import run_cli
 PROMPT = [{"role": "user", "content": "Count from 1 to 100: 1, 2, 3,"}]
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
           "required": ["name", "age"], "additionalProperties": False}
+# for the scripted models, which would fill a free string to the limit: the grammar writes the city whole
+CITY = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"enum": ["Paris", "Lyon"]}}, "required": ["city"]}}}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city now",
                                             "parameters": {"type": "object", "properties": {
                                                 "city": {"type": "string"}}, "required": ["city"]}}}
@@ -292,10 +295,9 @@ async def test_the_app_chats_with_it_and_its_panel_shows_the_servers_figures(ser
                                                                                        rel=1e-3)
 
 
-async def test_the_live_view_shows_each_request_with_the_panels_figures(tiny_model):
-    """The Textual view over a real server (the engine in this process): a request's row and the totals."""
-    from textual.widgets import DataTable, Static
-
+@contextmanager
+def in_process(model: Path, temperature: float = 0.0) -> Iterator[tuple[object, object, str]]:
+    """A real server with its engine in this process (the view's tests drive it): server, monitor, base URL."""
     from tui_chat.engine.base import Loaded
     from tui_chat.engine.local.settings import LlamaSettings
     from tui_chat.engine.local.slots import LlamaServing
@@ -303,15 +305,85 @@ async def test_the_live_view_shows_each_request_with_the_panels_figures(tiny_mod
     from tui_chat.pricing import PRESETS
     from tui_chat.serve.monitor import Monitor
     from tui_chat.serve.server import ServeOptions, TuiChatServer
-    from tui_chat.ui.serve import ServeApp
 
-    backend = LlamaServing(LlamaSettings(tiny_model, n_ctx=1024))
+    backend = LlamaServing(LlamaSettings(model, n_ctx=1024))
     loaded = backend.load().result()
     assert isinstance(loaded, Loaded)
     monitor = Monitor(next(iter(PRESETS.values())))
-    server = TuiChatServer(ServeOptions(port=0), backend, loaded.info, SamplingParams(temperature=0), monitor)
-    url = f"http://127.0.0.1:{server.server_port}/v1"
+    server = TuiChatServer(ServeOptions(port=0), backend, loaded.info, SamplingParams(temperature=temperature),
+                           monitor)
     try:
+        yield server, monitor, f"http://127.0.0.1:{server.server_port}/v1"
+    finally:
+        server.server_close()
+        backend.close()
+
+
+@contextmanager
+def answering(model: Path) -> Iterator[str]:
+    """`in_process`, its requests answered on a thread: the base URL."""
+    with in_process(model) as (server, _, url):
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield url
+        finally:
+            server.shutdown()
+
+
+def test_a_reasoning_models_thinking_comes_apart_whole_and_streamed(thinker_model):
+    """The scripted Qwen3 thinker: `<think>Hmm, let me</think>Hello world`. The thinking is `reasoning_content`,
+    the answer `content`; a thinking budget or the thinking switched off are the engine's, as in the chat."""
+    with answering(thinker_model) as url:
+        chat = client(url)
+        whole = chat.chat.completions.create(model="", messages=[{"role": "user", "content": "Hi"}])
+        message = whole.choices[0].message
+        assert (message.model_extra["reasoning_content"], message.content) == ("Hmm, let me", "Hello world ")
+        assert whole.usage.completion_tokens_details.reasoning_tokens == 6
+        thought, said = "", ""
+        for chunk in chat.chat.completions.create(model="", messages=[{"role": "user", "content": "Hi"}],
+                                                  stream=True):
+            delta = chunk.choices[0].delta
+            thought += (delta.model_extra or {}).get("reasoning_content") or ""
+            said += delta.content or ""
+        assert (thought, said) == ("Hmm, let me", "Hello world ")
+        budget = chat.chat.completions.create(model="", messages=[{"role": "user", "content": "Hi"}],
+                                              extra_body={"thinking_budget_tokens": 2}).choices[0].message
+        assert (budget.model_extra["reasoning_content"], budget.content) == ("Hmm", "Hello world ")
+        off = chat.chat.completions.create(model="", messages=[{"role": "user", "content": "Hi"}], extra_body={
+            "chat_template_kwargs": {"enable_thinking": False}}).choices[0].message
+        assert not off.model_extra.get("reasoning_content") and off.content == "Hello world "
+
+
+def test_a_model_with_a_tool_template_calls_in_its_own_form_and_reads_the_result_back(thinker_model):
+    """Qwen3's template takes the tools and renders the call and its result; the call comes back as tool_calls."""
+    with answering(thinker_model) as url:
+        chat = client(url)
+        asked = [{"role": "user", "content": "Weather in Paris?"}]
+        cut = chat.chat.completions.create(model="", messages=asked, tools=[CITY], tool_choice="required",
+                                           max_tokens=64).choices[0]
+        [partial] = cut.message.tool_calls
+        assert cut.finish_reason == "length" and cut.message.content is None, "the call cut short, not text"
+        written = partial.function.arguments  # as far as it got: a prefix of the arguments' JSON
+        assert partial.function.name == "get_weather" and written.startswith('{"c'), written
+        reply = chat.chat.completions.create(model="", messages=asked, tools=[CITY], tool_choice="required",
+                                             max_tokens=120)
+        [call] = reply.choices[0].message.tool_calls
+        assert reply.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), CITY["function"]["parameters"])
+        follow = [*asked, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                  {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
+        answer = chat.chat.completions.create(model="", messages=follow, tools=[CITY], max_tokens=20)
+        assert answer.choices[0].finish_reason == "stop" and answer.choices[0].message.content == "Hello world "
+
+
+async def test_the_live_view_shows_each_request_with_the_panels_figures(tiny_model):
+    """The Textual view over a real server (the engine in this process): a request's row and the totals."""
+    from textual.widgets import DataTable, Static
+
+    from tui_chat.ui.serve import ServeApp
+
+    with in_process(tiny_model) as (server, monitor, url):
         app = ServeApp(server, monitor, url)
         async with app.run_test(size=(140, 20)) as pilot:
             answered: list[int] = []
@@ -330,6 +402,3 @@ async def test_the_live_view_shows_each_request_with_the_panels_figures(tiny_mod
             await pilot.press("q")
         asking.join(10)
         assert answered == [200]
-    finally:
-        server.server_close()
-        backend.close()

@@ -29,6 +29,7 @@ from ..tools.calls import (
     call_form,
     call_format,
     call_text,
+    cut_call,
     find_call,
     template_tools,
     with_instructions,
@@ -426,12 +427,24 @@ class Outcome:
 
 
 def outcome(done: Done, asked: Asked, number: int) -> Outcome:
-    """The reply's text, or the call it made (its arguments checked by the grammar and the schema)."""
+    """The reply's text, or the call it made (its arguments checked by the grammar and the schema); a call cut
+    short at max_tokens is a call still, its arguments as far as they were written, as OpenAI sends one."""
     finish = FINISH.get(done.stop_reason, "stop")
-    if asked.tools and asked.form is not None and (call := find_call(done.text, asked.tools, asked.form)):
-        arguments = json.dumps(call.arguments, ensure_ascii=False)
-        called = [{"id": f"call_{number:06d}", "type": "function",
-                   "function": {"name": call.tool.name, "arguments": arguments}}]
-        return Outcome(call.before or None, done.reasoning, called, "tool_calls")
+    tools, form = asked.tools, asked.form
+    if not tools or form is None:
+        return Outcome(done.text, done.reasoning, [], finish)
+    if call := find_call(done.text, tools, form):
+        return Outcome(call.before or None, done.reasoning,
+                       [_call_entry(number, call.tool.name, json.dumps(call.arguments, ensure_ascii=False))],
+                       "tool_calls")
+    if cut := cut_call(done, tools, asked.request.tool_choice, form):
+        named = cut.tool.name if any(tool.name == cut.tool.name for tool in tools) else ""
+        written = done.text[done.text.find(form.head) + len(form.head):]
+        arguments = written.split(f'"{form.arguments}": ', 1)[1] if f'"{form.arguments}": ' in written else ""
+        return Outcome(cut.before or None, done.reasoning, [_call_entry(number, named, arguments)], finish)
     return Outcome(done.text, done.reasoning, [], finish)
+
+
+def _call_entry(number: int, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": f"call_{number:06d}", "type": "function", "function": {"name": name, "arguments": arguments}}
 
