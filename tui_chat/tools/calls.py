@@ -30,7 +30,7 @@ from ..engine.base import Done, Message, ModelInfo, ToolCall
 from ..engine.formats import TEXT, OutputFormat
 from ..engine.params import InvalidParameter
 from ..engine.prompts import CALL_SYNTAXES
-from ..engine.schema import violation
+from ..engine.schema import violation, writing_schema
 from ..safetext import terminal_safe
 from .mcp import Tool
 
@@ -261,9 +261,10 @@ def call_text(name: str, arguments: dict[str, Any], before: str, form: CallForm 
 
 
 def _grammar_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """The schema the call's arguments are written under: the tool's own, compact, and at the top without
-    properties it does not name (a small model adding keys can only wander; the result still validates)."""
-    narrowed = {key: value for key, value in schema.items() if key != "x-guidance"}
+    """The schema the call's arguments are written under: the tool's own, compact, bounded as a JSON schema
+    reply's is (a string, an array, a number cannot run to the token limit), and at the top without properties
+    it does not name (a small model adding keys can only wander; the result still validates)."""
+    narrowed = writing_schema({key: value for key, value in schema.items() if key != "x-guidance"})
     if "properties" in narrowed and "additionalProperties" not in narrowed:
         narrowed["additionalProperties"] = False
     return narrowed | {"x-guidance": _COMPACT}
