@@ -402,3 +402,34 @@ async def test_the_live_view_shows_each_request_with_the_panels_figures(tiny_mod
             await pilot.press("q")
         asking.join(10)
         assert answered == [200]
+
+
+@pytest.mark.parametrize("size", [(120, 20), (80, 24)])
+def test_the_live_views_look(snap_compare, tiny_model, size):
+    """Three requests as the view shows them: one ended, one being written, one waiting for a place."""
+    from scripted import METRICS
+
+    from tui_chat.engine.base import ModelInfo
+    from tui_chat.engine.local.settings import LlamaSettings
+    from tui_chat.engine.local.slots import LlamaServing
+    from tui_chat.engine.params import SamplingParams
+    from tui_chat.pricing import PRESETS
+    from tui_chat.serve.monitor import Monitor
+    from tui_chat.serve.server import ServeOptions, TuiChatServer
+    from tui_chat.ui.serve import ServeApp
+
+    info = ModelInfo("gemma-3-270m-q4_k_m", "/models/gemma.gguf", "", "Q4_K_M", 0, 0, 18, 0, 4096, 32768, "plain",
+                     cpu="AVX2")
+    monitor = Monitor(next(iter(PRESETS.values())))
+    ended, running, _ = (monitor.new_record(number, "127.0.0.1", "chat", number != 2) for number in (1, 2, 3))
+    for record in (ended, running):
+        record.admitted()
+        record.metrics = METRICS
+    monitor.finish(ended, "eos")
+    backend = LlamaServing(LlamaSettings(tiny_model, n_ctx=1024))
+    server = TuiChatServer(ServeOptions(port=0, parallel=2), backend, info, SamplingParams(), monitor)
+    try:
+        assert snap_compare(ServeApp(server, monitor, "http://127.0.0.1:8080/v1"), terminal_size=size)
+    finally:
+        server.server_close()
+        backend.close()

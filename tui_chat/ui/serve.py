@@ -4,6 +4,8 @@ the server runs on a thread of its own and stops with the view (q or Ctrl+C)."""
 
 from __future__ import annotations
 
+import asyncio
+
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.content import Content
@@ -55,9 +57,9 @@ class ServeApp(App[None]):
             table.add_row(*_cells(record))
         self.query_one("#totals", Static).update(Content(totals_line(totals)))
 
-    async def action_quit(self) -> None:
-        self.server.shutdown()
-        self.exit()
+    async def on_unmount(self) -> None:
+        """However the view ends (q, Ctrl+C, a test), the server stops taking requests with it."""
+        await asyncio.to_thread(self.server.shutdown)
 
 
 def _cells(record: RequestRecord) -> tuple[str, ...]:
