@@ -216,7 +216,12 @@ def test_past_the_queue_a_request_is_told_to_retry(server):
     waiting = threading.Thread(target=lambda: client(server).chat.completions.create(
         model="", messages=PROMPT, max_tokens=1))
     waiting.start()
-    time.sleep(0.3)
+    health = f"{server.removesuffix('/v1')}/health"
+    for _ in range(200):  # until the third waits for a place
+        with urllib.request.urlopen(health, timeout=5) as answer:
+            if json.loads(answer.read())["waiting"] == 1:
+                break
+        time.sleep(0.05)
     status, body, headers = post(f"{server}/chat/completions", json.dumps({"messages": PROMPT}).encode())
     assert status == 429 and headers["Retry-After"] == "1" and body["error"]["code"] == "rate_limit_exceeded"
     for stream in streams:
@@ -408,7 +413,6 @@ async def test_the_live_view_shows_each_request_with_the_panels_figures(tiny_mod
 def test_the_live_views_look(snap_compare, tiny_model, size):
     """Three requests as the view shows them: one ended, one being written, one waiting for a place."""
     from scripted import METRICS
-
     from tui_chat.engine.base import ModelInfo
     from tui_chat.engine.local.settings import LlamaSettings
     from tui_chat.engine.local.slots import LlamaServing

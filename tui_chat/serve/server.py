@@ -108,7 +108,8 @@ class _Handler(BaseHTTPRequestHandler):
         if path in ("/v1/models", "/models"):
             self._json(200, {"object": "list", "data": [self._model_entry()]})
         elif path == "/health":
-            self._json(200, {"status": "ok"})
+            admission = self.server.admission
+            self._json(200, {"status": "ok", "in_flight": admission.in_flight, "waiting": admission.waiting})
         elif path == "/props":
             self._json(200, self._props())
         else:
