@@ -16,7 +16,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import IO, Any
 
-from ..engine.base import Token, TurnMetrics
+from ..engine.base import TurnMetrics
 from ..pricing import Price, turn_cost
 from ..safetext import terminal_safe
 
@@ -35,7 +35,6 @@ class RequestRecord:
     wall_started: float = field(default_factory=time.time)
     arrived: float = field(default_factory=time.perf_counter)
     admitted_at: float | None = None
-    tokens: int = 0
     metrics: TurnMetrics | None = None
     state: str = "waiting"
     detail: str = ""
@@ -45,9 +44,6 @@ class RequestRecord:
     def admitted(self) -> None:
         self.admitted_at = time.perf_counter()
         self.state = "running"
-
-    def token(self, _token: Token) -> None:
-        self.tokens += 1
 
     @property
     def queued_s(self) -> float:

@@ -90,7 +90,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 
 def check_model(body: dict[str, Any], served: str) -> None:
     model = body.get("model")
-    if model is not None and model != served and not (isinstance(model, str) and model.strip() in ("", served)):
+    if model is not None and (not isinstance(model, str) or model.strip() not in ("", served)):
         raise BadRequest(f"the model {str(model)[:200]!r} does not exist; this server serves {served!r}",
                          "model", "model_not_found", status=404)
 

@@ -188,25 +188,32 @@ class _Handler(BaseHTTPRequestHandler):
             raise BadRequest(first.message, "messages" if first.code else None, first.code or None, status, kind,
                              recorded=True)
         writer = _StreamWriter(self, asked, record) if asked.stream else _WholeWriter(self, asked, record)
-        for event in events.rest(first):
-            if isinstance(event, Token):
-                record.token(event)
-                writer.token(event)
-            elif isinstance(event, Metrics):
-                record.metrics = event.metrics
-                writer.metrics()
-            elif isinstance(event, PromptProgress):
-                writer.progress(event)
-            elif isinstance(event, Done):
-                record.metrics = event.metrics
-                writer.done(event)
-                self.server.monitor.finish(record, "gone" if events.gone else event.stop_reason)
+        for batch in events.batches():
+            if any(self._take(event, writer, record, events) for event in batch):
                 return
-            elif isinstance(event, Error):
-                writer.failed(event.message)
-                self.server.monitor.finish(record, "failed", event.message)
-                return
+            writer.flush()  # a batch's chunks go out together: one write to the socket, not one a token
         self.server.monitor.finish(record, "gone")
+
+    def _take(self, event: Event, writer: _StreamWriter | _WholeWriter, record: RequestRecord,
+              events: _Events) -> bool:
+        """One engine event into the answer; True once it was the last."""
+        if isinstance(event, Token):
+            writer.token(event)
+        elif isinstance(event, Metrics):
+            record.metrics = event.metrics
+            writer.metrics()
+        elif isinstance(event, PromptProgress):
+            writer.progress(event)
+        elif isinstance(event, Done):
+            record.metrics = event.metrics
+            writer.done(event)
+            self.server.monitor.finish(record, "gone" if events.gone else event.stop_reason)
+            return True
+        elif isinstance(event, Error):
+            writer.failed(event.message)
+            self.server.monitor.finish(record, "failed", event.message)
+            return True
+        return False
 
     # --- the wire ----------------------------------------------------------------------------------
 
@@ -301,6 +308,7 @@ class _Events:
                  gone: Callable[[], bool]) -> None:
         self._drain, self._cancel, self._gone = drain, cancel, gone
         self.gone = False
+        self._held: list[Event] = []
 
     def _batches(self) -> Iterator[list[Event]]:
         while True:
@@ -319,10 +327,10 @@ class _Events:
                 return batch[0]
         return Error("the client went away")
 
-    def rest(self, first: Event) -> Iterator[Event]:
-        yield from self._held
-        for batch in self._batches():
-            yield from batch
+    def batches(self) -> Iterator[list[Event]]:
+        """Every batch from the first event's on (that one included)."""
+        yield self._held
+        yield from self._batches()
 
 
 class _WholeWriter:
@@ -340,6 +348,9 @@ class _WholeWriter:
         pass
 
     def progress(self, progress: PromptProgress) -> None:
+        pass
+
+    def flush(self) -> None:
         pass
 
     def done(self, done: Done) -> None:
@@ -453,6 +464,8 @@ class _StreamWriter:
         self._write({"id": self.record.ident, "object": self._object(), "created": int(self.record.wall_started),
                      "model": self.handler.server.info.name, "choices": [choice], **extra})
 
+    def flush(self) -> None:
+        self.handler.wfile.flush()
+
     def _write(self, payload: dict[str, Any]) -> None:
         self.handler.wfile.write(b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n")
-        self.handler.wfile.flush()

@@ -139,7 +139,6 @@ class _Column(RowTurn):
     def __init__(self, lab: LabTurn, index: int, live: LiveParams) -> None:
         super().__init__(lab.backend, lab.session, lab.format, replace(lab.request, params=live),
                          ColumnStream(lab.stream, index), (lab.prompt_text, lab.prompt, lab.dropped_turns))
-        self._start_drawing()
         self.lab = lab
         self.seq = FIRST_COLUMN_SEQ + index
         self.shown = True  # each token's own text goes with it: the lab shows where columns part

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,8 @@ class RowTurn(_Turn):
     with_prob = False
     seq = 0
 
-    def _start_drawing(self) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.sampler: Chain | None = None
         self.version = -1
         self.params = self.request.params.snapshot()[1]

@@ -163,7 +163,6 @@ class SlotTurn(RowTurn):
                  stream: Stream, room: int) -> None:
         self.room = room
         super().__init__(backend, session, prompt_format, request, stream)
-        self._start_drawing()
         output = request.format
         opening = backend._opens_thinking if not self.inside else frozenset()
         self.constraint = Constraint(session, output, opening) if output.constrained else None
