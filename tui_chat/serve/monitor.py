@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..engine.base import TurnMetrics
-from ..pricing import Price, turn_cost
+from ..pricing import Price, format_usd, turn_cost
 from ..safetext import terminal_safe
 
 RECENT = 200
@@ -160,16 +160,16 @@ def request_line(record: RequestRecord) -> str:
     if m is None:
         return f"{head} · {record.state}{f': {record.detail}' if record.detail else ''}"
     ttft = f"{m.ttft_s:.2f} s" if m.ttft_s is not None else "–"
+    queued = f" · queued {record.queued_s:.2f} s" if record.queued_s > 0.05 else ""
     prefill = f"{m.prefill_tok_s:,.0f} tok/s" if m.prefill_tok_s else "–"
     decode = f"{m.decode_tok_s:,.1f} tok/s" if m.decode_tok_s else "–"
     return (f"{head} · in {m.prompt_tokens:,} (reused {m.cached_tokens:,}) · out {m.completion_tokens:,} · "
             f"TTFT {ttft} · read {prefill} · decode {decode} · KV {m.context_tokens:,}/{m.n_ctx:,} · "
-            f"${record.cost:.6f} · {record.state}" + (f" · queued {record.queued_s:.2f} s" if record.queued_s > 0.05
-                                                      else ""))
+            f"{format_usd(record.cost, fine=True)} · {record.state}" + queued)
 
 
 def totals_line(totals: Totals) -> str:
     plural = "s" if totals.requests != 1 else ""
     return (f"{totals.requests:,} request{plural} ({totals.refused:,} refused, {totals.failed:,} failed) · "
             f"in {totals.prompt_tokens:,} (reused {totals.cached_tokens:,}) · out {totals.completion_tokens:,} · "
-            f"${totals.cost:.6f}")
+            f"{format_usd(totals.cost, fine=True)}")

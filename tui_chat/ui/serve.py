@@ -11,6 +11,7 @@ from textual.binding import Binding
 from textual.content import Content
 from textual.widgets import DataTable, Footer, Static
 
+from ..pricing import format_usd
 from ..safetext import screen_safe
 from ..serve.monitor import Monitor, RequestRecord, totals_line
 from ..serve.server import TuiChatServer
@@ -64,9 +65,10 @@ class ServeApp(App[None]):
 
 def _cells(record: RequestRecord) -> tuple[str, ...]:
     m = record.metrics
+    cost = "–" if record.state == "running" else format_usd(record.cost, fine=True)[1:]
     if m is None:
         return (str(record.number), record.client, record.kind, record.state, *("–",) * 8)
     return (str(record.number), record.client, record.kind, record.state, f"{m.prompt_tokens:,}",
             f"{m.cached_tokens:,}", f"{m.completion_tokens:,}", f"{m.ttft_s:.2f} s" if m.ttft_s is not None else "–",
             f"{m.prefill_tok_s:,.0f}" if m.prefill_tok_s else "–", f"{m.decode_tok_s:,.1f}" if m.decode_tok_s else "–",
-            f"{m.context_tokens:,}/{m.n_ctx:,}", "–" if record.state == "running" else f"{record.cost:.6f}")
+            f"{m.context_tokens:,}/{m.n_ctx:,}", cost)
