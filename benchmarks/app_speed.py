@@ -40,6 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import shared
 from shared import fmt, median, own_dirs, ratio
 
 from tui_chat.config import cache_dir, models_dir
@@ -274,7 +275,7 @@ def main() -> None:
                              "llama-bench gets what run used in the same round)")
     parser.add_argument("--llama-bench", type=Path, metavar="PATH", help="an existing llama-bench binary")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the tables")
-    parser.add_argument("--model", type=Path, metavar="PATH", help="a GGUF model (default: the starter)")
+    parser.add_argument("--model", type=shared.model_arg, metavar="PATH", help=shared.MODEL_HELP)
     parser.add_argument("--gpu-layers", type=int, metavar="N", help="layers offloaded, -1 all, 0 none (default: "
                         "the app's own choice; llama-bench gets the same)")
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS, metavar="N",

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
+import shared
 from shared import alternate, bench_model, fmt, greedy_settings, median, ms, ratio
 
 from tui_chat.engine.base import Done, Error, Message, Request, Token
@@ -314,7 +315,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (decode runs and chats), default 5")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens per decode run, default 256")
-    parser.add_argument("--model", type=Path, help="a .gguf file (default: the starter model)")
+    parser.add_argument("--model", type=shared.model_arg, metavar="PATH", help=shared.MODEL_HELP)
     parser.add_argument("--top-logprobs", type=int, default=0, metavar="N",
                         help="also time our engine with top_logprobs=N, against it off")
     parser.add_argument("--busy", type=int, default=0, metavar="N",

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import llama_cpp
+import shared
 from shared import alternate, bench_model, fmt, greedy_settings, median, ratio
 
 from tui_chat.engine.base import Done, Error, LabDone, Message, Request
@@ -119,7 +120,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds, default 5")
     parser.add_argument("--steps", type=int, default=64, help="decode steps per run, default 64")
-    parser.add_argument("--model", type=Path, help="a .gguf file (default: the starter model)")
+    parser.add_argument("--model", type=shared.model_arg, metavar="PATH", help=shared.MODEL_HELP)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads on both sides")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the tables")
     args = parser.parse_args()

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 import llama_cpp
+import shared
 from shared import alternate, bench_model, greedy_settings
 
 from tui_chat.engine.base import Message, PromptProgress, Request, Token
@@ -165,7 +166,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7, help="alternating rounds, default 7")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens per reply, default 256")
-    parser.add_argument("--model", type=Path, help="a .gguf file (default: the starter model)")
+    parser.add_argument("--model", type=shared.model_arg, metavar="PATH", help=shared.MODEL_HELP)
     parser.add_argument("--baseline", default="main", help="git ref of the engine to compare with, default main")
     parser.add_argument("--chat-template", help="for the formats (default: gemma for the starter model, else auto)")
     parser.add_argument("--only", choices=("decode", "formats"), help="run one part")

@@ -32,6 +32,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import shared
 from app_speed import llama_cpp_tool
 from shared import fmt, median, own_dirs, ratio
 
@@ -151,7 +152,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=256, metavar="N", help="tokens each stream asks for")
     parser.add_argument("--threads", type=int, metavar="N", help="both sides' threads (default: the physical cores)")
-    parser.add_argument("--model", type=Path, metavar="PATH", help="a GGUF model (default: the starter)")
+    parser.add_argument("--model", type=shared.model_arg, metavar="PATH", help=shared.MODEL_HELP)
     parser.add_argument("--gpu-layers", type=int, metavar="N", help="layers offloaded on both sides, -1 all")
     parser.add_argument("--llama-server", type=Path, metavar="PATH", help="an existing llama-server binary")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the table")

@@ -24,6 +24,18 @@ def bench_model(model: Path | None) -> tuple[Path, Path]:
     return resolve_model(str(model) if model else None, None, models_dir()), log_dir
 
 
+def model_arg(text: str) -> Path:
+    """`--model`'s value: a .gguf path, or `proxy` for the starter's GPU-regime proxy (proxy.py), made once."""
+    if text == "proxy":
+        from proxy import proxy_model
+
+        return proxy_model()
+    return Path(text)
+
+
+MODEL_HELP = "a .gguf file, or `proxy`: the starter's shape with tiny layers, the GPU's regime (default: the starter)"
+
+
 def own_dirs(root: Path) -> dict[str, str]:
     """The environment with config, data, state and cache dirs of the benchmark's own under `root`: what it
     writes (chats, logs, KV states) never reaches the user's."""

@@ -18,9 +18,9 @@ import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import llama_cpp
+import shared
 from app_speed import INSPECTOR_TOP, MAX_TOKENS, SHORT_PROMPT
 from shared import bench_model
 
@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="decode threads, default 2")
     parser.add_argument("--top-logprobs", type=int, default=INSPECTOR_TOP, metavar="N",
                         help=f"alternatives recorded per token, default {INSPECTOR_TOP} (the app's inspector)")
-    parser.add_argument("--model", type=Path, help="a .gguf file (default: the starter model)")
+    parser.add_argument("--model", type=shared.model_arg, metavar="PATH", help=shared.MODEL_HELP)
     args = parser.parse_args()
     if args.rounds < 1 or args.threads < 1 or args.top_logprobs < 0:
         parser.error("--rounds and --threads must be >= 1, --top-logprobs >= 0")

@@ -89,6 +89,7 @@ def test_broken_config_is_reported_not_raised(isolated_dirs):
     assert f"config {config}: n_ctx must be a whole number" in result.stderr
 
 
+@pytest.mark.starter
 def test_starter_answers_by_default():
     result = run("run", "-p", "What is the capital of France?", "--temperature", "0")
     assert result.returncode == 0, result.stderr

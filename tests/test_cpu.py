@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -168,7 +169,7 @@ def test_a_crashing_amx_probe_falls_back_and_is_remembered(tmp_path, amx_model):
     probe = child_probe({"all": "crash", "no-amx": "ok"}, calls)
     path = choose("auto", amx_model, weights(amx_model), tmp_path, AMX_BUILD, probe, cpu_identity="Xeon with AMX")
     assert (path.name, calls) == ("no-amx", ["all", "no-amx"])
-    assert path.describe() == "AVX-512 · AMX off (crashed its self-test)"
+    assert path.describe() == "AVX-512 · AMX off (self-test crashed)"
     again = choose("auto", amx_model, weights(amx_model), tmp_path, AMX_BUILD, child_probe({}, calls),
                    cpu_identity="Xeon with AMX")
     assert again == path and calls == ["all", "no-amx"]  # remembered: no second probe
@@ -182,7 +183,7 @@ def test_when_repacking_crashes_too_the_extra_buffers_go(tmp_path, amx_model):
     path = choose("auto", amx_model, weights(amx_model), tmp_path, AMX_BUILD,
                   child_probe({"all": "crash", "no-amx": "crash"}, calls), cpu_identity="x")
     assert path.name == "none" and not path.extra_buffers and calls == ["all", "no-amx"]
-    assert path.describe() == "AVX-512 · AMX off (crashed its self-test) · no repacking"
+    assert path.describe() == "AVX-512 · AMX off (self-test crashed) · no repacking"
     assert known("auto", tmp_path, AMX_BUILD) != ""
 
 
@@ -222,6 +223,86 @@ def test_a_damaged_cache_file_means_asking_again(tmp_path, amx_model):
     path = choose("auto", amx_model, weights(amx_model), tmp_path, AMX_BUILD, child_probe({"all": "ok"}, calls),
                   cpu_identity="x")
     assert path.name == "all" and calls == ["all"]
+
+
+STARTER_WEIGHTS = frozenset({0, 12, 14})  # F32, Q4_K, Q6_K: the starter's tensor types
+
+
+def test_a_verdict_holds_only_for_the_weights_it_was_tested_on(tmp_path, amx_model):
+    """Issue 44: a tiny F16 model passed AMX's self-test, the verdict was kept for the machine, and the starter's
+    Q4_K weights then died of SIGILL at every start. Each kind of weights is tested for itself."""
+    calls: list[str] = []
+    tiny = choose("auto", amx_model, weights(amx_model), tmp_path, AMX_BUILD, child_probe({"all": "ok"}, calls),
+                  cpu_identity="x")
+    assert tiny.name == "all" and calls == ["all"]
+    starter = choose("auto", amx_model, STARTER_WEIGHTS, tmp_path, AMX_BUILD,
+                     child_probe({"all": "crash", "no-amx": "ok"}, calls), cpu_identity="x")
+    assert (starter.name, starter.reason, calls) == ("no-amx", "self-test crashed", ["all", "all", "no-amx"])
+    for model_weights, verdict in ((weights(amx_model), "all"), (STARTER_WEIGHTS, "no-amx")):
+        again = choose("auto", amx_model, model_weights, tmp_path, AMX_BUILD, child_probe({}, calls), cpu_identity="x")
+        assert again.name == verdict  # each remembered: no probe (an empty table would fail one)
+
+
+def test_an_older_cache_that_held_one_verdict_per_machine_is_asked_again(tmp_path, amx_model):
+    choose("auto", amx_model, weights(amx_model), tmp_path, AMX_BUILD, child_probe({"all": "ok"}, []), cpu_identity="x")
+    machine = next(iter(json.loads((tmp_path / "cpu-path.json").read_text())))
+    (tmp_path / "cpu-path.json").write_text(json.dumps({machine: ["all", ""]}))
+    calls: list[str] = []
+    path = choose("auto", amx_model, STARTER_WEIGHTS, tmp_path, AMX_BUILD, child_probe({"all": "crash", "no-amx": "ok"},
+                  calls), cpu_identity="x")
+    assert path.name == "no-amx" and calls == ["all", "no-amx"]
+
+
+DIE_ON_TRIAL = """
+import os, signal, sys
+from pathlib import Path
+from tui_chat.engine.local.cpu_path import CpuPath, on_trial
+path = CpuPath("all", True, "AVX-512", trial=sys.argv[1])
+with on_trial(path, Path(sys.argv[2])):
+    if sys.argv[3] == "die":
+        os.kill(os.getpid(), signal.SIGILL)
+"""
+
+
+def test_a_load_that_dies_on_amx_makes_the_next_one_take_the_safe_path(tmp_path, amx_model):
+    """The self-test passed but a real load died (a batch size the test did not meet): the trial left behind
+    sends the next load down the ladder's other paths, and the verdict says why."""
+    calls: list[str] = []
+    first = choose("auto", amx_model, STARTER_WEIGHTS, tmp_path, AMX_BUILD, child_probe({"all": "ok"}, calls),
+                   cpu_identity="x")
+    assert first.uses_amx and first.trial
+    survived = subprocess.run([sys.executable, "-c", DIE_ON_TRIAL, first.trial, str(tmp_path), "live"], check=False)
+    assert survived.returncode == 0
+    again = choose("auto", amx_model, STARTER_WEIGHTS, tmp_path, AMX_BUILD, child_probe({}, calls), cpu_identity="x")
+    assert again.name == "all" and calls == ["all"]  # a load that came through ends its trial
+    died = subprocess.run([sys.executable, "-c", DIE_ON_TRIAL, first.trial, str(tmp_path), "die"], check=False)
+    assert died.returncode == -signal.SIGILL
+    safe = choose("auto", amx_model, STARTER_WEIGHTS, tmp_path, AMX_BUILD, child_probe({"no-amx": "ok"}, calls),
+                  cpu_identity="x")
+    assert (safe.name, safe.reason, safe.trial, calls) == ("no-amx", "crashed loading", "", ["all", "no-amx"])
+    assert safe.describe() == "AVX-512 · AMX off (crashed loading)"
+    kept = choose("auto", amx_model, STARTER_WEIGHTS, tmp_path, AMX_BUILD, child_probe({}, calls), cpu_identity="x")
+    assert kept.name == "no-amx" and calls == ["all", "no-amx"]  # remembered, and the old trial is gone
+
+
+def test_info_names_each_kind_of_weights_tested(tmp_path, amx_model, monkeypatch):
+    monkeypatch.setattr("tui_chat.engine.local.cpu_path._cpu_identity", lambda: "x")
+    choose("auto", amx_model, weights(amx_model), tmp_path, AMX_BUILD, child_probe({"all": "ok"}, []))
+    choose("auto", amx_model, STARTER_WEIGHTS, tmp_path, AMX_BUILD, child_probe({"all": "crash", "no-amx": "ok"}, []))
+    assert known("auto", tmp_path, AMX_BUILD) == (
+        "all for F16 weights (AMX passed its self-test); no-amx for Q4_K/Q6_K weights (AMX self-test crashed)")
+
+
+@pytest.mark.starter
+def test_a_small_models_verdict_then_the_starter_answers(tiny_model, tmp_path):
+    """Issue 44's steps with a fresh cache: the tiny model first, then the starter, as real processes. On an AMX
+    CPU the second died of SIGILL; here it answers on every CPU kind."""
+    env = os.environ | {"XDG_CACHE_HOME": str(tmp_path / "fresh-cache")}
+    tiny = run_cli("run", "--model", str(tiny_model), "-p", "hello", "--max-tokens", "8", env=env)
+    assert tiny.returncode == 0, tiny.stderr
+    starter = run_cli("run", "-p", "What is the capital of France?", "--temperature", "0", env=env)
+    assert starter.returncode == 0, starter.stderr
+    assert "Paris" in starter.stdout
 
 
 @pytest.mark.parametrize("path_name", ["all", "no-amx", "none"])

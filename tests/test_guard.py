@@ -278,3 +278,31 @@ def test_a_large_log_is_moved_aside_not_cut(tmp_path):
     subprocess.run(watched_script("import os\nos.write(2, b'new\\n')", tmp_path), check=True, timeout=30)
     assert (tmp_path / "stderr.log.1").stat().st_size == MAX_LOG_BYTES + 1
     assert (tmp_path / "stderr.log").read_text().endswith("---\nnew\n")
+
+
+def test_llama_cpps_log_is_rolled_over_as_stderr_log_is_not_emptied(tmp_path):
+    """Issue 44 item 13: past its limit llama.log was opened with "w": a crash's llama.cpp lines could vanish."""
+    from tui_chat.engine.local import logs
+
+    (tmp_path / "llama.log").write_text("the last crash's words\n" + "x" * MAX_LOG_BYTES)
+    try:
+        assert logs.install(tmp_path) == tmp_path / "llama.log"
+        logs._on_log(2, b"a new start\n", None)
+    finally:
+        logs.install(None)
+    assert (tmp_path / "llama.log.1").read_text().startswith("the last crash's words\n")
+    assert (tmp_path / "llama.log").read_text() == "a new start\n"
+
+
+def test_ggml_refusing_amx_on_the_no_amx_path_is_said_as_what_it_means(tmp_path):
+    """Issue 44 item 13: every no-AMX start logged ggml's `AMX is not ready to be used!`, read as an error."""
+    from tui_chat.engine.local import logs
+
+    try:
+        logs.install(tmp_path)
+        logs.take_errors()
+        logs._on_log(4, b"AMX is not ready to be used!\n", None)
+        assert logs.take_errors() == []
+    finally:
+        logs.install(None)
+    assert (tmp_path / "llama.log").read_text() == logs.AMX_DENIED_NOTE

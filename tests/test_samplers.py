@@ -170,8 +170,8 @@ def test_order_decides_whether_a_one_percent_token_survives_min_p(session):
     assert rank == 2 and prob == pytest.approx(0.01 / 0.96 / (1 + 0.01 / 0.96), rel=1e-3)
     assert [s.name for s in stages] == ["temperature", "min_p"]
     assert stages[-1].kept == 2 and stages[-1].rank == 2
-    assert verdict == ("'rare' drawn at rank 2 with p = 0.01 because temperature 2 ran before min-p 0.05 "
-                       "(in llama.cpp's order min-p 0.05 removes it)")
+    assert verdict == (f"'rare' drawn at rank 2 with p = 0.01: a {stages[-1].prob:.1%} chance among all "
+                       "candidates; temperature 2 ran before min-p 0.05 (in llama.cpp's order min-p 0.05 removes it)")
     _, _, default_stages, _ = explain(session, logits, rare, "rare", hot, ())
     assert [(s.name, s.rank) for s in default_stages] == [("min_p", None), ("temperature", None)]
 
@@ -221,8 +221,9 @@ def test_the_verdict_reads_the_stage_figures():
 
     xtc = [stage("top_k", "top-k 40", 40, 0.9, 3, 0.05), stage("xtc", "XTC 0.5 above 0.1", 38, 0.5, 1, 0.3),
            stage("temperature", "temperature 0.8", 38, 0.5, 1, 0.35)]
-    assert verdict(" the", 0.04, 3, xtc) == ("' the' drawn at rank 3 with p = 0.04 because XTC 0.5 above 0.1 "
-                                              "removed the 2 likelier tokens")
+    assert verdict(" the", 0.04, 3, xtc) == ("' the' drawn at rank 3 with p = 0.04: a 35.0% chance among the 38 "
+                                              "candidates XTC 0.5 above 0.1 left; XTC 0.5 above 0.1 removed the 2 "
+                                              "likelier tokens")
     luck = [stage("top_k", "top-k 40", 40, 0.9, 7, 0.02), stage("min_p", "min-p 0.05", 12, 0.8, 7, 0.03),
             stage("temperature", "temperature 1.2", 12, 0.8, 7, 0.04)]
     assert verdict("x", 0.011, 7, luck) == ("'x' drawn at rank 7 with p = 0.011: a 4.0% chance among the 12 "
@@ -284,6 +285,7 @@ def test_a_chain_run_over_the_shortlist_draws_what_the_whole_vocabulary_draws(st
     from tui_chat.engine.local import chain as chain_module
 
     question = [Message("user", "Tell me a story about a cat.")]
+    monkeypatch.setattr(starter._session, "backend_sampling", False)  # the host's draws, not llama.cpp's graph's
 
     def reply() -> list[int]:
         starter._session.keep_prefix([])

@@ -34,16 +34,24 @@ TOLERANCE = 0.08  # batched reads and one-token steps use other Q4_K kernels: ~0
 
 def assert_alike_until_a_near_tie(ours: list, cold: list) -> None:
     """Two greedy replies to the same tokens from different cache states agree token for token, their
-    probabilities within rounding, and may part only where the top two candidates were a near tie."""
+    probabilities within rounding, and may part only where rounding explains it: there, each side's pick has
+    the same probability on both sides within TOLERANCE. (If every probability moves by at most TOLERANCE, two
+    sides may prefer different tokens only when each side's gap between them is under twice that: on an Intel
+    Xeon with AVX-512 the reused cache drew ' Berlin' 0.338 over ' Paris' 0.247 where a fresh read drew
+    ' Paris' 0.290, a gap the old one-sided check of TOLERANCE called no tie.)"""
     pairs = list(zip(ours, cold, strict=False))
     parted = next((i for i, (a, b) in enumerate(pairs) if a.token_id != b.token_id), None)
     for a, b in pairs[:parted]:
         assert a.forced or a.prob == pytest.approx(b.prob, abs=TOLERANCE)
-    if parted is not None:
-        top = ours[parted].top
-        assert top[0].prob - top[1].prob < TOLERANCE, f"parted at token {parted} without a near tie: {top}"
-    else:
+    if parted is None:
         assert len(ours) == len(cold)
+        return
+    mine, theirs = ({c.token_id: c.prob for c in side[parted].top} for side in (ours, cold))
+    picks = (ours[parted].token_id, cold[parted].token_id)
+    assert all(pick in mine and pick in theirs for pick in picks), f"parted at token {parted}: {mine} / {theirs}"
+    for pick in picks:
+        assert mine[pick] == pytest.approx(theirs[pick], abs=TOLERANCE), f"parted at token {parted} beyond rounding"
+    assert mine[picks[0]] - mine[picks[1]] < 2 * TOLERANCE, f"parted at token {parted} without a near tie: {mine}"
 
 
 def test_sliding_window_cache_reuse_matches_a_fresh_read(starter):

@@ -9,6 +9,7 @@ import ctypes
 import io
 import re
 from collections.abc import Callable
+from dataclasses import replace as dataclass_replace
 
 import pytest
 from rich.cells import cell_len
@@ -415,8 +416,9 @@ async def test_the_delete_prompt_counts_one_turn_after_it_in_the_singular(tiny_m
             await wait_for(pilot, lambda said=said: any(note.startswith(said) for note in notified(app)))
 
 
-async def test_a_deleted_turns_reply_leaves_the_panels_session_cost(tiny_model):
-    """The panel sums the chat's replies (issue 26): a turn deleted takes its reply's cost with it, at once."""
+async def test_a_deleted_turns_reply_leaves_the_panels_chat_cost(tiny_model):
+    """The panel sums the chat's replies (issue 26): a turn deleted takes its reply's cost with it, at once (what
+    the session spent stays: issue 44)."""
     app = make_app(str(tiny_model), sampling=GREEDY.with_changes(max_tokens=4))
     async with app.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
@@ -425,14 +427,14 @@ async def test_a_deleted_turns_reply_leaves_the_panels_session_cost(tiny_model):
 
         def session_line() -> str:
             return next(line for line in str(panel.query_one("#cost").render()).splitlines()
-                        if line.startswith("Session"))
+                        if line.startswith("Chat"))
 
         both = session_line()
         screen.query(UserMessage)[1].focus()
         await pilot.press("delete", "delete")
         await wait_for(pilot, lambda: len(screen.session.turns) == 1)
         await pilot.pause()
-        assert session_line() != both and session_line() == f"Session  {format_usd(panel.session_cost(), fine=True)}"
+        assert session_line() != both and session_line() == f"Chat     {format_usd(panel.chat_cost(), fine=True)}"
         assert len(screen.session.spent()) == 1
 
 
@@ -495,6 +497,14 @@ async def test_at_80x24_the_panels_facts_break_between_parts_f1_wraps_under_its_
         lines = str(facts.render()).splitlines()
         assert all(len(line) <= facts.content_size.width for line in lines), lines
         assert not any(line.strip() in ("thread", "threads", "MiB KV") for line in lines), lines
+        panel = screen.query_one(MetricsPanel)
+        amx = "AVX-512 · AMX off (self-test crashed)"  # issue 44: broke as `… (crashed` / `its self-test)`
+        panel.show_model(dataclass_replace(panel.info, cpu=amx))
+        await pilot.pause(0.1)
+        parts = {panel.info.quantization, "CPU AVX-512", "AMX off (self-test crashed)"}
+        hardware = [line for line in str(facts.render()).splitlines() if "AVX-512" in line or "AMX" in line]
+        assert hardware and all(set(line.split(" · ")) <= parts | {line.split(" · ")[-1]} for line in hardware)
+        assert all(len(line) <= facts.content_size.width for line in hardware), (hardware, facts.content_size.width)
         await pilot.press("f2", "f1")
         help_screen = await screen_open(pilot, HelpScreen)
         text = str(help_screen.query_one(Static).render()).splitlines()

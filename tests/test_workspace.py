@@ -136,3 +136,50 @@ def test_the_model_in_use_changes_only_when_a_load_succeeds(tiny_model, tmp_path
     finally:
         backend.close()
         workspace.close()
+
+
+HOLD_AND_DIE = """
+import os, signal, sys
+from tui_chat.config import Config, history_path
+from tui_chat.history import History
+from tui_chat.workspace import Workspace
+workspace = Workspace(Config(), None, History(history_path()))
+workspace.start_load("a model that takes long")
+assert workspace.hold(sys.argv[1])
+os.kill(os.getpid(), signal.SIGKILL)  # the load dies, and the app with it
+"""
+
+
+def test_a_message_held_for_a_load_survives_the_process():
+    """Issue 44 item 3: a message sent while the model loads was held in memory only, and a kill -9 during the
+    load lost it. It is written beside the history when held, and the next start gives it back, once."""
+    import subprocess
+    import sys
+
+    from tui_chat.workspace import Workspace
+
+    died = subprocess.run([sys.executable, "-c", HOLD_AND_DIE, "my message, sent during the load"], check=False)
+    assert died.returncode == -9
+    workspace = Workspace(Config(), None, History(history_path()))
+    try:
+        assert workspace.unsent() == "my message, sent during the load"
+        assert workspace.unsent() is None  # given back once: it is the box's now
+        workspace.start_load("another")
+        assert workspace.hold("sent and answered") and workspace.release() == "sent and answered"
+        assert workspace.unsent() is None  # a message sent is no longer kept aside
+    finally:
+        workspace.close()
+
+
+async def test_the_next_start_puts_an_unanswered_message_back_in_the_box(tiny_model):
+    """Issue 44 item 3, in the app: what the load's death left beside the history is back in the box, said once."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", HOLD_AND_DIE, "asked while it loaded"], check=False)
+    config = Config(sampling=GREEDY.with_changes(max_tokens=4), n_ctx=1024)
+    app = ChatApp(config, opener_for(config)[0], str(tiny_model))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        screen = await loaded(pilot)
+        assert screen.query_one(PromptInput).text == "asked while it loaded"
+        await wait_for(pilot, lambda: any("never answered" in str(n.message) for n in app._notifications))

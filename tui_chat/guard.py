@@ -109,21 +109,24 @@ def crash_line(number: int, log_text: str, log: Path) -> str:
     return _line(who, what, where, said, f"details in {log}")
 
 
-def crash_parts(number: int, log_text: str) -> tuple[str, str, str, str]:
+def crash_parts(number: int, log_text: str, engine: bool = False) -> tuple[str, str, str, str]:
     """Who died of signal `number` (llama.cpp or the app), the signal by name, what it was doing, and
-    llama.cpp's last words (""), from the crashed process's part of the log."""
+    llama.cpp's last words (""), from the crashed process's part of the log. In the `engine` process the
+    main thread only waits on the app's socket: a signal it took came from outside, and what the process
+    was doing is what its busy thread was doing (decoding, reading), or nothing."""
     try:
         signal_name = f"{signal.Signals(number).name} ({signal.strsignal(number)})"
     except ValueError:
         signal_name = f"signal {number}"
     frames = _crashed_frames(log_text)
     who, where = "the app", ""
-    if frames:
-        function, file = frames[0]["function"], frames[0]["file"]
-        if f"tui_chat{os.sep}engine" in file:
-            who, where = "llama.cpp", DOING.get(function, f"in {function}")
-        else:
-            where = f"in {function} ({Path(file).name})"
+    if frames and _in_engine(frames[0]):
+        who, where = "llama.cpp", DOING.get(frames[0]["function"], f"in {frames[0]['function']}")
+    elif engine:
+        busy = next((frame for frame in _other_threads_frames(log_text) if frame["function"] in DOING), None)
+        where = DOING[busy["function"]] if busy else ""
+    elif frames:
+        where = f"in {frames[0]['function']} ({Path(frames[0]['file']).name})"
     last_words = _ABORT_LINE.findall(log_text)
     return who, signal_name, where, one_said(last_words[-1] if last_words else "")
 
@@ -185,7 +188,7 @@ def _become_the_app(log: Path) -> None:
     """The child: C-level stderr to the log file, Python's stderr (and Textual's screen) to the terminal."""
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
-        _move_aside_when_large(log)
+        move_aside_when_large(log)
         # appending, never truncating: another tui-chat process (the app beside `tui-chat run`) writes here too
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
         handle = os.fdopen(os.open(log, flags, 0o644), "w", encoding="utf-8", buffering=1)
@@ -199,7 +202,7 @@ def _become_the_app(log: Path) -> None:
     faulthandler.enable(file=handle, all_threads=True)
 
 
-def _move_aside_when_large(log: Path) -> None:
+def move_aside_when_large(log: Path) -> None:
     """Keeps the log's size bounded without losing a running process's entries: a process that has the
     file open goes on writing into `stderr.log.1`, under its new name."""
     with contextlib.suppress(OSError):
@@ -246,6 +249,17 @@ def _crashed_frames(log_text: str) -> list[dict[str, str]]:
     """faulthandler's frames for the thread that crashed (most recent call first)."""
     _, found, after = log_text.rpartition("Current thread ")
     return [match.groupdict() for match in _FRAME.finditer(after.split("\n\n")[0])] if found else []
+
+
+def _other_threads_frames(log_text: str) -> list[dict[str, str]]:
+    """The engine's own frames of the last dump's other threads, innermost first: what they were doing."""
+    dump = log_text[log_text.rfind("Fatal Python error"):]
+    before_current = dump.partition("Current thread ")[0]
+    return [frame for frame in (match.groupdict() for match in _FRAME.finditer(before_current)) if _in_engine(frame)]
+
+
+def _in_engine(frame: dict[str, str]) -> bool:
+    return f"tui_chat{os.sep}engine" in frame["file"]
 
 
 def read_tail(log: Path, size: int = 64 * 1024) -> str:

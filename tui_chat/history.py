@@ -114,7 +114,7 @@ class ConversationSummary:
     id: int
     title: str
     model: str
-    messages: int
+    messages: int  # on the active path: those the chat shows when it opens
     created_at: float
     updated_at: float
 
@@ -167,6 +167,20 @@ class Conversation:
     def last_id(self) -> int | None:
         """The parent for the next message on the active path."""
         return self.path[-1].id if self.path else None
+
+
+# Each chat's messages on its active path (`active_path` in SQL): among siblings the one ranked highest (the
+# newest on a tie), walked down from the first message; edits, regenerations and forks off the path not counted.
+_PATH_LENGTHS = """WITH RECURSIVE
+    chosen(id, parent_id, conversation_id) AS (
+        SELECT m.id, m.parent_id, m.conversation_id FROM messages m WHERE NOT EXISTS (
+            SELECT 1 FROM messages o WHERE o.conversation_id = m.conversation_id AND o.parent_id IS m.parent_id
+            AND (o.chosen > m.chosen OR (o.chosen = m.chosen AND o.id > m.id)))),
+    path(id, conversation_id) AS (
+        SELECT id, conversation_id FROM chosen WHERE parent_id IS NULL
+        UNION ALL SELECT chosen.id, chosen.conversation_id FROM chosen JOIN path ON chosen.parent_id = path.id),
+    path_lengths(conversation_id, messages) AS (SELECT conversation_id, count(*) FROM path GROUP BY conversation_id)
+"""
 
 
 def active_path(messages: tuple[StoredMessage, ...], rank: dict[int, int]) -> tuple[StoredMessage, ...]:
@@ -403,8 +417,8 @@ class History:
         """Conversations, most recently updated first; `search` matches titles and message text
         (case-insensitive substring; LIKE, since a personal history is small enough to scan)."""
         query = (
-            "SELECT c.id, c.title, c.model, (SELECT count(*) FROM messages m WHERE m.conversation_id = c.id),"
-            " c.created_at, c.updated_at FROM conversations c"
+            f"{_PATH_LENGTHS} SELECT c.id, c.title, c.model, coalesce(shown.messages, 0), c.created_at, c.updated_at"
+            " FROM conversations c LEFT JOIN path_lengths shown ON shown.conversation_id = c.id"
         )
         args: tuple[str, ...] = ()
         if search:

@@ -10,6 +10,7 @@ stays on the model that answers, so a reply is always saved under the name of th
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from .tools.settings import ServerSpec
 
 OpenBackend = Callable[[str | None], Backend]  # a BackendOpener, or a test's own
+UNSENT_FILE = "unsent-message.txt"  # beside the history: a message held for a load, until it is sent
 
 
 def nobody_consents(_call: ToolCall) -> concurrent.futures.Future[Decision]:
@@ -257,15 +259,37 @@ class Workspace:
         return self.loading
 
     def hold(self, text: str) -> bool:
-        """Keep a message for the model being loaded; False when none is on its way or one is already held."""
+        """Keep a message for the model being loaded; False when none is on its way or one is already held. It is
+        written beside the history at once: a load can take long (the CPU's self-test) and can die (kill -9, a
+        crash), and a message the user sent is not lost with it (`unsent` gives it back at the next start)."""
         if self.loading is None or self.queued is not None:
             return False
         self.queued = text
+        if (unsent := self._unsent_file()) is not None:
+            with contextlib.suppress(OSError):
+                unsent.write_text(text, encoding="utf-8")
         return True
 
     def release(self) -> str | None:
         text, self.queued = self.queued, None
+        if (unsent := self._unsent_file()) is not None:
+            unsent.unlink(missing_ok=True)
         return text
+
+    def unsent(self) -> str | None:
+        """A message held for a load that never finished, in an earlier run (once: it is the caller's now)."""
+        unsent = self._unsent_file()
+        if unsent is None or self.queued is not None:
+            return None
+        try:
+            text = unsent.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None
+        unsent.unlink(missing_ok=True)
+        return text or None
+
+    def _unsent_file(self) -> Path | None:
+        return self.history.path.with_name(UNSENT_FILE) if self.history is not None else None
 
     def open(self, job: LoadJob) -> Backend:
         """Open the job's backend (off the UI thread: imports and file checks); its `load()` follows.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Protocol, Self, runtime_checkable
 
@@ -104,7 +104,7 @@ class ModelInfo:
     ignored_params: tuple[str, ...] = ()  # sampling settings this backend cannot pass on
     ignored_formats: tuple[str, ...] = ()  # output formats (`OutputFormat.kind`) it cannot be asked for
     notes: tuple[str, ...] = ()  # where it reads a setting or a format otherwise than tui-chat, a line each
-    cpu: str = ""  # the CPU path llama.cpp runs on, e.g. "AVX-512 · AMX off (crashed its self-test)"
+    cpu: str = ""  # the CPU path llama.cpp runs on, e.g. "AVX-512 · AMX off (self-test crashed)"
     threads: int = 0  # decode threads when it loaded (they follow the load: TurnMetrics.threads)
     thinking: str = ""  # the thinking markers recognised, e.g. "<think>…</think>" ("" where it cannot tell)
     thinking_switch: bool = False  # its chat template takes `enable_thinking`
@@ -171,6 +171,15 @@ class TurnMetrics:
     tool_call_tokens: int = 0
     tool_result_tokens: int = 0
     consent_s: float = 0.0  # time the reply waited for the user's yes to its calls (no model time: in no figure above)
+    reload_s: float = 0.0  # the model loading again first, after its engine process died (not in ttft_s)
+    # ttft_s in its parts, where the engine times them (a local model): waiting for the worker, the chat template,
+    # tokenising, matching the cached prefix (restore_s and prefill_s are parts too), and the first draw
+    queued_s: float = 0.0
+    template_s: float = 0.0
+    tokenize_s: float = 0.0
+    prefix_s: float = 0.0
+    first_draw_s: float = 0.0
+    sampling_path: str = ""  # where a local reply's tokens are drawn now: "llama.cpp" (in its graph) or "python"
 
     @property
     def output_tokens(self) -> int:
@@ -545,6 +554,14 @@ class Backend(Protocol):
     def count_tokens(self, text: str) -> int: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class WatchesItsDeath(Protocol):
+    """A backend in a process of its own: told, on another thread, when that process dies between jobs (a job
+    open at the time ends with the line itself)."""
+
+    on_idle_death: Callable[[str], None] | None
 
 
 @runtime_checkable

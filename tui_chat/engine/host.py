@@ -10,6 +10,7 @@ away (the socket closes) this process ends at once, whatever llama.cpp is doing.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import pickle
@@ -17,14 +18,15 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from ..guard import entry_line
-from .base import Backend, EngineError, Error, Loaded, Stream
+from .base import Backend, Done, EngineError, Error, Event, Loaded, Request, Stream
 from .params import LiveParams
-from .process import lives_in
+from .process import HEARTBEAT_S, lives_in
 
 BATCH_INTERVAL_S = 0.015
 JOBS = frozenset({"load", "generate", "generate_together", "compare", "xray", "word_probability"})
@@ -42,6 +44,7 @@ class Host:
 
     def serve(self) -> None:
         """Until the app says close, or goes away."""
+        threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
         while True:
             try:
                 message = self.connection.recv()
@@ -62,6 +65,14 @@ class Host:
                 self.backend.close()
                 return
 
+    def _beat(self) -> None:
+        """A word every HEARTBEAT_S from a thread of its own (llama.cpp's calls leave the interpreter free), so the
+        app's watchdog hears a live process however long a read or a load takes."""
+        while True:
+            time.sleep(HEARTBEAT_S)
+            with contextlib.suppress(OSError):
+                self.send(("alive",))
+
     def send(self, message: tuple[Any, ...]) -> None:
         with self.lock:
             try:
@@ -77,9 +88,13 @@ class Host:
         threading.Thread(target=self._job, args=(key, method, args, reload), name=f"job-{key}", daemon=True).start()
 
     def _job(self, key: int, method: str, args: tuple[Any, ...], reload: bool) -> None:
+        reload_s = 0.0
         try:
-            if reload and not self._reloaded(key):
-                return
+            if reload:
+                started = time.perf_counter()
+                if not self._reloaded(key):
+                    return
+                reload_s = _restart_clocks(args, started)
             try:
                 stream: Stream = getattr(self.backend, method)(*args)
             except Exception as error:  # noqa: BLE001 - a job that never started still ends, in one line
@@ -92,7 +107,7 @@ class Host:
             while True:
                 events = stream.drain(timeout=None)
                 if events:
-                    self.send(("events", key, events))
+                    self.send(("events", key, _with_reload(events, reload_s) if reload_s else events))
                 if stream.finished:
                     return
                 time.sleep(BATCH_INTERVAL_S)
@@ -129,6 +144,21 @@ class Host:
             self.send(("reply", key, False, error if _picklable(error) else EngineError(str(error))))
             return
         self.send(("reply", key, True, value))
+
+
+def _restart_clocks(args: tuple[Any, ...], loaded_from: float) -> float:
+    """After a reload, a reply's time to its first token counts from the model being there again, as the first
+    reply after a launch does (its message waits for the load); the reload is said apart. Its length."""
+    now = time.perf_counter()
+    for arg in args:
+        if isinstance(arg, Request):
+            arg.submitted_at = max(arg.submitted_at, now)
+    return now - loaded_from
+
+
+def _with_reload(events: list[Event], reload_s: float) -> list[Event]:
+    return [replace(event, metrics=replace(event.metrics, reload_s=reload_s)) if isinstance(event, Done) else event
+            for event in events]
 
 
 def _picklable(error: Exception) -> bool:

@@ -9,6 +9,7 @@ import numpy as np
 
 from .base import PoolCut
 from .params import SamplingParams
+from .stages import plan
 
 _ANY_VOCAB = 1 << 31
 
@@ -88,6 +89,8 @@ def likeliest(logits: np.ndarray, k: int) -> np.ndarray:
     is cheaper to partition (measured right after a decode: ~25 µs less a token than every 32nd)."""
     if k >= len(logits):
         return np.arange(len(logits))
+    if k == 1:  # greedy's shortlist: one pass, ~0.02 ms where the sampled estimate costs ~0.15
+        return np.array([np.argmax(logits)])
     sample = logits[::SAMPLE_STRIDE]
     rank = min(len(sample), 2 * k // SAMPLE_STRIDE + SAMPLE_SPARE)
     threshold = np.partition(sample, -rank)[-rank]
@@ -95,3 +98,27 @@ def likeliest(logits: np.ndarray, k: int) -> np.ndarray:
     if len(shortlist) >= k:
         return shortlist[np.argpartition(logits[shortlist], -k)[-k:]]
     return np.argpartition(logits, -k)[-k:]
+
+
+def penalised_before_cuts(params: SamplingParams) -> bool:
+    """Whether the chain's penalties move logits before a cut counts them."""
+    stages = plan(params)
+    cuts = [index for index, stage in enumerate(stages) if stage in _CUTS]
+    return "penalties" in stages and bool(cuts) and stages.index("penalties") < cuts[0]
+
+
+def penalised(logits: np.ndarray, best: np.ndarray, shift: float, total: float, recent: Sequence[int],
+              params: SamplingParams) -> np.ndarray:
+    """The likeliest probabilities after llama.cpp's penalties (`llama_sampler_init_penalties`: a repeated token's
+    logit divided by the repeat penalty where positive, multiplied where not, then lowered by its count times the
+    frequency penalty and by the presence penalty), descending. `total` is the sum of exp(logit - `shift`) over
+    the vocabulary; only the tokens in `recent` change, so it is corrected by theirs alone."""
+    tokens, counts = np.unique(np.asarray(recent, dtype=np.int64), return_counts=True)
+    before = logits[tokens].astype(np.float64)
+    after = np.where(before > 0, before / params.repeat_penalty, before * params.repeat_penalty)
+    after -= counts * params.frequency_penalty + params.presence_penalty
+    total += float(np.exp(after - shift).sum() - np.exp(before - shift).sum())
+    ids = np.union1d(best, tokens)
+    moved = logits[ids].astype(np.float64)
+    moved[np.searchsorted(ids, tokens)] = after
+    return np.sort(np.exp(moved - shift) / total)[::-1]

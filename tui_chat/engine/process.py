@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
@@ -43,6 +44,9 @@ from .params import LiveParams, SamplingParams
 MakeBackend = Callable[[], Backend]  # picklable (a module-level function or a partial of one): run over there
 UI_PROCESS_ENV = "TUI_CHAT_UI_PROCESS"  # the app's pid, for the engine's thread governor (local/cpu.py)
 CLOSE_TIMEOUT_S = 10.0  # a closing engine finishes the job in hand first (a stopped reply ends within a token)
+HEARTBEAT_S = 1.0  # the engine process says it is alive this often, whatever its worker is doing
+SILENCE_LIMIT_S = 15.0  # this long without a word while a job is open: stopped (kill -STOP) or hung, so it is ended
+STOP_GRACE_S = 1.0  # a stopped job the engine has not ended by then ends here, with what it wrote
 AFTER_DEATH = "the chat is kept, and the next message loads the model again"
 
 
@@ -67,16 +71,23 @@ class _Job(Stream):
         self.link, self.key, self.lives = link, key, lives
 
     def cancel(self) -> None:
+        """Stops it there; if the engine does not end it soon (stopped, or deep in a long read), it ends here: Esc
+        never waits for the engine's help."""
         super().cancel()
         self.link.send(("cancel", self.key))
+        timer = threading.Timer(STOP_GRACE_S, self.link.end, (self, Error(
+            f"stopped here: the engine did not end the reply within {STOP_GRACE_S:g} s of the stop")))
+        timer.daemon = True
+        timer.start()
 
 
 class _Link:
     """One engine process and the socket to it: the jobs and calls in flight, and the thread that reads."""
 
-    def __init__(self, make: MakeBackend, log_dir: Path, on_loaded: Callable[[ModelInfo], None]) -> None:
+    def __init__(self, make: MakeBackend, log_dir: Path, on_loaded: Callable[[ModelInfo], None],
+                 on_death: Callable[[str], None]) -> None:
         self.log = log_dir / LOG_NAME
-        self.on_loaded = on_loaded
+        self.on_loaded, self.on_death = on_loaded, on_death
         self.jobs: dict[int, _Job] = {}
         self.calls: dict[int, Future[Any]] = {}
         self.keys = itertools.count(1)
@@ -84,6 +95,8 @@ class _Link:
         self.cause = ""  # how the process ended, once it has
         self.death: str | None = None  # the line that says so: the cause, what happens now, where the log is
         self.closing = False
+        self.heard = time.monotonic()  # the last word from the engine process: the watchdog's clock
+        self.silenced = False  # the watchdog ended it
         ours, theirs = socket.socketpair()
         log_dir.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
@@ -94,6 +107,7 @@ class _Link:
         self.connection = Connection(ours.detach())
         self.send(("make", make))
         threading.Thread(target=self._read, name="engine-link", daemon=True).start()
+        threading.Thread(target=self._watch, name="engine-watchdog", daemon=True).start()
 
     def send(self, message: tuple[Any, ...]) -> None:
         with self.lock:
@@ -114,9 +128,9 @@ class _Link:
         try:
             self.send(("job", key, method, args, bool(reload)))
         except (pickle.PicklingError, TypeError, AttributeError) as error:  # a bug: one line, not a traceback
-            self._end(job, Error(f"internal error (the request could not be sent to the engine: {error})"))
+            self.end(job, Error(f"internal error (the request could not be sent to the engine: {error})"))
         if self.death is not None:
-            self._end(job, Error(self.death))
+            self.end(job, Error(self.death))
         return job
 
     def call(self, method: str, *args: Any) -> Any:
@@ -148,12 +162,25 @@ class _Link:
         version, params = live.snapshot()
         self.send(("params", live.key, version, params))
 
+    def _watch(self) -> None:
+        """The engine process beats every HEARTBEAT_S; silent for SILENCE_LIMIT_S with work open, it is stopped or
+        hung, and nothing it holds will come: it is ended, its jobs told why, and the next one starts it anew."""
+        while self.death is None and not self.closing:
+            time.sleep(HEARTBEAT_S)
+            waiting = bool(self.jobs or self.calls)
+            if waiting and time.monotonic() - self.heard > SILENCE_LIMIT_S and self.death is None:
+                self.silenced = True
+                with contextlib.suppress(OSError):
+                    self.process.kill()
+                return
+
     def _read(self) -> None:
         while True:
             try:
                 message = self.connection.recv()
             except (EOFError, OSError):
                 break
+            self.heard = time.monotonic()
             kind = message[0]
             if kind == "events":
                 self._events(message[1], message[2])
@@ -187,7 +214,8 @@ class _Link:
             live.unwatch(self._changed)
         return open_
 
-    def _end(self, job: _Job, error: Error) -> None:
+    def end(self, job: _Job, error: Error) -> None:
+        """Ends `job` with `error` unless it has ended already."""
         if self._forget(job):
             job.put(error)
 
@@ -199,14 +227,23 @@ class _Link:
             self.process.kill()
             code = self.process.wait()
         with self.lock:
-            self.cause = "the engine was closed" if self.closing else death_cause(code, self.process.pid, self.log)
+            self.cause = ("the engine was closed" if self.closing else silenced() if self.silenced else
+                          death_cause(code, self.process.pid, self.log))
             self.death = self.cause if self.closing else f"{self.cause}; {AFTER_DEATH}{self._details(code)}"
             jobs, calls = list(self.jobs.values()), list(self.calls.values())
             self.calls.clear()
         for job in jobs:
-            self._end(job, Error(self.death))
+            self.end(job, Error(self.death))
         for future in calls:
             future.set_exception(EngineError(self.death))
+        if not (jobs or calls or self.closing):
+            self.on_death(self.death)  # between replies: said when it happens, not at the next message
+
+
+def silenced() -> str:
+    """Why the watchdog ended the engine process."""
+    return (f"the engine process stopped answering (not a word for {SILENCE_LIMIT_S:g} s: stopped or hung), "
+            "so it was ended")
 
 
 def death_cause(code: int, pid: int, log: Path) -> str:
@@ -216,7 +253,7 @@ def death_cause(code: int, pid: int, log: Path) -> str:
     number = -code
     if number == signal.SIGKILL:
         return "the engine process was killed (SIGKILL: out of memory, or kill -9)"
-    who, what, where, said = crash_parts(number, own_part(read_tail(log), pid))
+    who, what, where, said = crash_parts(number, own_part(read_tail(log), pid), engine=True)
     inside = " (llama.cpp)" if who == "llama.cpp" else ""
     doing = f" {where}" if where else ""
     said = f": {said}" if said else ""
@@ -230,6 +267,7 @@ class EngineProcess:
         self.make = make
         self.log_dir = log_dir
         self.info: ModelInfo | None = None
+        self.on_idle_death: Callable[[str], None] | None = None  # told on the link's thread (a screen's toast)
         self._link: _Link | None = None
         self._start = threading.Lock()
 
@@ -264,7 +302,7 @@ class EngineProcess:
             if link is None or link.death is not None:
                 if not load:
                     reload = link.cause if link is not None else "its engine was closed"
-                link = self._link = _Link(self.make, self.log_dir, self._loaded)
+                link = self._link = _Link(self.make, self.log_dir, self._loaded, self._died_idle)
         return link.job(method, args, reload)
 
     def _live_link(self) -> _Link:
@@ -277,6 +315,10 @@ class EngineProcess:
 
     def _loaded(self, info: ModelInfo) -> None:
         self.info = info
+
+    def _died_idle(self, line: str) -> None:
+        if self.on_idle_death is not None:
+            self.on_idle_death(line)
 
 
 class LocalEngineProcess(EngineProcess):

@@ -408,10 +408,13 @@ def timings(metrics: TurnMetrics) -> dict[str, Any]:
             "predicted_per_second": (metrics.completion_tokens - 1) / decode_s if decode_s else None}
 
 
-def extras(metrics: TurnMetrics, queued_s: float) -> dict[str, Any]:
-    """`x_tui_chat`: the panel's figures of this request (never in OpenAI's own fields)."""
-    return {"ttft_s": metrics.ttft_s, "queued_s": round(queued_s, 4), "prefill_tok_s": metrics.prefill_tok_s,
-            "decode_tok_s": metrics.decode_tok_s, "cached_tokens": metrics.cached_tokens,
+def extras(done: Done, queued_s: float) -> dict[str, Any]:
+    """`x_tui_chat`: the panel's figures of this request (never in OpenAI's own fields), and the engine's own stop
+    reason: OpenAI's `length` says both max tokens and a full context."""
+    metrics = done.metrics
+    return {"stop_reason": done.stop_reason, "ttft_s": metrics.ttft_s, "queued_s": round(queued_s, 4),
+            "prefill_tok_s": metrics.prefill_tok_s, "decode_tok_s": metrics.decode_tok_s,
+            "cached_tokens": metrics.cached_tokens,
             "read_tokens": metrics.prompt_tokens - metrics.cached_tokens, "kv_used": metrics.context_tokens,
             "n_ctx": metrics.n_ctx, "grammar_ms_per_token": metrics.grammar_ms_per_token}
 

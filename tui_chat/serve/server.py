@@ -369,7 +369,7 @@ class _WholeWriter:
         payload = {"id": record.ident, "object": "chat.completion" if asked.chat else "text_completion",
                    "created": int(record.wall_started), "model": self.handler.server.info.name, "choices": [choice],
                    "usage": protocol.usage(done.metrics), "timings": protocol.timings(done.metrics),
-                   "x_tui_chat": protocol.extras(done.metrics, record.queued_s)}
+                   "x_tui_chat": protocol.extras(done, record.queued_s)}
         self.handler._json(200, payload)
 
     def failed(self, message: str) -> None:
@@ -440,7 +440,7 @@ class _StreamWriter:
             self._send({"content": self.held})
         metrics = done.metrics
         tail: dict[str, Any] = {"timings": protocol.timings(metrics),
-                                "x_tui_chat": protocol.extras(metrics, self.record.queued_s)}
+                                "x_tui_chat": protocol.extras(done, self.record.queued_s)}
         self._send({}, finish=said.finish_reason, **tail)
         if self.asked.usage_in_stream:
             self._write({"id": self.record.ident, "object": self._object(), "created": int(self.record.wall_started),

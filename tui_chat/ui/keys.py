@@ -40,7 +40,7 @@ CHAT_KEYS = [  # in the footer in this order: what a newcomer needs first, as fa
                tooltip="Colour each token by its probability"),
     everywhere("f4", "show_earlier", "Earlier", id="show_earlier", show=False, tooltip="Show earlier messages"),
     everywhere("f5", "pick_model('models')", "Models", id="models", show=False,
-               tooltip="Models: local ones, and GGUF models to download from the hub"),
+               tooltip="Models: local ones, configured servers, and GGUF models to download from the hub"),
     everywhere("f6", "system_prompt", "System", id="system_prompt", show=False,
                tooltip="Edit this chat's system prompt"),
     everywhere("f7", "toggle_thinking", "Thinking", id="toggle_thinking", show=False,

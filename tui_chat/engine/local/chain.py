@@ -19,6 +19,9 @@ PENALTY_LAST_N = 64
 SHORTLIST = 1024  # bounds the likeliest raw logits a chain that allows it is run over (see `shortlist`)
 _LOWERING = frozenset({"logit_bias", "penalties", "dry"})  # lower logits only (what they raise is in `raised`)
 DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")  # llama.cpp's defaults
+# The stages with a backend version in the vendored llama.cpp (src/llama-sampler.cpp): llama.cpp can draw with a
+# chain of them inside its graph. The logit bias is by token id there, as `ChainBuilder` makes it from words.
+IN_GRAPH = frozenset({"logit_bias", "penalties", "top_k", "top_p", "min_p", "temperature", "greedy", "dist"})
 
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
 
@@ -94,7 +97,27 @@ class Chain:
         self.biased = biased
         self.recent = deque(recent, maxlen=PENALTY_LAST_N)
         self.shortlist = shortlist(stages, params)
+        self.seq: int | None = None  # the sequence llama.cpp draws for with this chain in its graph (None: none)
         self._candidates: Candidates | None = None
+
+    @property
+    def fits_graph(self) -> bool:
+        """Whether every stage has a backend version (`IN_GRAPH`). No chain of stages.plan puts a cut before
+        greedy, whose vendored backend version would return an index into the candidates left, not a token."""
+        return IN_GRAPH.issuperset(self.stages)
+
+    def in_graph(self) -> bool:
+        """Once offered to llama.cpp (llama_set_sampler): whether it runs every element in its graph, as the
+        names it gives them say ("+top-k"; "-top-k" where the device lacks an op, the plain name after one)."""
+        return all(llama_cpp.llama_sampler_name(self.element(index)).startswith(b"+")
+                   for index in range(len(self.stages)))
+
+    def unbind(self) -> None:
+        """Become a copy that was never offered to llama.cpp, state and all: once offered, a chain applied on the
+        host skips the elements llama.cpp took for its graph."""
+        offered = self.pointer
+        self.pointer = llama_cpp.llama_sampler_clone(offered)
+        llama_cpp.llama_sampler_free(offered)
 
     def sample(self, ctx: llama_cpp.llama_context_p, row: int = -1) -> int:
         """Draw from the logits of output `row` of the last decode (-1: its last); llama.cpp also records the

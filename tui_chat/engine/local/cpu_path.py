@@ -5,7 +5,11 @@ rows for AVX2/AVX-512/NEON) and, where the build and the CPU have Intel AMX, the
 AMX machines (virtualised Sapphire and Granite Rapids) the AMX kernels crash the process on its first
 decode (llama.cpp #20824, Ollama #17249, #17006). So before a model whose weights would meet those
 kernels loads on such a machine, a child process loads it and decodes a few tokens: a crash there costs
-nothing. The answer is kept per llama.cpp build and CPU. The ladder, fastest first:
+nothing. The answer is kept per llama.cpp build, CPU and the weight types AMX would take: a verdict from a
+model of F16 weights says nothing of Q4_K ones (a tiny F16 model passed on an AMX Xeon where the starter's
+Q4_K weights then died of SIGILL at every start). The self-test reads a whole prompt batch and single tokens,
+as a load's warm-up does, and a load on AMX runs inside a trial: if the process dies before the warm-up is
+through, the next load finds the trial unfinished and takes the safe path. The ladder, fastest first:
 
   all     every extra buffer type (llama.cpp's default)
   no-amx  AMX denied to this process by the kernel (seccomp), so llama.cpp keeps CPU_REPACK
@@ -21,8 +25,9 @@ import os
 import platform
 import struct
 import sys
-from collections.abc import Callable, Set
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence, Set
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +36,10 @@ PATHS = ("all", "no-amx", "none")
 CHOICES = (AUTO, *PATHS)
 PROBE_TIMEOUT_S = 300.0
 CACHE_FILE = "cpu-path.json"
-# ggml types the AMX buffer takes (amx/amx.cpp supports_op): F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS
-AMX_TYPES = frozenset({1, 2, 3, 8, 12, 13, 14, 23})
+TRIAL_FILE = "cpu-path-trial.json"
+# ggml types the AMX buffer takes (amx/amx.cpp supports_op), by their names in ggml.h
+AMX_TYPE_NAMES = {1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 23: "IQ4_XS"}
+AMX_TYPES = frozenset(AMX_TYPE_NAMES)
 SIMD_NAMES = (("AVX512", "AVX-512"), ("AVX2", "AVX2"), ("AVX", "AVX"), ("SVE", "SVE"), ("NEON", "NEON"))
 
 Probe = Callable[[Path, str], "ProbeResult"]
@@ -53,14 +60,19 @@ class CpuPath:
     name: str  # one of PATHS
     amx: bool  # the build and the CPU have AMX
     simd: str  # the widest vector unit the build uses, e.g. "AVX-512"
-    reason: str = ""  # why not the default: "crashed its self-test", "set in the config"...
+    reason: str = ""  # why not the default: "self-test crashed", "set in the config"...
+    trial: str = field(default="", compare=False)  # the verdict's key while AMX is on trial in a load (`on_trial`)
 
     @property
     def extra_buffers(self) -> bool:
         return self.name != "none"
 
+    @property
+    def uses_amx(self) -> bool:
+        return self.amx and self.name == "all"
+
     def describe(self) -> str:
-        """For the model info: `AVX-512 · AMX off (crashed its self-test)`."""
+        """For the model info: `AVX-512 · AMX off (self-test crashed)`."""
         parts = [self.simd] if self.simd else []
         why = f" ({self.reason})" if self.reason else ""
         if self.amx:
@@ -72,44 +84,103 @@ class CpuPath:
 
 def choose(setting: str, model: Path, tensor_types: Set[int], cache_dir: Path | None, features: set[str],
            probe: Probe | None = None, cpu_identity: str | None = None) -> CpuPath:
-    """The path to load `model` with: forced by `setting`, remembered for this build and CPU, or probed (only
-    where its weights, `tensor_types` from its header, would meet the AMX kernels)."""
+    """The path to load `model` with: forced by `setting`, remembered for this build, CPU and the weight types
+    AMX would take, or probed (only where its weights, `tensor_types` from its header, would meet AMX)."""
     amx = "AMX_INT8" in features
     simd = next((name for flag, name in SIMD_NAMES if flag in features), "")
     if setting != AUTO:
-        return CpuPath(setting, amx, simd, "set in the config" if setting != "all" else "")
+        return CpuPath(setting, amx, simd, "configured" if setting != "all" else "")
     if not amx:
         return CpuPath("all", amx, simd)
-    key = _cache_key(features, cpu_identity or _cpu_identity())
-    known = _remembered(cache_dir, key)
-    if known is not None:
-        return CpuPath(known[0], amx, simd, known[1])
     if not tensor_types & AMX_TYPES:
         return CpuPath("all", amx, simd, "not checked: this model's weights do not use AMX")
-    return _probe_ladder(model, probe or run_probe, cache_dir, key, amx, simd)
+    machine = _cache_key(features, cpu_identity or _cpu_identity())
+    weights = _weights_key(tensor_types)
+    remembered = _remembered(cache_dir, machine).get(weights)
+    if _trial_failed(cache_dir, machine, weights):  # AMX passed the self-test but killed a load: the rest is tried
+        _end_trial(cache_dir, f"{machine}/{weights}")
+        path = _probe_ladder(model, probe or run_probe, cache_dir, (machine, weights), PATHS[1:-1],
+                             CpuPath("", amx, simd, "crashed loading"))
+    elif remembered:
+        path = CpuPath(remembered[0], amx, simd, remembered[1])
+    else:
+        path = _probe_ladder(model, probe or run_probe, cache_dir, (machine, weights), PATHS[:-1],
+                             CpuPath("", amx, simd, "self-test crashed"))
+    return replace(path, trial=f"{machine}/{weights}") if path.uses_amx else path
 
 
 def known(setting: str, cache_dir: Path | None, features: set[str]) -> str:
-    """What the next load will use, as far as it is known without a model (for `tui-chat info`)."""
+    """What loads will use, as far as it is known without a model (for `tui-chat info`): a verdict per kind of
+    weights tested so far."""
     if setting != AUTO:
         return f"{setting} (set in the config or by a flag)"
     if "AMX_INT8" not in features:
         return "all (no AMX in this build, nothing to test)"
     remembered = _remembered(cache_dir, _cache_key(features, _cpu_identity()))
-    if remembered is None:
+    if not remembered:
         return "not tested yet: the first model whose weights use AMX is tested in a child process"
-    return f"{remembered[0]}" + (f" (AMX {remembered[1]})" if remembered[1] else " (AMX passed its self-test)")
+    return "; ".join(f"{name} for {weights.replace(',', '/')} weights" + (
+        f" (AMX {reason})" if reason else " (AMX passed its self-test)")
+        for weights, (name, reason) in sorted(remembered.items()))
 
 
-def _probe_ladder(model: Path, probe: Probe, cache_dir: Path | None, key: str, amx: bool, simd: str) -> CpuPath:
-    for name in PATHS[:-1]:
+@contextmanager
+def on_trial(path: CpuPath, cache_dir: Path | None) -> Iterator[None]:
+    """Around a load on AMX: if this process dies inside (llama.cpp's AMX kernels crash with SIGILL or SIGSEGV
+    on some batch the self-test did not meet), the trial stays on disk and the next `choose` takes the safe
+    path. A load that fails cleanly (an error, not a death) ends the trial too."""
+    if not path.trial or cache_dir is None:
+        yield
+        return
+    trials = _read_json(cache_dir / TRIAL_FILE) | {path.trial: os.getpid()}
+    _write_json(cache_dir, TRIAL_FILE, trials)
+    try:
+        yield
+    finally:
+        _end_trial(cache_dir, path.trial)
+
+
+def _end_trial(cache_dir: Path | None, key: str) -> None:
+    if cache_dir is not None:
+        rest = {other: pid for other, pid in _read_json(cache_dir / TRIAL_FILE).items() if other != key}
+        _write_json(cache_dir, TRIAL_FILE, rest)
+
+
+def _trial_failed(cache_dir: Path | None, machine: str, weights: str) -> bool:
+    """A trial of these weights was left behind by a process that is gone: it died loading them on AMX."""
+    if cache_dir is None:
+        return False
+    pid = _read_json(cache_dir / TRIAL_FILE).get(f"{machine}/{weights}")
+    return isinstance(pid, int) and pid != os.getpid() and not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # someone else's process: alive
+    return True
+
+
+def _weights_key(tensor_types: Set[int]) -> str:
+    """The weight types AMX would take, by name: what a verdict holds for ("Q4_K,Q6_K")."""
+    return ",".join(AMX_TYPE_NAMES[kind] for kind in sorted(tensor_types & AMX_TYPES))
+
+
+def _probe_ladder(model: Path, probe: Probe, cache_dir: Path | None, key: tuple[str, str], names: Sequence[str],
+                  crashed: CpuPath) -> CpuPath:
+    """The first of `names` whose self-test passes, remembered; `crashed` carries the machine's facts and the
+    reason a path below the default gives."""
+    for name in names:
         result = probe(model, name)
         if result.ok:
-            reason = "" if name == "all" else "crashed its self-test"
-            return _remember(cache_dir, key, CpuPath(name, amx, simd, reason))
+            reason = "" if name == "all" else crashed.reason
+            return _remember(cache_dir, *key, replace(crashed, name=name, reason=reason))
         if not result.conclusive:
-            return CpuPath("none", amx, simd, "its self-test did not finish")
-    return _remember(cache_dir, key, CpuPath("none", amx, simd, "crashed its self-test"))
+            return replace(crashed, name="none", reason="self-test hung")
+    return _remember(cache_dir, *key, replace(crashed, name="none"))
 
 
 def run_probe(model: Path, path_name: str, timeout_s: float = PROBE_TIMEOUT_S) -> ProbeResult:
@@ -157,36 +228,46 @@ def _cache_key(features: set[str], cpu_identity: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _remembered(cache_dir: Path | None, key: str) -> tuple[str, str] | None:
-    entry = _read_cache(cache_dir).get(key) if cache_dir else _MEMORY.get(key)
-    if isinstance(entry, list) and len(entry) == 2 and entry[0] in PATHS and isinstance(entry[1], str):
-        return entry[0], entry[1]
-    return None
+def _remembered(cache_dir: Path | None, machine: str) -> dict[str, tuple[str, str]]:
+    """This build and CPU's verdicts, by the weight types each was tested on (an older file's one verdict per
+    machine, which held for every model, is not read: it is asked again)."""
+    entry = _read_json(cache_dir / CACHE_FILE).get(machine) if cache_dir else _MEMORY.get(machine)
+    if not isinstance(entry, dict):
+        return {}
+    return {weights: (verdict[0], verdict[1]) for weights, verdict in entry.items()
+            if isinstance(verdict, list) and len(verdict) == 2 and verdict[0] in PATHS and isinstance(verdict[1], str)}
 
 
-def _remember(cache_dir: Path | None, key: str, path: CpuPath) -> CpuPath:
-    _MEMORY[key] = [path.name, path.reason]
+def _remember(cache_dir: Path | None, machine: str, weights: str, path: CpuPath) -> CpuPath:
+    verdict = [path.name, path.reason]
+    _MEMORY.setdefault(machine, {})[weights] = verdict
     if cache_dir is not None:
-        entries = _read_cache(cache_dir) | {key: [path.name, path.reason]}
-        try:
-            cache_dir.mkdir(parents=True, exist_ok=True)
-            partial = cache_dir / f"{CACHE_FILE}.partial"
-            partial.write_text(json.dumps(entries, indent=1), encoding="utf-8")
-            os.replace(partial, cache_dir / CACHE_FILE)
-        except OSError:
-            pass  # asked again next time: the answer is still right for this process
+        entries = _read_json(cache_dir / CACHE_FILE)
+        known_here = entries.get(machine)
+        entries[machine] = (known_here if isinstance(known_here, dict) else {}) | {weights: verdict}
+        _write_json(cache_dir, CACHE_FILE, entries)
     return path
 
 
-def _read_cache(cache_dir: Path) -> dict[str, Any]:
+def _read_json(path: Path) -> dict[str, Any]:
     try:
-        entries = json.loads((cache_dir / CACHE_FILE).read_text(encoding="utf-8"))
+        entries = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return entries if isinstance(entries, dict) else {}
 
 
-_MEMORY: dict[str, list[str]] = {}
+def _write_json(cache_dir: Path, name: str, entries: dict[str, Any]) -> None:
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        partial = cache_dir / f"{name}.{os.getpid()}.partial"
+        partial.write_text(json.dumps(entries, indent=1), encoding="utf-8")
+        os.replace(partial, cache_dir / name)
+    except OSError:
+        pass  # asked again next time: the answer is still right for this process
+
+
+_MEMORY: dict[str, dict[str, list[str]]] = {}
 
 
 # --- denying AMX to this process ---------------------------------------------------------------

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import random
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TypedDict
 
@@ -41,18 +43,20 @@ from ..stops import StopScanner
 from . import logs
 from .chain import Chain
 from .cpu import ThreadGovernor
-from .cpu_path import ProbeResult, choose as choose_cpu_path, run_probe
+from .cpu_path import ProbeResult, choose as choose_cpu_path, on_trial, run_probe
 from .draft import KINDS as DRAFTERS, DraftController, Drafter, ModelDrafter, NgramDrafter, check_vocabulary
 from .ggml import build_features, build_version, device_memory
 from .grammar import Constraint, FormatStuck, check_format
+from .inspector import Inspection, Later
 from .kvcache import DiskCache, Restored, open_disk_cache
-from .llamacpp import Inspection, LlamaSession, PrefillAborted, quantization_of
+from .llamacpp import LlamaSession, PrefillAborted, quantization_of
 from .settings import LlamaSettings
 from .xray import word_probability, xray_at
 
 METRICS_INTERVAL_S = 0.1
 PREFILL_CHUNK = 256
 _UNSEEN = Inspection(None, (), None)  # a token drawn with the inspector off
+Seen = Inspection | Later  # the inspector's figures of a token, or their promise (`inspect_later`)
 
 
 def kept_token_count(ends: list[int | None], visible_len: int) -> int:
@@ -197,20 +201,23 @@ class LlamaBackend:
             header = check_gguf(settings.path)  # read once for the load: the check, the CPU path and the KV key
             cpu_path = choose_cpu_path(settings.extra_buffers, settings.path, header.tensor_types, settings.cache_dir,
                                        build_features(), probe=_announced_probe(stream))
-            session = LlamaSession(
-                settings.path,
-                n_ctx=settings.n_ctx,
-                gpu_layers=settings.resolved_gpu_layers,
-                n_batch=PREFILL_CHUNK,
-                threads=self.threads.threads,
-                cpu_path=cpu_path,
-                on_progress=lambda fraction: _report_load(stream, fraction),
-            )
+            with on_trial(cpu_path, settings.cache_dir):  # a death in here: the next load takes the safe path
+                session = LlamaSession(
+                    settings.path,
+                    n_ctx=settings.n_ctx,
+                    gpu_layers=settings.resolved_gpu_layers,
+                    n_batch=PREFILL_CHUNK,
+                    threads=self.threads.threads,
+                    cpu_path=cpu_path,
+                    on_progress=lambda fraction: _report_load(stream, fraction),
+                    backend_sampling=settings.backend_sampling,
+                )
             try:
                 prompt_format = choose_format(settings.chat_template, session.chat_template())
             except PromptError:
                 session.close()
                 raise
+            _warm_template(prompt_format, session)
             self._open_draft_model(session)
         except (EngineError, PromptError) as error:
             cancelled = stream.cancelled.is_set()
@@ -337,6 +344,14 @@ def _announced_probe(stream: Stream) -> Callable[[Path, str], ProbeResult]:
     return probe
 
 
+def _warm_template(prompt_format: PromptFormat, session: LlamaSession) -> None:
+    """Render a message once at load, as llama.cpp's tools warm up: Jinja compiles a template at its first render
+    (~9 ms on the starter's), which the first reply's time to its first token would otherwise pay."""
+    with contextlib.suppress(PromptError):
+        prompt_format.render([Message("user", "Hello")], session.bos_text, session.eos_text,
+                             prompt_format.options(True, ()))
+
+
 def _report_load(stream: Stream, fraction: float) -> bool:
     stream.put(LoadProgress(fraction))
     return not stream.cancelled.is_set()
@@ -389,6 +404,7 @@ class _Turn:
     """
 
     drafts = True  # the lab's turns say no: their columns step together, a row each
+    overlaps_inspector = True  # rows of one decode (the lab's, the slots') share the session's inspector: no
 
     def __init__(self, backend: LlamaBackend, session: LlamaSession, prompt_format: PromptFormat, request: Request,
                  stream: Stream, fitted: tuple[str, list[int], int] | None = None) -> None:
@@ -397,6 +413,8 @@ class _Turn:
         self.format = prompt_format
         self.request = request
         self.stream = stream
+        self.started_at = time.perf_counter()
+        self.template_s = self.tokenize_s = self.prefix_s = 0.0  # parts of the time to the first token
         self.implicit_stops = prompt_format.implicit_stops
         self.shown = bool(request.top_logprobs or request.xray)  # each token's own text goes with it
         self.forced = list(request.forced)
@@ -419,11 +437,14 @@ class _Turn:
         self.thought_at: float | None = None  # when its thinking ended
         self.constraint: Constraint | None = None
         self.stuck = ""  # why the output format's engine allowed no next token, where it did not
+        self.later: Later | None = None  # the inspector's figures for the token event `held`
+        self.held: Token | None = None
         self.drafter = backend.new_drafter(self.prompt) if self.drafts else None
         self.control = DraftController.after(backend._drafting)
         self.guesses: list[int] = []  # the draft being walked: row i of the batch is drawn against guesses[i]
         self.kept = 0  # of them, those drawn as guessed so far
         self.cycle_at: float | None = None  # when the last step or verification started
+        self.sampling_path = "python"  # where the current chain draws: "llama.cpp" (in its graph) or "python"
 
     def _fitted_prompt(self) -> tuple[str, list[int], int]:
         """The prompt's text and tokens, the oldest turns left out if the conversation outgrew the context."""
@@ -432,8 +453,12 @@ class _Turn:
         extra = self.format.options(self.request.thinking, self.request.tools)
 
         def count(messages: list[Message]) -> int:
+            started = time.perf_counter()
             text = self.format.render(messages, session.bos_text, session.eos_text, extra)
+            rendered_at = time.perf_counter()
             rendered[len(messages)] = text, backend._prompt_tokens(session, text)
+            self.template_s += rendered_at - started
+            self.tokenize_s += time.perf_counter() - rendered_at
             return len(rendered[len(messages)][1]) + len(self.forced)
 
         _, params = self.request.params.snapshot()
@@ -478,7 +503,9 @@ class _Turn:
         session, disk = self.session, self.backend._disk
         self.retune_threads()
         self.restored = disk.restore(session, self.context) if disk is not None else None
+        matching = time.perf_counter()
         self.cached = session.keep_prefix(self.context)
+        self.prefix_s = time.perf_counter() - matching
         session.reset_perf()
         self.text = self._new_text(self.request.params.snapshot()[1].stop + self.implicit_stops)
         try:
@@ -522,6 +549,7 @@ class _Turn:
         governor = self.backend.threads
         sampler: Chain | None = None
         version = -1
+        in_graph = False  # the chain is to be attached after its first draw
         next_metrics = 0.0
         try:
             while True:
@@ -533,9 +561,11 @@ class _Turn:
                     if self.drafter is not None:
                         self.control.limit = params.draft_max
                     if sampler is not None:
-                        session.free_sampler(sampler)
+                        self._drop_sampler(sampler)
                     seed = params.seed if params.seed >= 0 else random.getrandbits(32)
                     sampler = session.new_sampler(params, seed)
+                    in_graph = self._draws_in_graph()
+                    self.sampling_path = "python"
                     self.text.scanner.stops = params.stop + self.implicit_stops
                 if len(self.generated) >= params.max_tokens + self.allowance:
                     return "length"
@@ -546,6 +576,9 @@ class _Turn:
                         return reason
                     continue
                 token, seen, stages = self._draw(sampler, params)
+                if in_graph:  # after its first draw, on the host from the logits row: llama.cpp draws the rest
+                    in_graph = False
+                    self.sampling_path = "llama.cpp" if session.attach(sampler) else "python"
                 now = time.perf_counter()
                 self.first_at = self.first_at or now
                 self.last_at = now
@@ -565,15 +598,33 @@ class _Turn:
                     self.backend._run_quick()
                 self._advance(token, params)
                 if now >= next_metrics:
+                    self._flush()
                     stream.put(Metrics(self.metrics()))
                     next_metrics = now + METRICS_INTERVAL_S
                 if time.monotonic() >= governor.next_check:
                     self.retune_threads()
         finally:
+            self._flush()
             self._settle()
             self.backend._drafting = self.control
             if sampler is not None:
                 session.free_sampler(sampler)
+
+    def _draws_in_graph(self) -> bool:
+        """Whether this reply's chains are offered to llama.cpp to draw in its graph (`LlamaSession.attach`, which
+        takes those it can): not where the host reads the model's logits row (the inspector, the X-ray, an output
+        format's grammar), nor with a draft, whose verification asks several rows of the sequence (llama.cpp draws
+        one a sequence a decode)."""
+        request = self.request
+        return not (request.top_logprobs or request.xray or self.constraint is not None or self.drafter is not None)
+
+    def _drop_sampler(self, sampler: Chain) -> None:
+        """Free the chain that settings changed mid-reply replace; where it drew in llama.cpp's graph, the last
+        token is read again, so that the new one draws its first token from the logits row."""
+        attached = sampler.seq is not None
+        self.session.free_sampler(sampler)
+        if attached:
+            self.session.reread_last()
 
     def _advance(self, token: int, params: SamplingParams) -> None:
         """Put the token just drawn into the cache: with a draft of what follows it where the drafter has one
@@ -606,12 +657,17 @@ class _Turn:
         self.guesses, self.kept = [], 0
         self.cycle_at = None
 
-    def _take(self, token: int, now: float, version: int, seen: Inspection, stages: tuple[Stage, ...] = (), *,
+    def _take(self, token: int, now: float, version: int, seen: Seen, stages: tuple[Stage, ...] = (), *,
               forced: bool = False, inserted: bool = False, drafted: bool = False,
               rejected: int | None = None) -> StopReason | None:
         """A token joins the reply: its text, split into thinking and answer, and its event. Returns why the
         reply ends with it, if it does. `drafted`: a guess of the draft, kept; `rejected`: the guess this token
-        replaced (a correction)."""
+        replaced (a correction). With the inspector's figures still to come, the event waits for them: it goes
+        out before the next event (`_flush`), one decode later."""
+        self._flush()
+        if isinstance(seen, Later):
+            self.later = seen
+            seen = _UNSEEN
         self.generated.append(token)
         if self.drafter is not None:
             self.drafter.add(token)
@@ -620,7 +676,7 @@ class _Turn:
         named = self.shown or forced  # the token's own text (or a special token's name) goes with it
         if self.session.is_end_of_generation(token):
             self.text.add_end()
-            self.stream.put(Token(token, "", now, version, "", seen.prob, seen.top, seen.pool,
+            self._put_token(Token(token, "", now, version, "", seen.prob, seen.top, seen.pool,
                                   thinking=self._thinking(), special=self.session.special_text(token) if named else "",
                                   **events))
             return "eos"
@@ -631,10 +687,23 @@ class _Turn:
             self.visible_at = now
         if self.thought_at is None and self.text.splitter.opened and not self.text.splitter.thinking:
             self.thought_at = now
-        self.stream.put(Token(token, shown, now, version, decoded if named else "", seen.prob,
+        self._put_token(Token(token, shown, now, version, decoded if named else "", seen.prob,
                               seen.top, seen.pool, reasoning=thought, thinking=self._thinking(), special=special,
                               **events))
         return "stop" if self.text.scanner.stopped else None
+
+    def _put_token(self, event: Token) -> None:
+        if self.later is None:
+            self.stream.put(event)
+        else:
+            self.held = event
+
+    def _flush(self) -> None:
+        """The token event waiting for the inspector's figures, with them: out before any later event."""
+        if self.held is not None and self.later is not None:
+            seen = self.later.result()
+            self.stream.put(replace(self.held, prob=seen.prob, top=seen.top, pool=seen.pool))
+        self.held = self.later = None
 
     def _guess_text(self, token: int) -> str:
         return self._piece(token).decode("utf-8", errors="replace") or self.session.special_text(token)
@@ -676,15 +745,21 @@ class _Turn:
             self.session.step(token)
         return None
 
-    def _draw(self, sampler: Chain, params: SamplingParams) -> tuple[int, Inspection, tuple[Stage, ...]]:
+    def _draw(self, sampler: Chain, params: SamplingParams) -> tuple[int, Seen, tuple[Stage, ...]]:
         """The next token from the chain, within the output format's grammar if there is one (past the
-        thinking), and what the inspector and the X-ray record of it when they are on (nothing otherwise)."""
+        thinking), and what the inspector and the X-ray record of it when they are on (nothing otherwise). The
+        inspector's figures of a plain draw come later (`inspect_later`): computed while the next token decodes."""
         session, top_n = self.session, self.request.top_logprobs
         constraint = None if self.text.splitter.thinking else self.constraint
         replay = sampler.clone() if self.request.xray else None
+        recent = tuple(sampler.recent) if top_n and "penalties" in sampler.stages else ()  # the pool's, before this
         token = session.sample(sampler) if constraint is None else constraint.draw(sampler, session.logits())
         judge = constraint.judge if constraint is not None else None
-        seen = session.inspect(token, top_n, params, judge) if top_n else _UNSEEN
+        seen: Seen = _UNSEEN
+        if top_n and judge is None and replay is None and self.overlaps_inspector:
+            seen = session.inspect_later(token, top_n, params, recent)
+        elif top_n:
+            seen = session.inspect(token, top_n, params, recent, judge)
         if constraint is not None:
             constraint.accept(token)
         return token, seen, self._stages(replay, token) if replay is not None else ()
@@ -740,6 +815,11 @@ class _Turn:
             threads=self.session.threads.decode,
             restored_tokens=restored,
             restore_s=self.restored.seconds if self.restored else 0.0,
+            queued_s=max(0.0, self.started_at - self.request.submitted_at),
+            template_s=self.template_s,
+            tokenize_s=self.tokenize_s,
+            prefix_s=self.prefix_s,
+            first_draw_s=0.0 if self.first_at is None or self.decode_at is None else self.first_at - self.decode_at,
             restore_avoided_s=restored / rate if rate else None,
             grammar_s=self.constraint.spent_s if self.constraint is not None else 0.0,
             reasoning_tokens=reasoning_tokens,
@@ -749,4 +829,5 @@ class _Turn:
             draft_accepted=self.control.accepted,
             verifications=self.control.verifications,
             plain_ms_per_token=self.control.plain_ms,
+            sampling_path=self.sampling_path,
         )

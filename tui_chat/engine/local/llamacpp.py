@@ -27,16 +27,22 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from ..base import Candidate, EngineError, GrammarMask, PoolCut
+# numpy imports these at first use (logits views; np.unique, which the sampler chain uses): ~10 ms that the
+# first reply's time to its first token would pay, paid here, as the engine starts
+import numpy.ctypeslib  # noqa: F401
+import numpy.ma  # noqa: F401
+
+from ..base import Candidate, EngineError, GrammarMask
 from ..compare import MAX_COLUMNS
 from ..models import check_gguf
 from ..params import SamplingParams
-from ..pool import likeliest, pool_cut
+from ..pool import likeliest, penalised, penalised_before_cuts, pool_cut
 from ..prompts import BUILTIN_EQUIVALENTS
 from . import logs
 from .chain import Chain, ChainBuilder, StageReader
 from .cpu import Threads
 from .cpu_path import CpuPath, deny_amx
+from .inspector import Inspection, Inspector, Later, overlaps
 
 SCRATCH_SEQ = 1
 FIRST_COLUMN_SEQ = 2  # the sampling lab's columns: sequences FIRST_COLUMN_SEQ … FIRST_COLUMN_SEQ + MAX_COLUMNS - 1
@@ -67,16 +73,6 @@ class StateRefused(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class Inspection:
-    """One drawn token under the raw distribution (see `LlamaSession.inspect`)."""
-
-    prob: float | None  # None, with no pool: the inspector was off
-    top: tuple[Candidate, ...]
-    pool: PoolCut | None
-    mask: GrammarMask | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class Perf:
     """llama.cpp's own counters: `p_eval` counts batched prompt tokens, `eval` single-token steps."""
 
@@ -88,6 +84,14 @@ class Perf:
 
 def supports_gpu_offload() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def _size_label(n_params: int) -> str:
+    """A parameter count as model names give it: 7B, 1.5B, 270M, 406K."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n_params >= scale:
+            return f"{n_params / scale:.3g}{unit}"
+    return str(n_params)
 
 
 def quantization_of(path: Path, description: str) -> str:
@@ -108,6 +112,7 @@ class LlamaSession:
         threads: Threads,
         cpu_path: CpuPath | None = None,
         on_progress: Callable[[float], bool] | None = None,
+        backend_sampling: bool | None = None,
     ) -> None:
         _init_backend()
         self.n_batch = n_batch
@@ -174,21 +179,38 @@ class LlamaSession:
         self._abort = _flag_reader(self._stop_flag)
         self.chains = ChainBuilder(self.vocab, self.n_vocab, self.n_ctx, self.continuation)
         self._stage_reader: StageReader | None = None
+        self.backend_sampling = self._allows_backend_sampling(backend_sampling)
+        self._inspector: Inspector | None = None  # made when a reply first records the inspector's figures
         self._warm_up()
 
     def _warm_up(self) -> None:
         """One decode before the first prompt, then an empty cache, as llama.cpp's own tools do at load (and
         llama-bench before it times): a GPU's first batch pays for setting up its kernels, which the first prompt
         of a reply would otherwise pay (the app read 518 tokens at 0.12-0.17 x pp512 on an H200). A whole batch
-        where layers are offloaded (milliseconds there), two tokens on a CPU."""
-        bos = llama_cpp.llama_vocab_bos(self.vocab)
-        status = self._submit([max(bos, 0)] * (self.n_batch if self.gpu_layers > 0 else 2), 0, 0, True)
+        where layers are offloaded (milliseconds there), two tokens on a CPU. On AMX, a whole batch and then one
+        token: the batch sizes a reply will run, so a kernel that crashes on either does it inside the load's
+        trial (cpu_path.on_trial), not in the first reply."""
+        bos = max(llama_cpp.llama_vocab_bos(self.vocab), 0)
+        amx = self.cpu_path is not None and self.cpu_path.uses_amx
+        status = self._submit([bos] * (self.n_batch if self.gpu_layers > 0 or amx else 2), 0, 0, True)
+        if status == 0 and amx:
+            llama_cpp.llama_memory_clear(self.memory, True)
+            status = self._submit([bos], 0, 0, True)
         llama_cpp.llama_memory_clear(self.memory, True)
         llama_cpp.llama_synchronize(self.ctx)
         llama_cpp.llama_perf_context_reset(self.ctx)
         if status != 0:
             self.close()
             raise EngineError(_decode_failure(status))
+
+    def _allows_backend_sampling(self, wanted: bool | None) -> bool:
+        """Whether llama.cpp may draw inside its graph (`attach`): by default where the output layer is on a GPU
+        (llama.cpp offloads it with the first layer). On a CPU its graph pads the whole logits row first, in
+        ggml's slow pad kernel (+2.3 ms a token on the proxy's 262,144-token vocabulary, 1 thread, against 0.1 to
+        0.35 ms for the host's draw). Never for a recurrent or hybrid model, whose last cell cannot be dropped to
+        be read again (`reread_last`)."""
+        recurrent = llama_cpp.llama_model_is_recurrent(self.model) or llama_cpp.llama_model_is_hybrid(self.model)
+        return (self.gpu_layers > 0 if wanted is None else wanted) and not recurrent
 
     def set_threads(self, threads: Threads) -> None:
         """Takes effect from the next decode: the count can follow the machine's load mid-reply."""
@@ -198,9 +220,10 @@ class LlamaSession:
     # --- model facts -------------------------------------------------------------------------
 
     def description(self) -> str:
+        """llama.cpp's "gemma3 270M Q4_K - Medium"; a size it has no name for ("llama ?B F16") from the count."""
         buffer = ctypes.create_string_buffer(256)
         llama_cpp.llama_model_desc(self.model, buffer, len(buffer))
-        return buffer.value.decode("utf-8", errors="replace")
+        return buffer.value.decode("utf-8", errors="replace").replace(" ?B ", f" {_size_label(self.n_params())} ", 1)
 
     def chat_template(self) -> str | None:
         """The model's Jinja template. For a few models without one llama.cpp answers with the name of one of
@@ -531,12 +554,47 @@ class LlamaSession:
         """The sampler chain for `params` (chain.py), primed with the recent tokens its penalties look at."""
         return self.chains.build(params, seed, self.tokens)
 
-    @staticmethod
-    def free_sampler(chain: Chain) -> None:
+    def free_sampler(self, chain: Chain) -> None:
+        self.detach(chain)
         chain.free()
 
+    def attach(self, chain: Chain, seq: int = 0) -> bool:
+        """Let llama.cpp draw with `chain` inside its graph at each decode of sequence `seq` from the next on
+        (backend sampling): `sample` then reads its token, and the host does nothing per token; `logits` then
+        reads what the chain made of the row (penalised, cut, tempered), not the model's. False, and nothing attached,
+        where llama.cpp would run only part of the chain there (a stage without a backend version, an op the
+        device lacks): the chain is then drawn on the host. Detached by `free_sampler`."""
+        if not (self.backend_sampling and chain.fits_graph):
+            return False
+        llama_cpp.llama_set_sampler(self.ctx, seq, chain.pointer)
+        if chain.in_graph():
+            chain.seq = seq
+            return True
+        llama_cpp.llama_set_sampler(self.ctx, seq, None)
+        chain.unbind()
+        return False
+
+    def detach(self, chain: Chain) -> None:
+        """Its sequence's tokens drawn on the host again, from the next decode on, with this chain if need be."""
+        if chain.seq is not None:
+            llama_cpp.llama_set_sampler(self.ctx, chain.seq, None)
+            chain.seq = None
+            chain.unbind()
+
+    def reread_last(self) -> None:
+        """Decode the last cached token again, for the model's logits row (a decode with a chain attached gives the
+        chain's): a chain built mid-reply (settings changed) draws its first token from it."""
+        token = self.tokens.pop()
+        llama_cpp.llama_memory_seq_rm(self.memory, 0, len(self.tokens), -1)
+        self.step(token)
+
     def sample(self, chain: Chain) -> int:
-        """The next token from the last decoded logits; over a shortlist where the chain allows one."""
+        """The next token from the last decoded logits; over a shortlist where the chain allows one. With the
+        chain attached, the token llama.cpp drew in its graph, recorded for the penalties as a host draw is."""
+        if chain.seq is not None:
+            token: int = llama_cpp.llama_get_sampled_token_ith(self.ctx, self.row)
+            chain.accept(token)
+            return token
         if chain.shortlist is None:
             return chain.sample(self.ctx, self.row)
         return chain.draw(self.logits(), self.likeliest(chain.shortlist))
@@ -574,7 +632,7 @@ class LlamaSession:
         _, found, ids = self._shortlist
         return ids if found == k else ids[np.argpartition(logits[ids], -k)[-k:]]
 
-    def inspect(self, token: int, top_n: int, params: SamplingParams,
+    def inspect(self, token: int, top_n: int, params: SamplingParams, recent: Sequence[int] = (),
                 judge: Callable[[], tuple[np.ndarray, bool]] | None = None) -> Inspection:
         """`token`'s probability, the top-N candidates and the pool cut, under this step's raw distribution.
 
@@ -583,16 +641,44 @@ class LlamaSession:
         output format, `judge` (grammar.Constraint.judge: which tokens of the vocabulary it allows, and
         whether that left one choice) marks the candidates and measures the mask.
         """
-        logits = self.logits()
-        probs = self._probs
-        best = self.likeliest(self._pool_scan(top_n, params))
+        best = self.likeliest(self.pool_scan(top_n, params, recent))
+        return self.inspection(self.logits(), best, self._probs, token, top_n, params, recent, judge)
+
+    def inspect_later(self, token: int, top_n: int, params: SamplingParams,
+                      recent: Sequence[int] = ()) -> Later | Inspection:
+        """`inspect`'s figures, computed from a copy of this row in a thread of their own while the next token
+        decodes (inspector.py): the same numbers, off the path between two decodes where a core is free for
+        them; at once where none is."""
+        if not overlaps(self.threads.decode):
+            return self.inspect(token, top_n, params, recent)
+        if self._inspector is None:
+            self._inspector = Inspector(self.n_vocab, self._inspect_copy)
+        return self._inspector.submit(self.logits(), token, top_n, params, tuple(recent))
+
+    def _inspect_copy(self, row: np.ndarray, probs: np.ndarray, token: int, top_n: int, params: SamplingParams,
+                      recent: tuple[int, ...]) -> Inspection:
+        """`inspect` on a copy of a row, with a buffer of its own (the inspector's thread)."""
+        best = likeliest(row, self.pool_scan(top_n, params, recent))
+        return self.inspection(row, best, probs, token, top_n, params, recent)
+
+    def inspection(self, logits: np.ndarray, best: np.ndarray, probs: np.ndarray, token: int, top_n: int,
+                   params: SamplingParams, recent: Sequence[int] = (),
+                   judge: Callable[[], tuple[np.ndarray, bool]] | None = None) -> Inspection:
+        """The inspector's figures from a logits row, its `best` (the likeliest, unordered) and a buffer for the
+        softmax the size of the vocabulary. The token's probability and the candidates are the raw
+        distribution's; the pool is what the chain's cuts keep, so where its penalties come before them it is
+        counted after the penalties on `recent` (the chain's window before this draw), as the X-ray replays it."""
         largest = float(logits[best].max())
-        if EXP_SAFE[0] < largest < EXP_SAFE[1]:  # one pass less (~0.08 ms of a token, measured after a decode)
+        shift = 0.0 if EXP_SAFE[0] < largest < EXP_SAFE[1] else largest
+        if shift == 0.0:  # one pass less (~0.08 ms of a token, measured after a decode)
             np.exp(logits, out=probs)
         else:
             np.subtract(logits, largest, out=probs)
             np.exp(probs, out=probs)
-        scale = 1.0 / float(probs.sum())
+        total = float(probs.sum())
+        scale = 1.0 / total
+        pool = pool_cut(penalised(logits, best, shift, total, recent, params) if recent and penalised_before_cuts(
+            params) else np.sort(probs[best])[::-1] * scale, self.n_vocab, params)
         best = best[np.argsort(probs[best])[::-1]]
         ranked = probs[best] * scale
         allowed, forced = judge() if judge is not None else (None, False)
@@ -603,15 +689,16 @@ class LlamaSession:
         )
         mask = None if allowed is None else GrammarMask(
             float(probs.sum(where=~allowed, dtype=np.float64)) * scale, int(allowed.sum()), forced)
-        return Inspection(float(probs[token]) * scale, candidates, pool_cut(ranked, self.n_vocab, params), mask)
+        return Inspection(float(probs[token]) * scale, candidates, pool, mask)
 
-    def _pool_scan(self, top_n: int, params: SamplingParams) -> int:
+    def pool_scan(self, top_n: int, params: SamplingParams, recent: Sequence[int] = ()) -> int:
         """How many of the likeliest `inspect` ranks: the top N, and what the pool cut counts among (top-k's, or
-        POOL_SCAN); at temperature 0 the pool is the one token drawn, so the top N alone."""
+        POOL_SCAN, and as many more as the penalties may push below it: a token ranked k + 1 joins the top k
+        when one above is penalised); at temperature 0 the pool is the one token drawn, so the top N alone."""
         if params.temperature <= 0:
             return min(int(self.n_vocab), top_n)
         pool = params.top_k if 0 < params.top_k < POOL_SCAN else POOL_SCAN
-        return min(int(self.n_vocab), max(top_n, pool))
+        return min(int(self.n_vocab), max(top_n, pool + len(set(recent))))
 
     # --- counters and teardown ----------------------------------------------------------------
 
@@ -624,6 +711,8 @@ class LlamaSession:
 
     def close(self) -> None:
         self.chains.close()
+        if self._inspector is not None:
+            self._inspector.close()
         if self.ctx:
             llama_cpp.llama_batch_free(self._batch)
             llama_cpp.llama_free(self.ctx)

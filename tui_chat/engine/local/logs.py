@@ -12,12 +12,16 @@ import threading
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal, TextIO
+from typing import TextIO
 
 import llama_cpp
 
+from ...guard import move_aside_when_large
+
 _LEVEL_ERROR = 4  # GGML_LOG_LEVEL_ERROR
-_MAX_LOG_BYTES = 5 * 1024 * 1024
+# ggml says this when it cannot have AMX, which is what the no-amx CPU path asks for: said plainly instead
+AMX_DENIED = "AMX is not ready to be used"
+AMX_DENIED_NOTE = "tui-chat: AMX is off on purpose on this CPU path (no-amx: see `tui-chat info`); not an error\n"
 
 _lock = threading.Lock()
 _sink: TextIO | None = None
@@ -32,10 +36,12 @@ def _on_log(level: int, text: bytes | None, _user_data: object) -> None:
     if not text:
         return
     line = text.decode("utf-8", errors="replace")
+    denied = AMX_DENIED in line
+    line = AMX_DENIED_NOTE if denied else line
     with _lock:
         if _collected is not None:
             _collected.append(line)
-        if level == _LEVEL_ERROR and line.strip():
+        if level == _LEVEL_ERROR and line.strip() and not denied:
             _recent_errors.append(line.strip())
         if _sink is not None:
             try:
@@ -67,8 +73,8 @@ def install(log_dir: Path | None) -> Path | None:
             try:
                 log_dir.mkdir(parents=True, exist_ok=True)
                 path = log_dir / "llama.log"
-                mode: Literal["w", "a"] = "w" if path.exists() and path.stat().st_size > _MAX_LOG_BYTES else "a"
-                _sink = path.open(mode, encoding="utf-8", buffering=1)
+                move_aside_when_large(path)  # rolled over as stderr.log is: a crash's last words stay readable
+                _sink = path.open("a", encoding="utf-8", buffering=1)
             except OSError:
                 path = None
     if not _installed:

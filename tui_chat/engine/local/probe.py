@@ -1,6 +1,7 @@
 """The CPU path self-test, run in a child process: `python -m tui_chat.engine.local.probe PATH MODEL`.
 
-Loads MODEL on CPU path PATH (see cpu_path.py) and decodes a few tokens; exit status 0 means it
+Loads MODEL on CPU path PATH (see cpu_path.py) as the app loads it (the same batch size, so the load's warm-up
+reads a whole batch and one token on AMX), then reads a prompt and decodes a few tokens; exit status 0 means it
 works. A crash kills only this process, which is the point.
 """
 
@@ -12,14 +13,15 @@ from pathlib import Path
 from ..params import SamplingParams
 from .cpu import choose_threads, read_topology
 from .cpu_path import PATHS, CpuPath
+from .llama import PREFILL_CHUNK
 from .llamacpp import LlamaSession
 
 PROBE_TOKENS = 4
 
 
 def self_test(model: Path, path_name: str) -> None:
-    session = LlamaSession(model, n_ctx=256, gpu_layers=0, n_batch=32, threads=choose_threads(read_topology()),
-                           cpu_path=CpuPath(path_name, amx=True, simd=""))
+    session = LlamaSession(model, n_ctx=2 * PREFILL_CHUNK, gpu_layers=0, n_batch=PREFILL_CHUNK,
+                           threads=choose_threads(read_topology()), cpu_path=CpuPath(path_name, amx=True, simd=""))
     try:
         if session.cpu_path is None or session.cpu_path.name != path_name:
             raise SystemExit(3)  # AMX could not be denied here: this path cannot be tested

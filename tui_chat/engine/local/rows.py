@@ -17,8 +17,8 @@ from ..base import Done, Stage, StopReason
 from ..params import SamplingParams
 from .chain import Chain
 from .grammar import FormatStuck
+from .inspector import Inspection
 from .llama import _Turn
-from .llamacpp import Inspection
 
 
 class RowTurn(_Turn):
@@ -26,6 +26,7 @@ class RowTurn(_Turn):
     `with_prob`: every token carries its probability under the raw distribution, inspector on or off."""
 
     drafts = False
+    overlaps_inspector = False
     with_prob = False
     seq = 0
 
@@ -84,6 +85,7 @@ class RowTurn(_Turn):
     def _draw(self, sampler: Chain, params: SamplingParams) -> tuple[int, Inspection, tuple[Stage, ...]]:
         """The reply's draw; with `with_prob`, the token's probability even with the inspector off."""
         token, seen, stages = super()._draw(sampler, params)
+        assert isinstance(seen, Inspection), "rows inspect at once (overlaps_inspector)"
         if self.with_prob and seen.prob is None:
             seen = replace(seen, prob=self._prob(token))
         return token, seen, stages

@@ -23,6 +23,9 @@ class LlamaSettings:
     kv_dir: Path | None = None  # where KV states are saved after each reply (None: not saved)
     kv_budget_bytes: int = DEFAULT_BUDGET_BYTES  # their total size; the least recently used go first
     draft: str = "off"  # speculative decoding's drafter: "ngram" (prompt lookup), a draft model's .gguf, or "off"
+    # llama.cpp draws in its graph where a reply's chain allows (LlamaSession.attach): None where the model's output
+    # layer is on a GPU (on a CPU llama.cpp's draw costs more than the host's), True or False everywhere or nowhere
+    backend_sampling: bool | None = None
 
     @property
     def resolved_gpu_layers(self) -> int:

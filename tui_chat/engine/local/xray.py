@@ -73,10 +73,11 @@ def word_probability(session: LlamaSession, context: Sequence[int], text: str) -
 
 
 def verdict(piece: str, prob: float, rank: int, stages: Sequence[Stage], default_cut: Stage | None = None) -> str:
-    """One line on why this token was drawn, from the stage figures.
+    """One line on why this token was drawn, from the stage figures. A draw from several candidates is chance:
+    the line gives its odds, then what the stages did to the likelier tokens, never as its cause.
 
     `default_cut`: the stage that removes the token when the chain runs in llama.cpp's default order,
-    if one does: then the order is the reason (llama.cpp #7498).
+    if one does: then the order kept it in the draw (llama.cpp #7498).
     """
     head = f"{_shown(piece)} drawn at rank {rank} with p = {prob:.2g}"
     removed = next((s for s in stages if s.rank is None), None)
@@ -92,19 +93,25 @@ def verdict(piece: str, prob: float, rank: int, stages: Sequence[Stage], default
     if rank == 1:
         return f"{head}: the likeliest token" + (f", a {stages[-1].prob:.0%} chance among the {stages[-1].kept} left"
                                                   if stages else "")
+    odds = f"{head}: {_odds(prob, stages)}"
     if default_cut is not None:
-        return f"{head} because {_order_reason(stages, default_cut)}"
+        return f"{odds}; {_order_reason(stages, default_cut)}"
     rise = _biggest_rise(stages, rank)
-    if rise is not None:
-        mover, was, now = rise
-        if mover.name not in _REORDERING:
-            return f"{head} because {mover.label} removed the {was - now} likelier tokens"
-        return f"{head} because {mover.label} {_REORDERING[mover.name]} the likelier tokens (rank {was} → {now})"
+    if rise is None:
+        return odds
+    mover, was, now = rise
+    if mover.name not in _REORDERING:
+        return f"{odds}; {mover.label} removed the {was - now} likelier tokens"
+    return f"{odds}; {mover.label} {_REORDERING[mover.name]} the likelier tokens (rank {was} → {now})"
+
+
+def _odds(prob: float, stages: Sequence[Stage]) -> str:
+    """The draw's odds among what the stages left: `a 4.0% chance among the 12 candidates min-p 0.05 left`."""
     if not stages:
-        return f"{head}: a {prob:.1%} chance, nothing cut the pool"
+        return f"a {prob:.1%} chance, nothing cut the pool"
     cutter = _last_cut(stages)
     where = f"the {stages[-1].kept} candidates {cutter.label} left" if cutter else "all candidates"
-    return f"{head}: a {stages[-1].prob:.1%} chance among {where}"
+    return f"a {stages[-1].prob:.1%} chance among {where}"
 
 
 def _cuts(session: LlamaSession, logits: np.ndarray, token: int, params: SamplingParams,

@@ -100,6 +100,8 @@ class OpenAIBackend:
         self._bos_tokens = 0
         self._implicit_stops: tuple[str, ...] = ()
         self._hint_empty = True  # until a reply with text comes, or the hint is given once
+        # The last reply's conversation (its messages, then the reply) and the tokens the server counted of it
+        self._counted: tuple[tuple[Message, ...], int] = ((), 0)
         headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
         timeout = httpx.Timeout(settings.read_timeout_s, connect=CONNECT_TIMEOUT_S)
         self._client = httpx.Client(headers=headers, timeout=timeout)
@@ -253,7 +255,9 @@ class OpenAIBackend:
         version, params = request.params.snapshot()
         reply = StreamedReply(request, version, self.info.n_ctx if self.info else 0)
         try:
-            stream.put(self._answer(reply, params, stream, connection))
+            done = self._answer(reply, params, stream, connection)
+            self._remember(request, done)
+            stream.put(done)
         except ToolsRefused as error:
             stream.put(Error(self._failure(error), tools_refused=True))
         except (EngineError, FormatError, httpx.HTTPError) as error:
@@ -269,7 +273,7 @@ class OpenAIBackend:
                 raise EngineError("no model is loaded")
             body = self._body(request, params)
             reply.given_start(stream)
-            reply.estimated(math.ceil(len(_prompt_text(request)) / CHARS_PER_TOKEN), stream)
+            reply.estimated(self._estimate(request), stream)
             self._stream_into(reply, stream, connection, body)
         except (EngineError, FormatError, httpx.HTTPError):
             if stream.cancelled.is_set():
@@ -282,7 +286,7 @@ class OpenAIBackend:
             return reply.done("cancelled")
         if reply.metrics().prompt_estimated and self.kind.tokenize_path:
             self._recount(request, reply, stream)
-        reason = stop_reason(reply.finish_reason, params, self._implicit_stops)
+        reason = stop_reason(reply.finish_reason, params, self._implicit_stops, reply.context_full)
         return self._checked(reply.done(reason, (*params.stop, *self._implicit_stops)))
 
     # --- the sampling lab ---------------------------------------------------------------------
@@ -344,6 +348,21 @@ class OpenAIBackend:
             self._hint_empty = False
             return replace(done, note=f"the server wrote nothing: {self.kind.empty_reply}")
         return done
+
+    def _estimate(self, request: Request) -> int:
+        """The prompt's tokens until the server says: what it counted of the conversation so far, as the draft
+        line bills it, and the messages after that at CHARS_PER_TOKEN characters a token."""
+        counted, tokens = self._counted
+        if request.messages[: len(counted)] != list(counted):
+            counted, tokens = (), 0
+        rest = replace(request, messages=request.messages[len(counted):])
+        return tokens + math.ceil(len(_prompt_text(rest)) / CHARS_PER_TOKEN)
+
+    def _remember(self, request: Request, done: Done) -> None:
+        """A reply whose prompt the server counted: the next one's estimate starts from its count."""
+        if not done.metrics.prompt_estimated and done.metrics.context_tokens:
+            reply = Message("assistant", done.text, done.reasoning)
+            self._counted = ((*request.messages, reply), done.metrics.context_tokens)
 
     def _recount(self, request: Request, reply: StreamedReply, stream: Stream) -> None:
         """The server never said how long the prompt was: its own tokenizer counts the messages, now that no

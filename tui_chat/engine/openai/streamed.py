@@ -32,6 +32,7 @@ class StreamedReply:
         self.usage: dict[str, Any] | None = None
         self.timings: dict[str, Any] | None = None
         self.progress: dict[str, Any] | None = None
+        self.extras: dict[str, Any] | None = None  # `tui-chat serve`'s own figures (x_tui_chat)
         self.estimate: int | None = None  # the prompt's tokens as the client counted them
         self._echo: str | None = None  # a branch's given text, until the server has repeated it or written anew
         self.first_at: float | None = None
@@ -63,6 +64,7 @@ class StreamedReply:
             raise RemoteError(f"the server stopped the reply: {chunk.error}")
         self.usage = chunk.usage or self.usage
         self.timings = chunk.timings or self.timings
+        self.extras = chunk.extras or self.extras
         self.finish_reason = chunk.finish_reason or self.finish_reason
         now = time.perf_counter()
         if chunk.progress is not None:
@@ -145,14 +147,15 @@ class StreamedReply:
         first = self.visible_at or self.first_at
         started, last = self.first_at, self.last_at  # both set with the first token, thinking's included
         ttft = None if first is None else first - self.request.submitted_at
+        kv = count(self.extras, "kv_used")  # the cells its cache holds: the last token drawn is not read yet
         return TurnMetrics(
             prompt_tokens=prompt,
             cached_tokens=min(cached, prompt),
             completion_tokens=completion,
             ttft_s=ttft,
-            prefill_s=self._prefill_s(prompt, from_timings == prompt, ttft),
+            prefill_s=self._prefill_s(bool(reported), from_timings == prompt, ttft),
             decode_s=0.0 if started is None or last is None else last - started,
-            context_tokens=prompt + completion,
+            context_tokens=prompt + completion if kv is None else kv,
             n_ctx=self.n_ctx,
             server_decode_tok_s=rate(timings, "predicted_per_second"),
             prompt_estimated=not reported and self.estimate is not None,
@@ -176,13 +179,20 @@ class StreamedReply:
             return None
         return cached < metrics.prompt_tokens - 1
 
-    def _prefill_s(self, prompt: int, timed: bool, ttft: float | None) -> float:
+    def _prefill_s(self, counted: bool, timed: bool, ttft: float | None) -> float:
         """The server's own time for reading the whole prompt (`timed`: its timings cover all of it); without
-        it, the time to first token bounds it from above; 0 while the prompt is still being read."""
+        it, the time to first token bounds it from above where the server `counted` the prompt (an estimate
+        over a time is no measured rate); 0: no rate to show (the prompt still being read, or not counted)."""
         prompt_ms = rate(self.timings, "prompt_ms")
         if prompt_ms and timed:
             return prompt_ms / 1000
-        return ttft if prompt and ttft else 0.0
+        return ttft if counted and ttft else 0.0
+
+    @property
+    def context_full(self) -> bool:
+        """`tui-chat serve` said it stopped for a full context, which OpenAI's `length` does not tell from max
+        tokens."""
+        return self.extras is not None and self.extras.get("stop_reason") == "context"
 
     def done(self, reason: StopReason, stops: tuple[str, ...] = ()) -> Done:
         """`stops`: the stop sequences sent; a server does not say which one it ended on, so only a lone one
@@ -196,10 +206,11 @@ class StreamedReply:
                     answer_from=self.thinking, stop_sequence=sequence, server_calls=calls)
 
 
-def stop_reason(finish_reason: str | None, params: SamplingParams, implicit_stops: tuple[str, ...] = ()) -> StopReason:
+def stop_reason(finish_reason: str | None, params: SamplingParams, implicit_stops: tuple[str, ...] = (),
+                context_full: bool = False) -> StopReason:
     """OpenAI's "stop" covers both the end of text and a stop sequence; with stop sequences sent (the user's,
     or a plain transcript's `\\nUser:`, as the in-process engine names it) we cannot tell which, and name
-    the stop sequence."""
+    the stop sequence. Its "length" is a full context where the server said so (`context_full`)."""
     if finish_reason == "length":
-        return "length"
+        return "context" if context_full else "length"
     return "stop" if (params.stop or implicit_stops) and finish_reason == "stop" else "eos"

@@ -57,6 +57,7 @@ class Chunk:
     usage: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
     progress: dict[str, Any] | None = None  # llama-server's prompt_progress: total, cache, processed, time_ms
+    extras: dict[str, Any] | None = None  # `tui-chat serve`'s x_tui_chat: its own stop reason and cache figures
     error: str | None = None
     calls: tuple[CallPiece, ...] = ()
 
@@ -90,6 +91,7 @@ def parse_chunk(data: str) -> Chunk:
         usage=_table(payload.get("usage")),
         timings=_table(payload.get("timings")),
         progress=_table(payload.get("prompt_progress")),
+        extras=_table(payload.get("x_tui_chat")),
         calls=_call_pieces(delta.get("tool_calls") if isinstance(delta, dict) else None),
     )
 

@@ -69,7 +69,7 @@ class ConversationRoom(Room):
         if not event.delete:
             self.view.prompt.set_draft(event.turn.question)
         self.view.prompt.focus()
-        self.show_figures(edited=True)
+        self.show_figures()  # the reply now last on screen: a deleted one's figures go with it
 
     def _confirmed(self, turn: Turn) -> bool:
         asked, self._delete_asked = self._delete_asked, (turn, time.monotonic())

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ...engine.base import Backend, ModelInfo
+import contextlib
+
+from ...engine.base import Backend, ModelInfo, WatchesItsDeath
 from ...workspace import LoadJob
 from ..panel.metrics import MetricsPanel
 from ..panel.sampling import SamplingPanel
@@ -30,6 +32,9 @@ class ModelsRoom(Room):
             self.session.stop()  # the reply ends as stopped when the old backend closes
         self.query_one(MetricsPanel).show_model(info)
         self.query_one(SamplingPanel).show_backend(info, self.workspace.backend)
+        watched: object = self.workspace.backend  # an engine process's (a test's own backend has no process)
+        if isinstance(watched, WatchesItsDeath):
+            watched.on_idle_death = self._engine_died
         self.view.set_status("")
         self.show_title()
         self.view.recount_draft()
@@ -40,12 +45,18 @@ class ModelsRoom(Room):
         if self.workspace.loading is None and backend is not None and (held := self.workspace.release()) is not None:
             await self.started(self.session.ask(held, backend.generate))
 
+    def _engine_died(self, line: str) -> None:
+        """The engine process died between replies (on the link's thread): said now, not at the next message."""
+        with contextlib.suppress(RuntimeError):  # the app is closing
+            self.app.call_from_thread(self.notify, f"{line[:1].upper()}{line[1:]}.", title="Engine stopped",
+                                      severity="warning", timeout=10, markup=False)
+
     def model_failed(self, job: LoadJob, message: str) -> None:
-        """A failed load leaves the model in use answering, and a message that waited for it back in the box:
-        only with no model at all is the failure the status."""
+        """A failed load leaves the model in use answering, and a message that waited for it back in the box (in
+        front of what was typed since): only with no model at all is the failure the status."""
         self.notify(message, title="Model not loaded", severity="error", timeout=8, markup=False)
         if self.workspace.loading is None and (held := self.workspace.release()) is not None:
-            self.view.prompt.set_draft(held)
+            self.view.prompt.put_back(held)
         if self.workspace.backend is not None:
             self.view.set_status("")
             return

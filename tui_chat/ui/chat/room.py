@@ -72,7 +72,7 @@ class Room(Screen[None]):
     def show_figures(self, shown: Turn | None = None, *, edited: bool = False) -> None:
         """The panel's figures: its reply's are those of the reply on screen (the branch of `shown`, else the
         chat's last: another chat, a kept lab column); the session's cost and the draft's estimate follow too
-        (`edited`: only they, after a price chosen or turns taken off the chat)."""
+        (`edited`: only they, after a price chosen)."""
         panel = self.query_one(MetricsPanel)
         if not edited:
             turns = [shown] if shown is not None else self.session.turns

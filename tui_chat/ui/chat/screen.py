@@ -48,6 +48,7 @@ from .tools import ToolsRoom
 
 PANEL_REFRESH_S = 0.5  # while a reply streams: each refresh lays the screen out again
 NARROW_BELOW = 100  # columns; a narrower screen gives the chat the width and shows the panel on F2
+SAVED_POLL_S = 0.01  # quitting: how often to look whether the chat is saved
 IDLE_ONLY = frozenset({"regenerate", "continue", "edit_last"})  # what cannot start while a reply is written
 
 
@@ -97,13 +98,26 @@ class ChatScreen(ConversationRoom, ChatsRoom, ModelsRoom, InspectorRoom, LabRoom
         except HistoryError as error:
             self.notify(f"{error}: this session is not saved", severity="warning", timeout=8, markup=False)
         self.view.session = self.workspace.new_chat(self.live, **self.options)
+        if (unsent := self.workspace.unsent()) is not None:
+            self.view.prompt.put_back(unsent)
+            self.notify("A message sent while the model loaded last time was never answered: it is back in the box.",
+                        title="Not sent", timeout=8, markup=False)
 
     def on_unmount(self) -> None:
         model = self.workspace.backend
-        self.workspace.close()
+        self._close_workspace()
         self.memory.close()
         if model is not None:  # its engine process ends with the chat, and the exit does not wait for it
             threading.Thread(target=model.close, name="close-model", daemon=True).start()
+
+    def _close_workspace(self) -> None:
+        """Quitting waits for the chat to be saved (the history closed), never for the MCP servers to end: they
+        are stopped on a thread the exit does not wait for, and a stdio server whose input closes with the app
+        ends by itself (waited for, they held the app and its watcher up to 5 s after Ctrl+Q)."""
+        closing = threading.Thread(target=self.workspace.close, name="close-workspace", daemon=True)
+        closing.start()
+        while closing.is_alive() and self.workspace.history is not None:
+            closing.join(SAVED_POLL_S)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """While a reply is written, regenerating or editing waits (shown dimmed in the footer); Esc

@@ -1,11 +1,14 @@
 """Tools (F9): the MCP servers and their tools switched on for this chat; a call's consent asked here, where the
-call is shown, over whatever screen is up; a reopened chat's tools back on."""
+call is shown, over whatever screen is up; a reopened chat's tools back on; a reply that starts with a tool choice
+no tool is on to meet, said."""
 
 from __future__ import annotations
 
 from textual import on
 
+from ...session import Turn
 from ..screens.consent import ConsentScreen, ConsentWanted
+from ..screens.tools import ToolsScreen, unused_choice_note
 from .room import Room
 
 
@@ -15,11 +18,15 @@ class ToolsRoom(Room):
     _consent_due: ConsentWanted | None = None
 
     def action_tools(self) -> None:
-        from ..screens.tools import ToolsScreen
-
         if problem := self.workspace.reload_tool_servers():
             self.notify(problem, severity="warning", timeout=8, markup=False)
         self.app.push_screen(ToolsScreen(self.workspace))
+
+    async def started(self, turn: Turn) -> None:
+        """A reply that starts without the call its tool choice asks for says so (F9 set `required` and no tool)."""
+        await super().started(turn)
+        if note := unused_choice_note(self.session):
+            self.notify(f"{note} F9 switches tools on.", severity="warning", timeout=8, markup=False)
 
     @on(ConsentWanted)
     def _consent(self, event: ConsentWanted) -> None:

@@ -103,8 +103,10 @@ def kv_bar(used: int, total: int, width: int = BAR_WIDTH) -> str:
 class MetricsPanel(Vertical):
     """Fed by the chat screen a few times a second while a reply streams, never per token. The reply's
     figures are those of the reply on screen (the one written, a branch shown, a lab column kept, the last of
-    a reopened chat); the KV bar what the cache holds, which only a reply written changes. The session's
-    figures are the chat's own (`replies`: each reply's, kept on its branch), summed when drawn."""
+    a reopened chat); the KV bar what the cache holds, which only a reply written changes. Two sums, named
+    apart: the chat's (`replies`: each reply's, kept on its branch, summed when drawn: a reopened chat costs
+    what it did, a deleted turn leaves it) and the session's spend (`spent`: every reply written since the
+    app started, whatever became of it: deleting does not un-spend)."""
 
     DEFAULT_CSS = """
     MetricsPanel #model-title { text-style: bold; color: $accent; }
@@ -124,6 +126,8 @@ class MetricsPanel(Vertical):
         self.metrics = TurnMetrics()
         self.kv_used = 0  # tokens in the cache after the last reply the engine wrote
         self.kv_size = 0  # the context that reply had (a server's own, where it says)
+        self.kv_estimated = False  # that reply's prompt was counted here: the server never said
+        self.spent: list[TurnMetrics] = []  # each reply written since the app started, its latest figures
         self.thinking = True  # the chat's thinking switch, shown for a model whose template names its markers
         self._last_sample: tuple[int, float] | None = None
 
@@ -148,6 +152,7 @@ class MetricsPanel(Vertical):
         self.info = info
         self.metrics = TurnMetrics()
         self.kv_used = self.kv_size = 0
+        self.kv_estimated = False
         self.refresh_view(status)
 
     def show_thinking(self, on: bool) -> None:
@@ -159,11 +164,14 @@ class MetricsPanel(Vertical):
         self._last_sample = None
         self.query_one(Sparkline).data = []
         self.metrics = TurnMetrics()
+        self.spent.append(self.metrics)
 
     def update_metrics(self, metrics: TurnMetrics) -> None:
-        """A snapshot of the reply in progress, or its final figures: extends the decode-rate sparkline."""
+        """A snapshot of the reply in progress, or its final figures: extends the decode-rate sparkline. The
+        latest is what the reply spent, even one stopped or cut short (a server bills what it read)."""
         self.metrics = metrics
-        self.kv_used, self.kv_size = metrics.context_tokens, metrics.n_ctx
+        self.spent[-1:] = [metrics]  # in the entry `start_reply` opened
+        self.kv_used, self.kv_size, self.kv_estimated = metrics.context_tokens, metrics.n_ctx, metrics.prompt_estimated
         if self._last_sample is not None:
             tokens, seconds = self._last_sample
             if metrics.decode_s > seconds and metrics.completion_tokens > tokens:
@@ -184,13 +192,17 @@ class MetricsPanel(Vertical):
     def key_figures(self) -> str:
         """The decode rate and the cache's fill, for the title line where the panel is hidden."""
         rate = f"{self.metrics.decode_tok_s:,.1f} tok/s" if self.metrics.decode_tok_s else ""
-        total = self.kv_total
-        kv = f"KV {self.kv_used:,}/{total:,}" if total else f"KV {self.kv_used:,}" if self.kv_used else ""
+        total, used = self.kv_total, self._kv_used()
+        kv = f"KV {used}/{total:,}" if total else f"KV {used}" if self.kv_used else ""
         return " · ".join(part for part in (rate, kv) if part)
 
     @property
     def kv_total(self) -> int:
         return self.kv_size or (self.info.n_ctx if self.info else 0)
+
+    def _kv_used(self) -> str:
+        """The cache's fill, marked `~` where it rests on the prompt counted here."""
+        return f"{'~' if self.kv_estimated else ''}{self.kv_used:,}"
 
     class PriceChosen(Message):
         """The user picked another price preset (the screen has the workspace keep it, in the config too)."""
@@ -205,12 +217,18 @@ class MetricsPanel(Vertical):
         self.refresh_view()
         self.post_message(self.PriceChosen(str(event.value)))
 
+    def chat_cost(self) -> Decimal:
+        return self._cost(self.replies())
+
     def session_cost(self) -> Decimal:
+        return self._cost(self.spent)
+
+    def _cost(self, replies: Iterable[TurnMetrics]) -> Decimal:
         return sum((turn_cost(self.price, t.prompt_tokens, t.cached_tokens, t.output_tokens).total
-                    for t in self.replies()), Decimal(0))
+                    for t in replies), Decimal(0))
 
     def uncached_cost(self) -> Decimal:
-        """What the session would have cost with every prompt token billed as fresh input."""
+        """What the chat would have cost with every prompt token billed as fresh input."""
         return sum((self.price.cost(t.prompt_tokens, 0, t.output_tokens) for t in self.replies()), Decimal(0))
 
     def refresh_view(self, status: str = "") -> None:
@@ -224,8 +242,8 @@ class MetricsPanel(Vertical):
             show(title, Content(terminal_safe(info.name)))
             threads = m.threads or info.threads
             width = facts.content_size.width
-            hardware = fitted([info.quantization, info.offload, *([f"{threads} thread{'s' if threads != 1 else ''}"]
-                                                                   if threads else [])], width)
+            counted = [f"{threads} thread{'s' if threads != 1 else ''}"] if threads else []
+            hardware = fitted([info.quantization, *info.offload.split(" · "), *counted], width)
             thinks = f"\nThinking {'on' if self.thinking else 'off'} · F7" if info.thinking else ""
             server = "".join(f"\n{line}" for line in info.server_facts)
             memory = "".join(f"\n{memory_line(device, width)}" for device in info.memory)
@@ -246,12 +264,12 @@ class MetricsPanel(Vertical):
         show(self.query_one("#tokens", Static), Content(
                 f"Tokens   in {estimated}{m.prompt_tokens:,} · out {m.completion_tokens:,}{_thought(m)}{_tools(m)}\n"
                 f"KV       {kv_bar(self.kv_used, n_ctx)}\n"
-                f"         {self.kv_used:,} / {f'{n_ctx:,}' if n_ctx else 'unknown'}\n"
+                f"         {self._kv_used()} / {f'{n_ctx:,}' if n_ctx else 'unknown'}\n"
                 f"Reused   {m.cached_tokens:,} tokens this turn"
                 + (f"\n{restored[0].upper()}{restored[1:]}" if restored else "")
             ))
         reply = turn_cost(self.price, m.prompt_tokens, m.cached_tokens, m.output_tokens)
-        session = self.session_cost()
+        chat = self.chat_cost()
         show(self.query_one("#cost", Static), Content(
                 f"prices read {self.price.read_on}\n"
                 f"Reply    {_usd(reply.total)}\n"
@@ -260,6 +278,7 @@ class MetricsPanel(Vertical):
                 f" output  {_usd(reply.output)}\n"
                 f"{_thinking_cost(self.price, m)}"
                 f"{_calls_cost(self.price, m)}"
-                f"Session  {_usd(session)}\n"
-                f"Saved    {_usd(self.uncached_cost() - session)} by reuse"
+                f"Chat     {_usd(chat)}\n"
+                f"Saved    {_usd(self.uncached_cost() - chat)} by reuse\n"
+                f"Session  {_usd(self.session_cost())} spent"
             ))

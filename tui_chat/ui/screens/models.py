@@ -1,4 +1,5 @@
-"""F5: the models on this machine, and GGUF models to find and download from the Hugging Face hub.
+"""F5: the models on this machine, the servers of the config, and GGUF models to find and download from the
+Hugging Face hub.
 
 The screen is installed once and kept, so a download goes on while the user is back in the chat
 and its progress is here when they return. Downloads run on a worker thread and report through

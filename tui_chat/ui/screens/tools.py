@@ -22,7 +22,7 @@ from ...config import config_path
 from ...engine.params import InvalidParameter
 from ...safetext import screen_safe
 from ...session import ChatSession
-from ...tools.calls import AUTO, CHOICES
+from ...tools.calls import AUTO, CHOICES, NONE
 from ...tools.mcp import Tool, ToolError
 from ...workspace import Workspace
 from .dialog import Dialog
@@ -47,6 +47,7 @@ class ToolsScreen(Dialog[None]):
     ToolsScreen #choice-label { padding: 1 1 0 0; width: auto; }
     ToolsScreen #choice { width: 40; }
     ToolsScreen #note { color: $error; display: none; }
+    ToolsScreen #no-tool { color: $warning; }
     """
 
     def __init__(self, workspace: Workspace) -> None:
@@ -55,8 +56,8 @@ class ToolsScreen(Dialog[None]):
         self.servers = list(workspace.config.mcp.servers)
         self.tools: dict[Switch, Tool] = {}
         self.server_switches: dict[str, Switch] = {}
-        use = workspace.chat_tools
-        self.choice = use.choice if use is not None else AUTO  # kept while the tool it names is off
+        session = workspace.session  # the chat's choice, kept while no tool (or not the one it names) is on
+        self.choice = session.tool_switches.choice if session is not None else AUTO
 
     def compose(self) -> ComposeResult:
         settings = self.workspace.config.mcp
@@ -73,6 +74,7 @@ class ToolsScreen(Dialog[None]):
                 shown = CHOICES if self.choice in CHOICES else (*CHOICES, self.choice)  # a tool's name too
                 yield Select([(choice, choice) for choice in shown], value=self.choice, allow_blank=False,
                              id="choice")
+            yield Static(id="no-tool")
             with VerticalScroll(id="servers"):
                 for index, name in enumerate(self.servers):
                     with Horizontal(classes="server"):
@@ -86,6 +88,7 @@ class ToolsScreen(Dialog[None]):
                                  "name: that one first. Applies from the next reply. Esc closes."), classes="hint")
 
     def on_mount(self) -> None:
+        self._show_no_tool()
         for name in self.servers:
             self.run_worker(partial(self._start, name), thread=True, group="start-servers", exit_on_error=False)
 
@@ -195,6 +198,23 @@ class ToolsScreen(Dialog[None]):
                 self._show_server(name)
             return
         note.display = False
+        self._show_no_tool()
+
+    def _show_no_tool(self) -> None:
+        no_tool = self.query_one("#no-tool", Static)
+        line = unused_choice_note(self.workspace.session) if self.workspace.session is not None else ""
+        no_tool.update(Content(screen_safe(line)))
+        no_tool.display = bool(line)
+
+
+def unused_choice_note(session: ChatSession) -> str:
+    """A tool choice that asks for a call (`required`, a tool's name) with no tool on has nothing to call: the
+    reply is plain text, and this says so rather than leave the choice to look obeyed."""
+    choice = session.tool_switches.choice
+    if session.tools is not None or choice in (AUTO, NONE):
+        return ""
+    return (f"No tool is on for this chat: tool choice {choice!r} has nothing to call, so the model answers in "
+            "plain text.")
 
 
 def restore_chat_tools(screen: Screen[None], workspace: Workspace, session: ChatSession) -> None:

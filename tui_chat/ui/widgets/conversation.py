@@ -149,7 +149,7 @@ class ConversationView(Vertical):
         else:
             widget.stop()
             await self.log_view.remove_turn(turn)
-            self.prompt.set_draft(turn.question)
+            self.prompt.put_back(turn.question)
 
     def _say_ending(self, ending: Ending) -> None:
         if ending.kind == "failed":

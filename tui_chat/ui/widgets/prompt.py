@@ -46,9 +46,19 @@ class PromptInput(KeysInTurn, TextArea):
             self.move_cursor(result.end_location)
 
     def set_draft(self, text: str) -> None:
-        """Put text back to edit (a taken-back or edited message), as the box can show it."""
+        """Put text in the box to edit, in place of what is there (an edited message), as the box can show it."""
         self.text = without_controls(text)
         self.move_cursor(self.document.end)
+        self.focus()
+
+    def put_back(self, unsent: str) -> None:
+        """A message that got no reply (stopped before its first token, its model's load failed) back in the box,
+        in front of what was typed since: the two read in the order they were written, and the cursor stays
+        where the typing was, so a draft being typed as Esc lands goes on under the fingers undisturbed."""
+        if not self.text.strip():
+            self.set_draft(unsent)
+            return
+        self.insert(f"{without_controls(unsent)}\n\n", (0, 0))
         self.focus()
 
     def action_submit(self) -> None:

@@ -1,0 +1,90 @@
+"""The inspector's figures for a drawn token, computed while the next one decodes.
+
+A token's raw probability needs the softmax's normaliser over the whole vocabulary: on Gemma 3's 262,144 tokens
+an exp and a sum over 1 MiB of logits, and a shortlist of the likeliest, ~0.35 ms a token (measured on the GPU-
+regime proxy, AMD EPYC). Between two decodes that is a third of a GPU's token. Here it runs on a copy of the row
+(~0.04 ms) in a thread of its own, while llama.cpp decodes the next token with the interpreter lock released
+(numpy releases it too for work this size), so the two overlap. The reply takes the figures when it puts the
+token's event, one decode later (`_Turn` holds that event until then); if the thread has not started on them
+by then (a busy machine), they are computed there and then, as before. Only where a core is free beside
+llama.cpp's decode threads (`overlaps`): on a machine with none, the thread would take a core from llama.cpp's
+threads, which spin at every barrier and punish that.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..base import Candidate, GrammarMask, PoolCut
+from ..params import SamplingParams
+
+Args = tuple[int, int, SamplingParams, tuple[int, ...]]  # the token, the top N, the settings, the penalties' window
+
+
+@dataclass(frozen=True, slots=True)
+class Inspection:
+    """One drawn token under the raw distribution (see `LlamaSession.inspect`)."""
+
+    prob: float | None  # None, with no pool: the inspector was off
+    top: tuple[Candidate, ...]
+    pool: PoolCut | None
+    mask: GrammarMask | None = None
+
+
+# the session's `inspect` over a copied row, with a softmax buffer: (row, probs, *Args) -> Inspection
+InspectCopy = Callable[[np.ndarray, np.ndarray, int, int, SamplingParams, tuple[int, ...]], Inspection]
+
+
+def overlaps(decode_threads: int) -> bool:
+    """Whether a CPU is free for the inspector while llama.cpp decodes on `decode_threads` threads."""
+    return len(os.sched_getaffinity(0)) > decode_threads if hasattr(os, "sched_getaffinity") else False
+
+
+class Later:
+    """The inspector's figures for one token, on their way."""
+
+    def __init__(self, inspector: Inspector, future: Future[Inspection], args: Args) -> None:
+        self.inspector, self.future, self.args = inspector, future, args
+        self.done: Inspection | None = None
+
+    def result(self) -> Inspection:
+        """The figures, once: the copy they come from is the next token's after the next `submit`."""
+        if self.done is None:
+            if self.future.cancel():  # the thread has not got to them: here and now, from the same copy
+                self.done = self.inspector.inspect(*self.args)
+            else:
+                self.done = self.future.result()
+        return self.done
+
+
+class Inspector:
+    """One thread and two vocabulary-sized buffers (the copied row, the softmax's) for a session."""
+
+    def __init__(self, n_vocab: int, inspect_copy: InspectCopy) -> None:
+        self.inspect_copy = inspect_copy
+        self.row = np.empty(n_vocab, dtype=np.float32)
+        self.probs = np.empty(n_vocab, dtype=np.float32)
+        self.pending: Later | None = None
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inspector")
+
+    def submit(self, logits: np.ndarray, token: int, top_n: int, params: SamplingParams,
+               recent: tuple[int, ...]) -> Later:
+        """The figures for `token` from `logits` (copied now: the next decode overwrites them). One at a time: the
+        buffers are reused, so an earlier one is taken first (it has had a decode's time)."""
+        if self.pending is not None:
+            self.pending.result()
+        np.copyto(self.row, logits)
+        args: Args = (token, top_n, params, recent)
+        self.pending = Later(self, self.pool.submit(self.inspect, *args), args)
+        return self.pending
+
+    def inspect(self, token: int, top_n: int, params: SamplingParams, recent: tuple[int, ...]) -> Inspection:
+        return self.inspect_copy(self.row, self.probs, token, top_n, params, recent)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
