@@ -46,6 +46,7 @@ from shared import fmt, median, own_dirs, ratio
 from tui_chat.config import cache_dir, models_dir
 from tui_chat.engine.local.cpu import cpu_model, read_topology
 from tui_chat.engine.local.llama import PREFILL_CHUNK
+from tui_chat.engine.local.llamacpp import device_batch
 from tui_chat.engine.models import starter_path
 from tui_chat.wording import STOP_LABELS
 
@@ -255,9 +256,11 @@ def bench_turn(binary: Path, model: Path, threads: dict[str, int], repack: bool,
                gpu_layers: int) -> dict:
     """llama-bench's pp512 on the reading threads and tg128 on the decode threads, with the engine's batch,
     ubatch, flash attention and CPU path."""
+    batch, ubatch = device_batch(PREFILL_CHUNK, 4096, int(gpu_layers != 0))  # -1: every layer
+
     def rate(prompt: int, gen: int, threads: int) -> float:
         done = subprocess.run([str(binary), "-m", str(model), "-p", str(prompt), "-n", str(gen), "-t", str(threads),
-                               "-b", str(PREFILL_CHUNK), "-ub", str(PREFILL_CHUNK), "-fa", "auto",
+                               "-b", str(batch), "-ub", str(ubatch), "-fa", "auto",
                                "--repack", str(int(repack)), "-ngl", str(99 if gpu_layers < 0 else gpu_layers),
                                "-r", "1", "-o", "json"],
                               capture_output=True, text=True, check=True, start_new_session=True)
@@ -298,10 +301,11 @@ def main() -> None:
     extra_buffers = info["cpu"]["extra_buffers"]
     repack = not extra_buffers.startswith("none")
     topology = read_topology()
+    batch, ubatch = device_batch(PREFILL_CHUNK, 4096, int((args.gpu_layers or 0) != 0))
     settings = {
-        "engine": f"n_batch = n_ubatch = {PREFILL_CHUNK}, flash attention auto, swa_full on, extra buffers "
+        "engine": f"n_batch {batch}, n_ubatch {ubatch}, flash attention auto, swa_full on, extra buffers "
                   f"{extra_buffers}, threads {'fixed' if args.threads else 'following the load'}",
-        "llama-bench": f"-b {PREFILL_CHUNK} -ub {PREFILL_CHUNK} -fa auto --repack {int(repack)} -r 1, -t "
+        "llama-bench": f"-b {batch} -ub {ubatch} -fa auto --repack {int(repack)} -r 1, -t "
                        f"{args.threads or 'as run (its decode threads: the reading ones too but on a hybrid CPU)'}"
                        ", -ngl "
                        f"{'99 (all)' if (args.gpu_layers or 0) < 0 else args.gpu_layers or 0}, "

@@ -124,6 +124,21 @@ def test_governor_keeps_fixed_counts_and_follows_the_load_otherwise():
     assert pinned.threads == Threads(1, 1)
 
 
+def test_a_gpu_quick_step_keeps_a_core_for_the_apps_own_threads():
+    """Issue 45: at ~1.4 ms a token (the GPU-regime proxy) the app's threads wake as often as llama.cpp's barrier
+    and stall its spinning threads: a core is kept for them. At the starter's ~20 ms, every core decodes."""
+    class Idle:
+        def busy_elsewhere(self):
+            return 0.0
+
+    governor = ThreadGovernor(topology=Topology(2, 2, 2), watch=Idle())
+    assert governor.retune(now=1.0, step_ms=1.4) and governor.threads == Threads(1, 1)
+    assert governor.retune(now=2.0, step_ms=20.0) and governor.threads == Threads(2, 2)
+    assert not governor.retune(now=3.0, step_ms=None)  # not measured yet: as the load says
+    many = ThreadGovernor(topology=Topology(16, 16, 16), watch=Idle())
+    assert many.retune(now=1.0, step_ms=1.0) and many.threads == Threads(15, 15)
+
+
 # --- the CPU path -----------------------------------------------------------------------------
 
 def child_probe(outcomes: dict[str, str], calls: list[str]):

@@ -3,19 +3,24 @@ send the request) against the real command on the starter model, in a process of
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import jsonschema
 import openai
@@ -69,6 +74,42 @@ def server(starter_model, server_home) -> Iterator[str]:
 
 def client(url: str, **options) -> openai.OpenAI:
     return openai.OpenAI(base_url=url, api_key=options.pop("api_key", "none"), max_retries=0, **options)
+
+
+def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str, dict]:
+    """A raw GET: its status, text and headers."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=30) as response:
+            return response.status, response.read().decode(), dict(response.headers)
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode(), dict(error.headers)
+
+
+def health(url: str) -> tuple[int, dict]:
+    status, text, _ = get(f"{url.removesuffix('/v1')}/health")
+    return status, json.loads(text)
+
+
+def until_idle(url: str) -> None:
+    """Until the requests an earlier test left have ended: a test that counts places starts with all free."""
+    deadline = time.monotonic() + 60
+    while health(url)[1]["in_flight"] or health(url)[1]["waiting"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def connect(url: str) -> socket.socket:
+    where = urlsplit(url)
+    return socket.create_connection((where.hostname, where.port), timeout=30)
+
+
+def send_raw(url: str, path: str, body: dict) -> socket.socket:
+    """A POST sent on a socket of its own, its answer left unread (the client may leave)."""
+    data = json.dumps(body).encode()
+    connection = connect(url)
+    connection.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return connection
 
 
 def post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict, dict]:
@@ -251,6 +292,64 @@ def test_bad_requests_are_answered_in_openais_shape(server):
     assert status == 200 and body["count"] == len(body["tokens"]) == 2 and body["tokens"] != [0, 1]
 
 
+def test_a_grammar_that_does_not_parse_is_the_clients_mistake(server):
+    """Issue 48: a bad grammar was a 500 `server_error`, so the openai client sent it three times."""
+    chat = openai.OpenAI(base_url=server, api_key="none")  # the client's own retries: none for a 400
+    with pytest.raises(openai.BadRequestError) as bad:
+        chat.chat.completions.create(model="", messages=PROMPT, max_tokens=4, extra_body={"grammar": "root ::= foo"})
+    assert bad.value.body["param"] == "grammar" and "does not parse" in bad.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as echo:
+        chat.completions.create(model="", prompt="1, 2, 3", max_tokens=0, echo=True, logprobs=1)
+    assert echo.value.body["param"] == "echo" and "not supported" in echo.value.body["message"]
+
+
+def test_max_tokens_beyond_the_slot_ends_the_reply_at_its_end(server):
+    """Issue 48: a max_tokens above a slot's share was a 400, where llama-server clamps it (clients that send a
+    large fixed one failed). A prompt that nearly fills the slot: the reply ends at its end, `length`."""
+    base = server.removesuffix("/v1")
+    room = json.loads(get(f"{base}/props")[1])["default_generation_settings"]["n_ctx"]
+    count = post(f"{base}/tokenize", json.dumps({"content": " seven" * 10}).encode())[1]["count"]
+    assert count == 10, "a word a token"
+    prompt = " seven" * (room - 8)
+    reply = client(server).completions.create(model="", prompt=prompt, max_tokens=10**6, temperature=0)
+    assert reply.choices[0].finish_reason == "length" and reply.model_extra["x_tui_chat"]["stop_reason"] == "context"
+    assert reply.usage.prompt_tokens + reply.usage.completion_tokens <= room
+
+
+def test_metrics_in_prometheus_text_format(server):
+    """Issue 48: llama-server's `/metrics` was missing: requests, tokens in and out, the queue, the decode rate."""
+    client(server).chat.completions.create(model="", messages=PROMPT, max_tokens=3, temperature=0)
+    status, text, headers = get(f"{server.removesuffix('/v1')}/metrics")
+    assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    samples = dict(line.split(" ") for line in text.splitlines() if not line.startswith("#"))
+    assert {line.split(" ")[2] for line in text.splitlines() if line.startswith("# TYPE")} == set(samples)
+    assert int(samples["tui_chat_requests_total"]) >= 1 and int(samples["tui_chat_completion_tokens_total"]) >= 3
+    assert int(samples["tui_chat_prompt_tokens_total"]) > 10 and float(samples["tui_chat_decode_tokens_per_second"]) > 0
+    assert samples["tui_chat_requests_waiting"] == "0" and samples["tui_chat_engine_up"] == "1"
+
+
+def test_a_client_that_leaves_before_its_prompt_is_taken_is_gone_not_failed(server, server_home):
+    """Issue 48: a client that left while the engine was reading prompts was counted as a failure (500)."""
+    until_idle(server)
+    log = server_home / "log.jsonl"
+    before = len(log.read_text().splitlines())
+    long = f"{uuid.uuid4()}" + " seven" * 1900  # read for a while, nothing of it cached
+    reading = send_raw(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": long}],
+                                                        "max_tokens": 1})
+    time.sleep(0.3)
+    send_raw(server, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 4}).close()
+    reading.settimeout(60)
+    assert reading.recv(12) == b"HTTP/1.1 200"
+    reading.close()
+    deadline = time.monotonic() + 30
+    while not (ended := [entry for line in log.read_text().splitlines()[before:]
+                         if (entry := json.loads(line))["endpoint"] == "completion"]):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    [left] = ended
+    assert (left["end"], left["status"]) == ("gone", 200), left
+
+
 def test_another_address_needs_a_key_which_every_request_must_send(starter_model, tmp_path):
     refused = run_cli("serve", "--no-ui", "--host", "0.0.0.0", "--port", "0", "--model", str(starter_model))
     assert refused.returncode == 2 and "give --api-key KEY" in refused.stderr and "Traceback" not in refused.stderr
@@ -259,7 +358,15 @@ def test_another_address_needs_a_key_which_every_request_must_send(starter_model
         with pytest.raises(openai.AuthenticationError) as missing:
             client(url).models.list()
         assert missing.value.body["code"] == "invalid_api_key"
-        assert client(url, api_key="sesame").models.list().data
+        [model] = client(url, api_key="sesame").models.list().data
+        assert health(url) == (200, {"status": "ok"}), "open to probes, without the figures"
+        status, text, _ = get(f"{url}/models", {"Authorization": "bearer sesame"})
+        assert status == 200 and json.loads(text)["data"][0]["id"] == model.id, "the scheme in any case"
+        keyed = client(url, api_key="sesame")
+        assert keyed.models.retrieve(model.id).id == model.id
+        with pytest.raises(openai.NotFoundError) as unknown:
+            keyed.models.retrieve("gpt-9")
+        assert unknown.value.body["code"] == "model_not_found"
 
 
 def test_tui_chats_own_remote_backend_chats_with_it_and_reads_its_figures(server, server_home):
@@ -301,22 +408,19 @@ async def test_the_app_chats_with_it_and_its_panel_shows_the_servers_figures(ser
 
 
 @contextmanager
-def in_process(model: Path, temperature: float = 0.0) -> Iterator[tuple[object, object, str]]:
-    """A real server with its engine in this process (the view's tests drive it): server, monitor, base URL."""
+def served(backend, temperature: float = 0.0, **options) -> Iterator[tuple[object, object, str]]:
+    """A real server over `backend` (loaded here), in this process: server, monitor, base URL."""
     from tui_chat.engine.base import Loaded
-    from tui_chat.engine.local.settings import LlamaSettings
-    from tui_chat.engine.local.slots import LlamaServing
     from tui_chat.engine.params import SamplingParams
     from tui_chat.pricing import PRESETS
     from tui_chat.serve.monitor import Monitor
     from tui_chat.serve.server import ServeOptions, TuiChatServer
 
-    backend = LlamaServing(LlamaSettings(model, n_ctx=1024))
     loaded = backend.load().result()
     assert isinstance(loaded, Loaded)
     monitor = Monitor(next(iter(PRESETS.values())))
-    server = TuiChatServer(ServeOptions(port=0), backend, loaded.info, SamplingParams(temperature=temperature),
-                           monitor)
+    server = TuiChatServer(ServeOptions(port=0, **options), backend, loaded.info,
+                           SamplingParams(temperature=temperature), monitor)
     try:
         yield server, monitor, f"http://127.0.0.1:{server.server_port}/v1"
     finally:
@@ -325,15 +429,140 @@ def in_process(model: Path, temperature: float = 0.0) -> Iterator[tuple[object, 
 
 
 @contextmanager
-def answering(model: Path) -> Iterator[str]:
+def in_process(model: Path, temperature: float = 0.0, **options) -> Iterator[tuple[object, object, str]]:
+    """A real server with its engine in this process (the view's tests drive it): server, monitor, base URL."""
+    from tui_chat.engine.local.settings import LlamaSettings
+    from tui_chat.engine.local.slots import LlamaServing
+
+    with served(LlamaServing(LlamaSettings(model, n_ctx=1024)), temperature, **options) as parts:
+        yield parts
+
+
+@contextmanager
+def answered(server) -> Iterator[None]:
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+
+
+@contextmanager
+def answering(model: Path, **options) -> Iterator[str]:
     """`in_process`, its requests answered on a thread: the base URL."""
-    with in_process(model) as (server, _, url):
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
+    with in_process(model, **options) as (server, _, url), answered(server):
+        yield url
+
+
+@contextmanager
+def over_an_engine_process(model: Path, logs: Path, **options) -> Iterator[tuple[object, str]]:
+    """As `tui-chat serve` runs it (the engine in a process of its own), in this process, so that a test can
+    shorten the watchdog's limit: the engine and the base URL."""
+    from tui_chat.engine.factory import local_backend
+    from tui_chat.engine.local.settings import LlamaSettings
+    from tui_chat.engine.process import LocalEngineProcess
+
+    engine = LocalEngineProcess(partial(local_backend, LlamaSettings(model, n_ctx=2048), "starter", logs), logs)
+    with served(engine, **options) as (server, _, url), answered(server):
+        yield engine, url
+
+
+def test_a_slow_client_is_let_go_after_the_timeout(tiny_model):
+    """Issue 48: connections had no timeout, so a client that sent its headers (or body) slowly, or not at all,
+    held a thread for ever before its key was even read."""
+    from tui_chat.serve.server import ServeOptions
+
+    assert ServeOptions().timeout_s <= 60
+    with answering(tiny_model, timeout_s=1.0) as url:
+        with connect(url) as headers:
+            headers.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # the headers never end
+            started = time.monotonic()
+            assert headers.recv(1024) == b"" and time.monotonic() - started < 5
+        with connect(url) as body:
+            body.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            assert body.recv(1024).startswith(b"HTTP/1.1 408 ")
+        assert health(url)[0] == 200, "the server still answers"
+
+
+def test_a_whole_reply_whose_client_leaves_frees_its_place_within_a_second(tiny_model):
+    """Issue 48: a non-streamed client that left kept its slot until its reply ended: the gone-check ran only when
+    a drain came back empty, and a whole reply writes nothing until it is done. The tiny model writes a token a
+    millisecond once under way, so no drain is empty: `--parallel 1`, and a reply of 4,000 tokens left at 500."""
+    from tui_chat.engine.local.settings import LlamaSettings
+    from tui_chat.engine.local.slots import LlamaServing
+
+    with served(LlamaServing(LlamaSettings(tiny_model, n_ctx=4096)), parallel=1) as (server, monitor, url), \
+            answered(server):
+        leaving = send_raw(url, "/v1/chat/completions", {"messages": PROMPT, "max_tokens": 4000})
+        deadline = time.monotonic() + 30
+        while not any(record.metrics and record.metrics.completion_tokens >= 500
+                      for record in monitor.snapshot()[0]):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        leaving.close()
+        reply = client(url).chat.completions.create(model="", messages=PROMPT, max_tokens=2)
+        assert reply.model_extra["x_tui_chat"]["queued_s"] < 1.0, "the place of the client that left was free"
+
+
+def test_a_stopped_engine_fails_its_requests_turns_health_to_error_and_the_next_request_answers(
+        starter_model, tmp_path, monkeypatch):
+    """Issue 48 item 5: with the engine process stopped (kill -STOP), `/health` said ok for 40 s and more and every
+    client hung. The watchdog ends it; each request in flight fails in the server's words (not the chat's, no
+    paths), `/health` says why until the server has the model loaded again, and the next request is answered."""
+    monkeypatch.setattr("tui_chat.engine.process.SILENCE_LIMIT_S", 3.0)
+    with over_an_engine_process(starter_model, tmp_path / "logs", parallel=2) as (engine, url):
+        assert health(url) == (200, {"status": "ok", "in_flight": 0, "waiting": 0})
+        chat = client(url)
+        chunks = iter(chat.chat.completions.create(model="", messages=PROMPT, max_tokens=400, stream=True))
+        next(chunks)
+        stopped = engine.pid
+        os.kill(stopped, signal.SIGSTOP)
         try:
-            yield url
+            asked = time.monotonic()
+            with pytest.raises(openai.InternalServerError) as whole:  # the free second slot: it fails too
+                chat.chat.completions.create(model="", messages=PROMPT, max_tokens=4)
+            with pytest.raises(openai.APIError) as streamed:
+                for _ in chunks:
+                    pass
+            assert time.monotonic() - asked < 10
         finally:
-            server.shutdown()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGCONT)
+        said = "the model's engine stopped answering (not a word for 3 s: stopped or hung)"
+        for message in (whole.value.body["message"], streamed.value.message):
+            assert message.startswith(said) and message.endswith("it is being loaded again")
+            assert "/" not in message and "chat" not in message, message
+        status, down = health(url)
+        assert status == 503 and down["status"] == "error" and down["error"].startswith(said), down
+        back_without_a_request(url)
+        again = chat.chat.completions.create(model="", messages=PROMPT, max_tokens=4, temperature=0)
+        assert again.choices[0].message.content.strip()
+        assert health(url) == (200, {"status": "ok", "in_flight": 0, "waiting": 0})
+
+
+def back_without_a_request(url: str) -> None:
+    """The server starts its engine again by itself after a death: `/health` is ok again with no request sent (a
+    load balancer that took it out of rotation would send none)."""
+    deadline = time.monotonic() + 60
+    while (status := health(url))[0] != 200:
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+
+
+def test_an_idle_engines_death_is_said_by_health_until_it_is_loaded_again(starter_model, tmp_path):
+    """Issue 48 item 5: an engine that dies between requests (here a segfault) turns `/health` to error at once,
+    until the server has started it again by itself."""
+    with over_an_engine_process(starter_model, tmp_path / "logs") as (engine, url):
+        os.kill(engine.pid, signal.SIGSEGV)
+        deadline = time.monotonic() + 10
+        while (down := health(url))[0] == 200:
+            assert time.monotonic() < deadline, down
+            time.sleep(0.05)
+        assert down[1]["error"].startswith("the model's engine crashed with SIGSEGV") and "/" not in down[1]["error"]
+        back_without_a_request(url)
+        assert client(url).chat.completions.create(model="", messages=PROMPT, max_tokens=2).choices
+        assert health(url)[0] == 200
 
 
 def test_a_reasoning_models_thinking_comes_apart_whole_and_streamed(thinker_model):

@@ -96,3 +96,28 @@ def test_the_proxy_is_the_same_file_each_time(proxy, starter_model, tmp_path):
     again = tmp_path / "again.gguf"
     write_proxy(starter_model, again)
     assert again.read_bytes() == proxy.read_bytes()
+
+
+def test_a_prompt_is_read_in_batches_the_device_takes():
+    """llama.cpp's own batch defaults where layers sit on a GPU (a 2,048-token prompt in one call); on a CPU the
+    chunks a stop and the progress are seen between."""
+    from tui_chat.engine.local.llamacpp import device_batch
+
+    assert device_batch(256, 4096, gpu_layers=0) == (256, 256)
+    assert device_batch(256, 4096, gpu_layers=18) == (2048, 512)
+    assert device_batch(256, 1024, gpu_layers=18) == (1024, 512)
+
+
+async def test_the_panel_says_where_a_local_replys_tokens_were_drawn(tiny_model):
+    """Issue 45: backend sampling or the app's own chain, said under the decode rate (a CPU draws with the app's)."""
+    from textual.widgets import Static
+
+    from test_ui import loaded, make_app, reply_done, send
+
+    app = make_app(str(tiny_model))
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await loaded(pilot)
+        await send(pilot, "Hello")
+        await reply_done(pilot)
+        await pilot.pause(0.2)
+        assert "drawn by the app" in str(screen.query_one("#speed", Static).render())

@@ -60,3 +60,17 @@ async def test_a_tool_switched_on_takes_the_kept_choice_and_the_note_goes(tiny_m
                        and len(chat.workspace.chat_tools.tools) == 2)
         assert chat.workspace.chat_tools.choice == "required"
         assert not screen.query_one("#no-tool", Static).display
+
+
+def test_a_tool_choice_made_with_no_tool_on_is_saved_with_the_chat(tmp_path):
+    """Issue 44 item 14: reopened from Ctrl+L, such a chat's F9 showed `auto` again (nothing was saved)."""
+    from tui_chat.history import History, ToolSwitches
+
+    history = History(tmp_path / "history.sqlite3")
+    try:
+        chat = history.create(model="m", tools=ToolSwitches((), "required"))
+        assert history.load(chat).tools == ToolSwitches((), "required")
+        plain = history.create(model="m")
+        assert history.load(plain).tools == ToolSwitches()
+    finally:
+        history.close()

@@ -11,11 +11,13 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from .commands import SUMMARIES
 from .commands.common import Parser, add_model_options, fail
-from .config import Config, load_config
+
+if TYPE_CHECKING:
+    from .config import Config
 
 
 class _Version(argparse.Action):
@@ -80,6 +82,8 @@ def main(argv: list[str] | None = None, *, watched: bool = False) -> int:
     try:
         args = build_parser().parse_args(argv)
         args.watched = watched
+        from .config import load_config  # after --help and --version, which read no config
+
         try:
             code: int = args.run(args, load_config())
             return code

@@ -94,7 +94,10 @@ class ToolSwitches:
     choice: str = "auto"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"on": [list(pair) for pair in self.on], "choice": self.choice} if self.on else {}
+        """`{}` for the defaults; a choice made with no tool on is kept too (F9 opens on it again)."""
+        if not self.on and self.choice == "auto":
+            return {}
+        return {"on": [list(pair) for pair in self.on], "choice": self.choice}
 
 
 def tool_switches_from(saved: Any) -> ToolSwitches:

@@ -9,23 +9,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ..config import (
-    Config,
-    RemoteProfile,
-    cache_dir,
-    check_context,
-    check_extra_buffers,
-    check_gpu_layers,
-    check_threads,
-    kv_cache_dir,
-    log_dir,
-    models_dir,
-)
-from ..engine.local import CPU_PATHS, check_draft
-from ..engine.params import InvalidParameter
+from ..engine.local import CPU_PATHS
 from ..safetext import terminal_safe
 
 if TYPE_CHECKING:
+    from ..config import Config, RemoteProfile
     from ..engine.factory import BackendOpener
 
 RUNTIME_ERROR = 1  # a fault on the way: network, disk, a model that fails mid-reply
@@ -104,6 +92,7 @@ def opener_for(config: Config, args: argparse.Namespace | None = None, *,
                engine_process: bool = False) -> tuple[BackendOpener, str | None]:
     """The backend opener for this run and the model name to open first, with the flags laid over the config.
     `engine_process`: each model's engine in a process of its own (the chat UI)."""
+    from ..config import cache_dir, kv_cache_dir, log_dir, models_dir
     from ..engine.factory import (  # the engine: only for a command that opens one
         REMOTE_MARK,
         BackendOpener,
@@ -131,6 +120,9 @@ def opener_for(config: Config, args: argparse.Namespace | None = None, *,
 
 def with_model_flags(config: Config, args: argparse.Namespace | None) -> Config:
     """The config with --n-ctx, --gpu-layers, --threads, --threads-batch, --extra-buffers and --draft laid over it."""
+    from ..config import check_context, check_extra_buffers, check_gpu_layers, check_threads
+    from ..engine.local import check_draft
+
     changes: dict[str, Any] = {}
 
     def given(name: str) -> Any:
@@ -154,6 +146,8 @@ LOCAL_FLAGS = ("n_ctx", "gpu_layers", "threads", "threads_batch", "extra_buffers
 
 def _refuse_local_flags(args: argparse.Namespace) -> None:
     """A server sets its own context, offload, threads and CPU path: a flag for them would do nothing."""
+    from ..engine.params import InvalidParameter
+
     given = [f"--{name.replace('_', '-')}" for name in LOCAL_FLAGS if getattr(args, name, None) is not None]
     if given:
         flags = given[0] if len(given) == 1 else f"{', '.join(given[:-1])} and {given[-1]}"
@@ -163,6 +157,9 @@ def _refuse_local_flags(args: argparse.Namespace) -> None:
 
 def _remote_profile(config: Config, args: argparse.Namespace) -> RemoteProfile | None:
     """The server this run talks to (a config profile with the flags laid over it), or None for local."""
+    from ..config import RemoteProfile
+    from ..engine.params import InvalidParameter
+
     profile = None
     if getattr(args, "remote", None) is not None:
         profile = config.remotes.get(args.remote)

@@ -6,14 +6,14 @@ Versions, what the llama.cpp build can use on this machine, and every path the a
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import platform
-from importlib import metadata
-from typing import Any
+import re
+import sys
+from typing import TYPE_CHECKING, Any
 
-from ..config import Config, cache_dir, config_path, data_dir, history_path, log_dir, models_dir
-from ..guard import LOG_NAME
-from ..units import format_size
+if TYPE_CHECKING:
+    from ..config import Config
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,6 +28,31 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
 
 def package_version(name: str) -> str:
+    """The version in the name of the package's `NAME-VERSION.dist-info` folder, where installers put it: reading it
+    with importlib.metadata loads the email package first (a sixth of `--version`'s time), which is left for what
+    that name does not tell (an egg, a zip)."""
+    wanted = _normalized(name)
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for folder in names:
+            stem, dot, kind = folder.rpartition(".")
+            project, _, version = stem.partition("-")
+            if dot and kind == "dist-info" and version and _normalized(project) == wanted:
+                return version
+    return _version_from_metadata(name)
+
+
+def _normalized(project: str) -> str:
+    """A project's name as installers write it in the folder's (PEP 503, `_` for the separators)."""
+    return re.sub(r"[-_.]+", "_", project).lower()
+
+
+def _version_from_metadata(name: str) -> str:
+    from importlib import metadata
+
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
@@ -42,6 +67,7 @@ def version_line() -> str:
 
 
 def report(config: Config) -> dict[str, Any]:
+    from ..config import cache_dir, config_path, data_dir, history_path, log_dir, models_dir
     from ..engine.local import (
         build_features,
         build_version,
@@ -53,6 +79,7 @@ def report(config: Config) -> dict[str, Any]:
         system_info,
     )
     from ..engine.models import starter_installed
+    from ..guard import LOG_NAME
 
     topology = read_topology()
     threads = choose_threads(topology)
@@ -98,6 +125,10 @@ def report(config: Config) -> dict[str, Any]:
 
 
 def show(config: Config, as_json: bool) -> int:
+    import json
+
+    from ..units import format_size
+
     facts = report(config)
     if as_json:
         print(json.dumps(facts, indent=2))

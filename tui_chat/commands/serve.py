@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 KEY_ENV = "TUI_CHAT_API_KEY"
 MAX_QUEUE = 1024
+MAX_TIMEOUT_S = 3600.0
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -47,18 +48,22 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     serve.add_argument("--queue", type=int, default=8, metavar="N",
                        help="requests that may wait for a place; more are answered 429 with Retry-After (default 8)")
     serve.add_argument("--max-body", type=int, metavar="BYTES", help="the largest request body taken (default 4 MiB)")
+    serve.add_argument("--timeout", type=float, metavar="SECONDS",
+                       help="a connection that sends nothing this long (headers, a body, or between requests) is "
+                            "closed (default 30)")
     serve.add_argument("--no-ui", action="store_true", help="a line per request instead of the live view")
     serve.add_argument("--json-log", metavar="FILE", help="append one JSON line per request to FILE")
     serve.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
-    from ..serve.server import DEFAULT_MAX_BODY, ServeOptions
+    from ..serve.server import DEFAULT_MAX_BODY, DEFAULT_TIMEOUT_S, ServeOptions
 
     key = args.api_key if args.api_key is not None else os.environ.get(KEY_ENV, "")
     options = ServeOptions(args.host, _port(args.port), key, _within(args.parallel, "--parallel", 1, MAX_COLUMNS),
                            _within(args.queue, "--queue", 0, MAX_QUEUE),
-                           _within(args.max_body or DEFAULT_MAX_BODY, "--max-body", 1024, 2**31))
+                           _within(args.max_body or DEFAULT_MAX_BODY, "--max-body", 1024, 2**31),
+                           _timeout(DEFAULT_TIMEOUT_S if args.timeout is None else args.timeout))
     if not key and not _loopback(options.host):
         raise InvalidParameter(f"--host {options.host} can be reached from other machines: give --api-key KEY "
                                f"(or set {KEY_ENV}); without a key, listen on 127.0.0.1")
@@ -154,3 +159,8 @@ def _within(value: int, flag: str, low: int, high: int) -> int:
         raise InvalidParameter(f"{flag} must be from {low:,} to {high:,} (got {value:,})")
     return value
 
+
+def _timeout(seconds: float) -> float:
+    if not 0.1 <= seconds <= MAX_TIMEOUT_S:
+        raise InvalidParameter(f"--timeout must be from 0.1 to {MAX_TIMEOUT_S:,g} seconds (got {seconds:g})")
+    return seconds

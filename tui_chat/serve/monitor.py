@@ -80,6 +80,8 @@ class Totals:
     cached_tokens: int = 0
     completion_tokens: int = 0
     cost: Decimal = Decimal(0)
+    decoded_tokens: int = 0  # the tokens the decode time covers (each reply's first comes from the prompt's read)
+    decode_s: float = 0.0
 
 
 class Monitor:
@@ -132,6 +134,9 @@ class Monitor:
                 totals.prompt_tokens += metrics.prompt_tokens
                 totals.cached_tokens += metrics.cached_tokens
                 totals.completion_tokens += metrics.completion_tokens
+                if metrics.decode_tok_s:
+                    totals.decoded_tokens += round(metrics.decode_tok_s * metrics.decode_s)
+                    totals.decode_s += metrics.decode_s
             if self._log is not None:
                 self._log.write(json.dumps(record.as_dict()) + "\n")
                 self._log.flush()
@@ -161,11 +166,42 @@ def request_line(record: RequestRecord) -> str:
         return f"{head} · {record.state}{f': {record.detail}' if record.detail else ''}"
     ttft = f"{m.ttft_s:.2f} s" if m.ttft_s is not None else "–"
     queued = f" · queued {record.queued_s:.2f} s" if record.queued_s > 0.05 else ""
-    prefill = f"{m.prefill_tok_s:,.0f} tok/s" if m.prefill_tok_s else "–"
+    read = read_rate(m)
+    prefill = f"{read:,.0f} tok/s" if read else "–"
     decode = f"{m.decode_tok_s:,.1f} tok/s" if m.decode_tok_s else "–"
     return (f"{head} · in {m.prompt_tokens:,} (reused {m.cached_tokens:,}) · out {m.completion_tokens:,} · "
             f"TTFT {ttft} · read {prefill} · decode {decode} · KV {m.context_tokens:,}/{m.n_ctx:,} · "
             f"{format_usd(record.cost, fine=True)} · {record.state}" + queued)
+
+
+def read_rate(metrics: TurnMetrics) -> float | None:
+    """Prompt tokens read a second, however few were read (llama.cpp's `timings.prompt_per_second`); the panel's
+    own figure leaves a read of a few tokens out."""
+    return metrics.read_tokens / metrics.prefill_s if metrics.prefill_s else None
+
+
+def prometheus_text(totals: Totals, in_flight: int, waiting: int, engine_up: bool) -> str:
+    """`/metrics` in Prometheus' text format: the totals as counters, the queue and the engine as gauges."""
+    rate = totals.decoded_tokens / totals.decode_s if totals.decode_s else 0.0
+    figures = (
+        ("requests_total", "counter", "Requests ended, refused ones included.", totals.requests),
+        ("requests_refused_total", "counter", "Requests refused (a bad field, no key, too large, busy).",
+         totals.refused),
+        ("requests_failed_total", "counter", "Requests the engine failed.", totals.failed),
+        ("prompt_tokens_total", "counter", "Prompt tokens of the requests ended.", totals.prompt_tokens),
+        ("prompt_tokens_cached_total", "counter", "Prompt tokens reused from a slot's cache.", totals.cached_tokens),
+        ("completion_tokens_total", "counter", "Tokens written.", totals.completion_tokens),
+        ("decode_seconds_total", "counter", "Time spent writing tokens after each reply's first.", totals.decode_s),
+        ("decode_tokens_per_second", "gauge", "Tokens written a second, over all requests ended.", rate),
+        ("requests_in_flight", "gauge", "Requests being answered.", in_flight),
+        ("requests_waiting", "gauge", "Requests waiting for a place.", waiting),
+        ("engine_up", "gauge", "1 while the model's engine is up, 0 after it stopped until it is loaded again.",
+         int(engine_up)),
+    )
+    lines: list[str] = []
+    for name, kind, meaning, value in figures:
+        lines += [f"# HELP tui_chat_{name} {meaning}", f"# TYPE tui_chat_{name} {kind}", f"tui_chat_{name} {value}"]
+    return "\n".join(lines) + "\n"
 
 
 def totals_line(totals: Totals) -> str:

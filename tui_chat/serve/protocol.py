@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.base import Done, Message, ModelInfo, Request, Token, TurnMetrics
+from ..engine.base import Done, Error, Message, ModelInfo, Request, Token, TurnMetrics
 from ..engine.formats import TEXT, FormatError, OutputFormat, json_schema
 from ..engine.params import MAX_TOP_LOGPROBS, SPECS, InvalidParameter, LiveParams, SamplingParams
 from ..tools.calls import (
@@ -35,6 +36,7 @@ from ..tools.calls import (
     with_instructions,
 )
 from ..tools.mcp import Tool
+from .monitor import read_rate
 
 CLIENT_TOOLS = "client"  # the server a client's tools are said to be on: the client runs them, never we
 # Sampling fields by the name llama.cpp's server gives them, where it is ours too (OpenAI's own among them).
@@ -44,6 +46,10 @@ SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "typical_p", "top_n
 WIRE_NAMES = {"sampler_order": "samplers", "thinking_budget": "thinking_budget_tokens"}  # ours → the request's
 FINISH = {"eos": "stop", "stop": "stop", "format": "stop", "length": "length", "context": "length", "cut": "length",
           "cancelled": "stop"}
+# Where the engine process's death line turns to the chat ("; the chat is kept, and the next message loads the
+# model again; details in PATH", engine/process.py's AFTER_DEATH): a client is told the cause, in the server's words.
+DEATH_MARK = "; the chat is kept"
+LOCAL_PATH = re.compile(r"(?<![\w.~])(?:~|[A-Za-z]:)?[/\\](?:[^\s/\\:;,()'\"]+[/\\])+")  # a path's folders
 
 
 class BadRequest(Exception):
@@ -63,6 +69,31 @@ def error_body(message: str, kind: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+def engine_failure(error: Error, chat: bool) -> BadRequest:
+    """The engine's refusal of a request (a 400 naming the field) or its failure (a 500), as a client is told it."""
+    if error.code:
+        return BadRequest(error.message, "messages" if chat else "prompt", error.code)
+    return BadRequest(client_words(error.message), code="engine_error", status=500, kind="server_error")
+
+
+def client_words(message: str) -> str:
+    """An engine's error in the server's words: its death said as a server says it (not the chat's "the chat is
+    kept"), and no local path (a server on another address would tell its clients its files)."""
+    return engine_death(message) or LOCAL_PATH.sub("", message)
+
+
+def engine_death(message: str) -> str:
+    """The engine process's death line as a client is told it ("" for any other message): what ended it, never
+    llama.cpp's last words (they name its source files) nor where the log is."""
+    cause, died, _ = message.partition(DEATH_MARK)
+    if not died:
+        return ""
+    cause = cause.removeprefix("the engine process ").replace("(llama.cpp) ", "")
+    if cause.startswith("crashed with"):
+        cause = cause.split(": ", 1)[0]
+    return f"the model's engine {cause}; it is being loaded again"
+
+
 @dataclass(slots=True)
 class Asked:
     """A request as the engine takes it, with what the response must carry."""
@@ -76,6 +107,7 @@ class Asked:
     tools: list[Tool] = field(default_factory=list)
     form: CallForm | None = None
     chat: bool = True
+    format_field: str = "response_format"  # the field a bad output format is blamed on
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -113,6 +145,7 @@ def parse_chat(body: dict[str, Any], defaults: SamplingParams, info: ModelInfo, 
                              "response_format")
         request.format = call_format(asked.tools, choice, form)
         request.tool_choice = choice
+        asked.format_field = "tools"
         if form.templated:
             request.tools = template_tools(asked.tools)
         else:
@@ -125,6 +158,7 @@ def parse_chat(body: dict[str, Any], defaults: SamplingParams, info: ModelInfo, 
 
 def parse_completion(body: dict[str, Any], defaults: SamplingParams, room: int) -> Asked:
     """A `/v1/completions` body: the prompt is read as it is, no template."""
+    _no_scoring(body)
     asked = _common(body, defaults, room)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
@@ -136,17 +170,27 @@ def parse_completion(body: dict[str, Any], defaults: SamplingParams, room: int) 
     return asked
 
 
+def _no_scoring(body: dict[str, Any]) -> None:
+    """Prompt scoring (`echo` with logprobs, `max_tokens: 0`) and fill-in-the-middle (`suffix`) are refused, not
+    ignored: the engine reads a prompt without its tokens' logprobs, and a reply written as if they were taken
+    would mislead an evaluation harness."""
+    if body.get("echo"):
+        raise BadRequest("echo is not supported: this server does not return the prompt's tokens or their logprobs "
+                         "(prompt scoring)", "echo", "unsupported_parameter")
+    if body.get("suffix"):
+        raise BadRequest("suffix (fill-in-the-middle) is not supported: send the prompt alone", "suffix",
+                         "unsupported_parameter")
+    if body.get("max_tokens") == 0 and not isinstance(body["max_tokens"], bool):
+        raise BadRequest("max_tokens 0 (scoring the prompt alone) is not supported: this server does not return the "
+                         "prompt's logprobs; ask for 1 token or more", "max_tokens", "unsupported_parameter")
+
+
 def _common(body: dict[str, Any], defaults: SamplingParams, room: int) -> Asked:
     """What chat and completion requests share: sampling, limits, format, streaming and what to report."""
     if body.get("n", 1) != 1:
         raise BadRequest("n must be 1: one choice a request (send several requests: they are decoded together)", "n")
-    changes = {name: body[name] for name in SAMPLING_FIELDS if body.get(name) is not None}
-    limit = body.get("max_completion_tokens", body.get("max_tokens"))
-    if limit is not None:
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= room:
-            raise BadRequest(f"max_tokens must be a whole number from 1 to {room:,}, the context a request may use "
-                             f"here (got {str(limit)[:40]})", "max_tokens", "invalid_value")
-    changes["max_tokens"] = limit if limit is not None else min(room, SPECS["max_tokens"].maximum)
+    changes = {name: _number(name, body[name]) for name in SAMPLING_FIELDS if body.get(name) is not None}
+    changes["max_tokens"] = _max_tokens(body, room)
     changes |= _stops(body.get("stop")) | _mirostat(body) | _samplers(body.get("samplers"))
     changes |= _biases(body.get("logit_bias")) | _thinking_budget(body.get("thinking_budget_tokens"))
     params = _validated(defaults, changes)
@@ -155,7 +199,52 @@ def _common(body: dict[str, Any], defaults: SamplingParams, room: int) -> Asked:
     options = body.get("stream_options")
     request = Request([], LiveParams(params), top_logprobs=top, format=_format(body))
     return Asked(request, stream, isinstance(options, dict) and options.get("include_usage") is True,
-                 logprobs, _flag(body, "timings_per_token"), _flag(body, "return_progress"))
+                 logprobs, _flag(body, "timings_per_token"), _flag(body, "return_progress"),
+                 format_field="grammar" if body.get("grammar") else "response_format")
+
+
+def _max_tokens(body: dict[str, Any], room: int) -> int:
+    """The reply's limit, clamped to what the request's slot can hold (as llama-server clamps it: the reply ends
+    there with finish_reason length); left out, the whole slot."""
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    limit = body.get(name)
+    most = min(room, int(SPECS["max_tokens"].maximum))
+    if limit is None:
+        return most
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise BadRequest(f"{name} must be a whole number, 1 or more (got {_got(limit)})", name, "invalid_value")
+    return min(limit, most)
+
+
+def _number(name: str, value: Any) -> float:
+    """A sampling field's number, in its range: a string, even of digits, is refused as OpenAI refuses it (the
+    engine's own check would read "0.7" as a number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadRequest(f"{name} must be a number (got {_got(value)})", name, "invalid_value")
+    spec = SPECS[name]
+    if not spec.minimum <= value <= spec.maximum:
+        raise BadRequest(f"{name} must be between {_plain(spec.minimum)} and {_plain(spec.maximum)} "
+                         f"(got {_plain(value)})", name, "invalid_value")
+    return value
+
+
+def _got(value: Any) -> str:
+    """A refused value as the client sent it, its JSON type plain: `the string "8"`, not 8."""
+    if isinstance(value, str):
+        return f"the string {json.dumps(value)[:40]}"
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return _plain(value)
+    return "a list" if isinstance(value, list) else "an object"
+
+
+def _plain(number: float) -> str:
+    """A number as the other messages write one: a whole one with its thousands separated (4,294,967,294, not
+    4.29497e+09), any other as JSON would write it."""
+    if isinstance(number, int) or (math.isfinite(number) and number.is_integer() and abs(number) < 1e21):
+        return f"{int(number):,}"
+    return repr(number)
 
 
 def _validated(defaults: SamplingParams, changes: dict[str, Any]) -> SamplingParams:
@@ -208,7 +297,7 @@ def _mirostat(body: dict[str, Any]) -> dict[str, Any]:
         return {}
     if mode != 2:
         raise BadRequest("mirostat must be 0 or 2 (Mirostat 2.0)", "mirostat")
-    return {"mirostat_tau": body.get("mirostat_tau", 5.0)}
+    return {"mirostat_tau": _number("mirostat_tau", body.get("mirostat_tau", 5.0))}
 
 
 def _biases(value: Any) -> dict[str, Any]:
@@ -222,7 +311,12 @@ def _biases(value: Any) -> dict[str, Any]:
 
 
 def _thinking_budget(value: Any) -> dict[str, Any]:
-    return {} if value is None else {"thinking_budget": value}
+    if value is None:
+        return {}
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"thinking_budget_tokens must be a whole number (got {_got(value)})", "thinking_budget_tokens",
+                         "invalid_value")
+    return {"thinking_budget": value}
 
 
 def _samplers(value: Any) -> dict[str, Any]:
@@ -403,7 +497,7 @@ def timings(metrics: TurnMetrics) -> dict[str, Any]:
     read = metrics.prompt_tokens - metrics.cached_tokens
     decode_s = metrics.decode_s
     return {"cache_n": metrics.cached_tokens, "prompt_n": read, "prompt_ms": metrics.prefill_s * 1000,
-            "prompt_per_second": read / metrics.prefill_s if metrics.prefill_s else None,
+            "prompt_per_second": read_rate(metrics),
             "predicted_n": metrics.completion_tokens, "predicted_ms": decode_s * 1000,
             "predicted_per_second": (metrics.completion_tokens - 1) / decode_s if decode_s else None}
 

@@ -4,8 +4,9 @@ A thread per connection (the standard library's server): each request is checked
 admitted (at most `parallel` in the engine, `queue` more waiting, `429` with Retry-After past that), handed to
 the engine (`generate_together`: decoded beside the others in flight) and answered from its events, streamed
 as server-sent events or whole. A client that goes away (its socket closed) cancels its reply at once, which
-frees its slot for the next. What the engine says of each request goes to the `Monitor` (the live view, the
-JSON log).
+frees its slot for the next; one that sends nothing for `timeout_s` (headers, a body, or between requests) is
+let go. What the engine says of each request goes to the `Monitor` (the live view, the JSON log); its death,
+to `/health` until a request finds the model loaded again.
 """
 
 from __future__ import annotations
@@ -15,23 +16,40 @@ import json
 import select
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import unquote
 
-from ..engine.base import Done, Error, Event, Metrics, ModelInfo, PromptProgress, Serving, Token
+from ..engine.base import (
+    Done,
+    EngineError,
+    Error,
+    Event,
+    FormatChecking,
+    Loaded,
+    Metrics,
+    ModelInfo,
+    PromptProgress,
+    Serving,
+    Token,
+    WatchesItsDeath,
+)
+from ..engine.formats import FormatError
 from ..engine.params import SamplingParams
 from ..engine.prompts import choose_format
 from ..engine.server_params import SERVE_BUILD
 from ..engine.templates import PLAIN
 from . import protocol
-from .monitor import Monitor, RequestRecord
+from .monitor import Monitor, RequestRecord, prometheus_text
 from .protocol import Asked, BadRequest
 
 DEFAULT_MAX_BODY = 4 * 2**20  # bytes of a request body: 4 MiB, a long conversation with room to spare
 DISCARD_LIMIT = 64 * 2**20  # a refused body larger than this is not read away: the connection is closed
 POLL_S = 0.05  # how often a waiting request looks whether its client is still there
+DEFAULT_TIMEOUT_S = 30.0  # a connection silent this long (headers, a body, between requests) is let go
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +60,7 @@ class ServeOptions:
     parallel: int = 1  # requests decoded together
     queue: int = 8  # requests waiting beyond those; more are answered 429
     max_body: int = DEFAULT_MAX_BODY
+    timeout_s: float = DEFAULT_TIMEOUT_S
 
 
 class Admission:
@@ -84,11 +103,39 @@ class TuiChatServer(ThreadingHTTPServer):
         self.admission = Admission(options.parallel, options.queue)
         self.numbers = iter(range(1, 2**62))
         self._numbers_lock = threading.Lock()
+        self.trouble = ("", 0.0)  # the engine's death in the server's words, and when it was heard of
+        self.reloading = False  # a new engine process loading the model after a death
+        if isinstance(backend, WatchesItsDeath):
+            backend.on_idle_death = self.engine_died
         super().__init__((options.host, options.port), _Handler)
 
     def next_number(self) -> int:
         with self._numbers_lock:
             return next(self.numbers)
+
+    def engine_died(self, line: str) -> None:
+        """The engine process ended (between requests, or under one): `/health` says why until it is back, and it
+        is started again at once, not at the next request (a probe that saw the error would otherwise never send
+        one, and the server would stay out of rotation)."""
+        with self._numbers_lock:
+            reloading, self.reloading = self.reloading, True
+            self.trouble = (protocol.client_words(line), time.perf_counter())
+        if not reloading:
+            threading.Thread(target=self._reload, name="engine-reload", daemon=True).start()
+
+    def _reload(self) -> None:
+        try:
+            loaded = isinstance(self.backend.load().result(), Loaded)
+        finally:
+            self.reloading = False
+        if loaded:
+            self.trouble = ("", 0.0)
+
+    def engine_answered(self, since: float) -> None:
+        """A request sent at `since` is being read: if it was sent after the death, the model is loaded again."""
+        said, heard = self.trouble
+        if said and since > heard:
+            self.trouble = ("", 0.0)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -96,24 +143,65 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "tui-chat"
 
+    def setup(self) -> None:
+        """Every read and write of the connection waits at most `timeout_s`: a client that sends its headers or
+        body a byte now and then, or keeps an idle connection, holds a thread that long, not for ever."""
+        super().setup()
+        self.connection.settimeout(self.server.options.timeout_s)
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the standard library's name
         """Requests are the monitor's to show; the standard library would write each to stderr."""
 
     # --- routes ------------------------------------------------------------------------------------
 
     def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+        path = self.path.split("?", 1)[0].rstrip("/")
+        if path == "/health":
+            self._health()
+            return
         if not self._authorized():
             return
-        path = self.path.split("?", 1)[0].rstrip("/")
         if path in ("/v1/models", "/models"):
             self._json(200, {"object": "list", "data": [self._model_entry()]})
-        elif path == "/health":
-            admission = self.server.admission
-            self._json(200, {"status": "ok", "in_flight": admission.in_flight, "waiting": admission.waiting})
+        elif path.startswith(("/v1/models/", "/models/")):
+            self._model(unquote(path.split("/models/", 1)[1]))
         elif path == "/props":
             self._json(200, self._props())
+        elif path == "/metrics":
+            self._metrics()
         else:
             self._error(BadRequest(f"no such endpoint: GET {path[:200]}", code="not_found", status=404))
+
+    def _health(self) -> None:
+        """Open without the key, as llama-server's is (load balancers probe it); the figures and the cause of a
+        stopped engine only with it. 503 from the engine's death until the model is loaded again (started at
+        once), as llama-server answers 503 while it loads."""
+        said = self.server.trouble[0]
+        health: dict[str, Any] = {"status": "error" if said else "ok"}
+        if self._key_sent():
+            admission = self.server.admission
+            health |= ({"error": said} if said else {}) | {"in_flight": admission.in_flight,
+                                                           "waiting": admission.waiting}
+        self._json(503 if said else 200, health)
+
+    def _model(self, name: str) -> None:
+        """`GET /v1/models/{id}` (the openai client's `models.retrieve`)."""
+        if name != self.server.info.name:
+            self._error(BadRequest(f"the model {name[:200]!r} does not exist; this server serves "
+                                   f"{self.server.info.name!r}", "model", "model_not_found", status=404))
+            return
+        self._json(200, self._model_entry())
+
+    def _metrics(self) -> None:
+        """Prometheus' text format: requests, tokens in and out, the queue, the decode rate, the engine."""
+        server, admission = self.server, self.server.admission
+        _, _, totals = server.monitor.snapshot()
+        data = prometheus_text(totals, admission.in_flight, admission.waiting, not server.trouble[0]).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def do_POST(self) -> None:  # noqa: N802
         if not self._authorized():
@@ -132,7 +220,7 @@ class _Handler(BaseHTTPRequestHandler):
             if not error.recorded:
                 self.server.monitor.turned_away()
             self._error(error)
-        except (BrokenPipeError, ConnectionResetError):
+        except (ConnectionError, TimeoutError):  # gone, or not reading what it asked for: nobody to answer
             self.close_connection = True
 
     def _chat(self, body: dict[str, Any]) -> None:
@@ -151,13 +239,17 @@ class _Handler(BaseHTTPRequestHandler):
         content = body.get("content")
         if not isinstance(content, str):
             raise BadRequest("content must be a string", "content")
-        tokens = self.server.backend.tokenize(content)
+        try:
+            tokens = self.server.backend.tokenize(content)
+        except EngineError as error:
+            raise protocol.engine_failure(Error(str(error)), chat=False) from None
         self._json(200, {"tokens": tokens, "count": len(tokens)})
 
     # --- one request ---------------------------------------------------------------------------------
 
     def _answer(self, asked: Asked, kind: str) -> None:
         server = self.server
+        self._check_format(asked)
         record = server.monitor.new_record(server.next_number(), self.client_address[0], kind, asked.stream)
         admitted = server.admission.enter(self._gone)
         if admitted is False:
@@ -180,13 +272,30 @@ class _Handler(BaseHTTPRequestHandler):
             if record.state == "running":  # the connection broke while the answer was sent
                 server.monitor.finish(record, "gone")
 
+    def _check_format(self, asked: Asked) -> None:
+        """A grammar or schema the engine cannot use is the client's mistake: a 400 naming its field before the
+        request takes a place, not the engine's failure (a 500, which clients send again)."""
+        backend, output = self.server.backend, asked.request.format
+        if not output.constrained or not isinstance(backend, FormatChecking):
+            return
+        try:
+            backend.check_format(output)
+        except FormatError as error:
+            raise BadRequest(str(error), asked.format_field, "invalid_value") from None
+        except EngineError:
+            return  # the engine is down: the request loads it again, and is told there what it makes of the format
+
     def _reply(self, asked: Asked, record: RequestRecord, events: _Events) -> None:
         first = events.first()
+        if events.gone:  # left before its prompt was taken: nobody to answer, and no failure
+            self.server.monitor.finish(record, "gone")
+            return
         if isinstance(first, Error):
             self.server.monitor.finish(record, "refused" if first.code else "failed", first.message)
-            status, kind = (400, "invalid_request_error") if first.code else (500, "server_error")
-            raise BadRequest(first.message, "messages" if first.code else None, first.code or None, status, kind,
-                             recorded=True)
+            self._heard_of(first)
+            refusal = protocol.engine_failure(first, asked.chat)
+            refusal.recorded = True
+            raise refusal
         writer = _StreamWriter(self, asked, record) if asked.stream else _WholeWriter(self, asked, record)
         for batch in events.batches():
             if any(self._take(event, writer, record, events) for event in batch):
@@ -203,6 +312,7 @@ class _Handler(BaseHTTPRequestHandler):
             record.metrics = event.metrics
             writer.metrics()
         elif isinstance(event, PromptProgress):
+            self.server.engine_answered(record.admitted_at or record.arrived)
             writer.progress(event)
         elif isinstance(event, Done):
             record.metrics = event.metrics
@@ -210,23 +320,33 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.monitor.finish(record, "gone" if events.gone else event.stop_reason)
             return True
         elif isinstance(event, Error):
-            writer.failed(event.message)
+            self._heard_of(event)
+            writer.failed(protocol.client_words(event.message))
             self.server.monitor.finish(record, "failed", event.message)
             return True
         return False
 
+    def _heard_of(self, error: Error) -> None:
+        """An engine's death under a request: `/health` says so too."""
+        if protocol.engine_death(error.message):
+            self.server.engine_died(error.message)
+
     # --- the wire ----------------------------------------------------------------------------------
 
     def _authorized(self) -> bool:
-        key = self.server.options.api_key
-        given = self.headers.get("Authorization", "")
-        if not key or hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+        if self._key_sent():
             return True
         self._drain_body()
         self.server.monitor.turned_away()
         self._error(BadRequest("a valid API key is needed: send it as Authorization: Bearer KEY",
                                code="invalid_api_key", status=401))
         return False
+
+    def _key_sent(self) -> bool:
+        """No key is needed, or `Authorization` carries it (the scheme in any case: HTTP's are case-insensitive)."""
+        key = self.server.options.api_key
+        scheme, _, given = self.headers.get("Authorization", "").strip().partition(" ")
+        return not key or (scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode()))
 
     def _body(self) -> bytes:
         length = self.headers.get("Content-Length")
@@ -239,7 +359,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._discard(size)  # read away, so the client is not cut off mid-send and reads the answer
             raise BadRequest(f"the request body is {size:,} bytes; this server takes at most {limit:,}",
                              code="request_too_large", status=413)
-        return self.rfile.read(size)
+        try:
+            return self.rfile.read(size)
+        except TimeoutError:
+            self.close_connection = True
+            raise BadRequest(f"the request body did not arrive: nothing came for {self.server.options.timeout_s:g} s",
+                             code="timeout", status=408) from None
 
     def _drain_body(self) -> None:
         """A body not wanted (a refused request's) is read away, so the connection can carry the next."""
@@ -251,11 +376,14 @@ class _Handler(BaseHTTPRequestHandler):
         if size > DISCARD_LIMIT:
             self.close_connection = True
             return
-        while size > 0:
-            chunk = self.rfile.read(min(size, 2**16))
-            if not chunk:
-                break
-            size -= len(chunk)
+        try:
+            while size > 0:
+                chunk = self.rfile.read(min(size, 2**16))
+                if not chunk:
+                    break
+                size -= len(chunk)
+        except TimeoutError:
+            self.close_connection = True
 
     def _gone(self) -> bool:
         """Whether the client closed its connection (a socket that reads as ended)."""
@@ -282,7 +410,7 @@ class _Handler(BaseHTTPRequestHandler):
         retry = {"Retry-After": "1"} if error.status == 429 else {}
         try:
             self._json(error.status, error.body(), retry)
-        except (BrokenPipeError, ConnectionResetError):
+        except (ConnectionError, TimeoutError):
             self.close_connection = True
 
     def _model_entry(self) -> dict[str, Any]:
@@ -311,9 +439,11 @@ class _Events:
         self._held: list[Event] = []
 
     def _batches(self) -> Iterator[list[Event]]:
+        """Batches while the client is there, looked at after each (a whole reply writes nothing until it is
+        done, so a busy stream of tokens is no sign of it)."""
         while True:
             batch = self._drain(POLL_S)
-            if not batch and self._gone():
+            if self._gone():
                 self.gone = True
                 self._cancel()
                 return

@@ -9,7 +9,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TypedDict
 
@@ -438,7 +438,7 @@ class _Turn:
         self.constraint: Constraint | None = None
         self.stuck = ""  # why the output format's engine allowed no next token, where it did not
         self.later: Later | None = None  # the inspector's figures for the token event `held`
-        self.held: Token | None = None
+        self.held: Callable[..., Token] | None = None  # its event, to be made with them
         self.drafter = backend.new_drafter(self.prompt) if self.drafts else None
         self.control = DraftController.after(backend._drafting)
         self.guesses: list[int] = []  # the draft being walked: row i of the batch is drawn against guesses[i]
@@ -476,7 +476,7 @@ class _Turn:
         """Follow the machine's load: fewer threads while other processes keep cores busy; the draft model's too,
         as it decodes on the same cores between the model's batches."""
         governor = self.backend.threads
-        if governor.retune():
+        if governor.retune(step_ms=self.control.plain_ms):
             self.session.set_threads(governor.threads)
             if (draft := self.backend._draft_session) is not None:
                 draft.set_threads(governor.threads)
@@ -676,9 +676,8 @@ class _Turn:
         named = self.shown or forced  # the token's own text (or a special token's name) goes with it
         if self.session.is_end_of_generation(token):
             self.text.add_end()
-            self._put_token(Token(token, "", now, version, "", seen.prob, seen.top, seen.pool,
-                                  thinking=self._thinking(), special=self.session.special_text(token) if named else "",
-                                  **events))
+            self._put_token(seen, partial(Token, token, "", now, version, "", thinking=self._thinking(),
+                                          special=self.session.special_text(token) if named else "", **events))
             return "eos"
         piece = self._piece(token)
         special = self.session.special_text(token) if named and not piece else ""
@@ -687,14 +686,14 @@ class _Turn:
             self.visible_at = now
         if self.thought_at is None and self.text.splitter.opened and not self.text.splitter.thinking:
             self.thought_at = now
-        self._put_token(Token(token, shown, now, version, decoded if named else "", seen.prob,
-                              seen.top, seen.pool, reasoning=thought, thinking=self._thinking(), special=special,
-                              **events))
+        self._put_token(seen, partial(Token, token, shown, now, version, decoded if named else "", reasoning=thought,
+                                      thinking=self._thinking(), special=special, **events))
         return "stop" if self.text.scanner.stopped else None
 
-    def _put_token(self, event: Token) -> None:
+    def _put_token(self, seen: Inspection, event: Callable[..., Token]) -> None:
+        """The token's event, made with the inspector's figures: now, or when they come (`later`)."""
         if self.later is None:
-            self.stream.put(event)
+            self.stream.put(event(prob=seen.prob, top=seen.top, pool=seen.pool))
         else:
             self.held = event
 
@@ -702,7 +701,7 @@ class _Turn:
         """The token event waiting for the inspector's figures, with them: out before any later event."""
         if self.held is not None and self.later is not None:
             seen = self.later.result()
-            self.stream.put(replace(self.held, prob=seen.prob, top=seen.top, pool=seen.pool))
+            self.stream.put(self.held(prob=seen.prob, top=seen.top, pool=seen.pool))
         self.held = self.later = None
 
     def _guess_text(self, token: int) -> str:

@@ -95,6 +95,12 @@ def fitted(parts: list[str], width: int) -> str:
     return "\n".join(lines)
 
 
+def _drawn(m: TurnMetrics) -> str:
+    """Where a local reply's tokens were drawn: in llama.cpp's graph (backend sampling), or by the app's chain."""
+    where = {"llama.cpp": "in llama.cpp", "python": "by the app"}.get(m.sampling_path)
+    return f"\n  drawn {where}" if where else ""
+
+
 def kv_bar(used: int, total: int, width: int = BAR_WIDTH) -> str:
     filled = 0 if total <= 0 else min(width, round(width * used / total))
     return "█" * filled + "░" * (width - filled)
@@ -254,7 +260,7 @@ class MetricsPanel(Vertical):
                 f"TTFT     {_seconds(m.ttft_s)}\n"
                 + (f"Consent  {_seconds(m.consent_s)} waited\n" if m.consent_s else "")
                 + f"Prefill  {_prefill(m)}\n"
-                f"Decode   {_rate(m.decode_tok_s)}{server}"
+                f"Decode   {_rate(m.decode_tok_s)}{server}{_drawn(m)}"
                 + ("" if grammar is None else f"\nGrammar  {grammar:.2f} ms/token")
                 + _draft(m)
             ))
