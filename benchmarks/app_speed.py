@@ -223,7 +223,7 @@ def app_turn(env: dict[str, str], model_args: list[str], prompt: str) -> dict:
     the UI (main) thread and the whole app (its engine process too) from Enter to the footer."""
     app = Tmux(env, tui_chat(*model_args))
     try:
-        app.wait_for(lambda s: re.search(r"· \d+\s+threads?|GPU \d+/\d+ layers", panel(s)), 120)  # loaded
+        app.wait_for(lambda s: re.search(r"(?:·|\s)\d+\s+threads?\b|GPU \d+/\d+ layers", panel(s)), 120)  # loaded
         app("load-buffer", "-b", "prompt", "-", stdin=prompt)
         app("paste-buffer", "-p", "-d", "-b", "prompt", "-t", "app")
         app.wait_for(lambda s: "Type a message" not in s, 10, 0.05)  # the placeholder gave way to the prompt

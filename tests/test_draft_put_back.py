@@ -34,13 +34,19 @@ def read_slowly(generate):
     return reading
 
 
+async def sent_and_reading(pilot):
+    """The chat screen with SENT sent and its prompt still being read (no token yet)."""
+    screen = await loaded(pilot)
+    backend = screen.workspace.backend
+    backend.generate = read_slowly(backend.generate)
+    await send(pilot, SENT)
+    await wait_for(pilot, lambda: screen.reply is not None)
+    return screen
+
+
 async def test_esc_before_the_first_token_puts_the_message_back_in_front_of_the_draft(tiny_model):
     async with make_app(str(tiny_model)).run_test(size=SIZE) as pilot:
-        screen = await loaded(pilot)
-        backend = screen.workspace.backend
-        backend.generate = read_slowly(backend.generate)
-        await send(pilot, SENT)
-        await wait_for(pilot, lambda: screen.reply is not None)
+        screen = await sent_and_reading(pilot)
         await pilot.press(*"my draft words")
         await pilot.press("escape")
         prompt = screen.query_one(PromptInput)
@@ -53,11 +59,7 @@ async def test_esc_before_the_first_token_puts_the_message_back_in_front_of_the_
 
 async def test_with_nothing_typed_the_message_comes_back_alone(tiny_model):
     async with make_app(str(tiny_model)).run_test(size=SIZE) as pilot:
-        screen = await loaded(pilot)
-        backend = screen.workspace.backend
-        backend.generate = read_slowly(backend.generate)
-        await send(pilot, SENT)
-        await wait_for(pilot, lambda: screen.reply is not None)
+        screen = await sent_and_reading(pilot)
         await pilot.press("escape")
         prompt = screen.query_one(PromptInput)
         await wait_for(pilot, lambda: screen.reply is None and prompt.text == SENT)
