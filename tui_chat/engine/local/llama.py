@@ -404,7 +404,7 @@ class _Turn:
     """
 
     drafts = True  # the lab's turns say no: their columns step together, a row each
-    overlaps_inspector = True  # rows of one decode (the lab's, the slots') share the session's inspector: no
+    overlaps_inspector = True  # its figures may come a decode later; rows of one decode (the lab's, slots') share one
 
     def __init__(self, backend: LlamaBackend, session: LlamaSession, prompt_format: PromptFormat, request: Request,
                  stream: Stream, fitted: tuple[str, list[int], int] | None = None) -> None:

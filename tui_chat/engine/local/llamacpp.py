@@ -56,6 +56,7 @@ EXP_SAFE = (-20.0, 60.0)
 _ALL_LAYERS = 0x7FFF_FFFF
 GPU_BATCH, GPU_UBATCH = 2048, 512  # llama.cpp's n_batch and n_ubatch defaults
 GREEDY_ALONE = ("greedy",)  # a chain that only picks the likeliest token
+PIECE_BYTES = 256  # room for a token's text
 LOAD_OVERHEAD = 64 * 2**20  # a load allocates this beside the mapped file (vocabulary, repacks): 62 MB, starter
 _STATM = Path("/proc/self/statm")
 _SESSION_HEADER = struct.Struct("<III")  # llama.cpp's session file: magic, version, token count; then the tokens
@@ -175,7 +176,6 @@ class LlamaSession:
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
-        self._piece_buffer = ctypes.create_string_buffer(256)
         self.bos_text = self.special_text(llama_cpp.llama_vocab_bos(self.vocab))
         self.eos_text = self.special_text(llama_cpp.llama_vocab_eos(self.vocab))
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
@@ -293,10 +293,10 @@ class LlamaSession:
         chat has no media to open. A model may still write one: it stays in the reply's tokens, by its
         `special_text` (`Token.special`)."""
         cached = self._pieces.get(token)
-        if cached is None:
-            buffer = self._piece_buffer
+        if cached is None:  # a buffer of its own: the inspector's thread asks for pieces too (the call frees the GIL)
+            buffer = ctypes.create_string_buffer(PIECE_BYTES)
             size = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, len(buffer), 0, False)
-            cached = self._piece_buffer.raw[: max(size, 0)]
+            cached = buffer.raw[: max(size, 0)]
             if cached and _MEDIA_PLACEHOLDER.fullmatch(cached) and self._user_defined(token):
                 cached = b""
             self._pieces[token] = cached
@@ -309,8 +309,9 @@ class LlamaSession:
         """How a template writes a special token such as BOS, so it can be recognised in rendered text."""
         if token < 0:
             return ""
-        size = llama_cpp.llama_token_to_piece(self.vocab, token, self._piece_buffer, len(self._piece_buffer), 0, True)
-        return self._piece_buffer.raw[: max(size, 0)].decode("utf-8", errors="replace")
+        buffer = ctypes.create_string_buffer(PIECE_BYTES)
+        size = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, len(buffer), 0, True)
+        return buffer.raw[: max(size, 0)].decode("utf-8", errors="replace")
 
     # --- the KV cache -------------------------------------------------------------------------
 
