@@ -13,6 +13,7 @@ threads, which spin at every barrier and punish that.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable
@@ -45,9 +46,15 @@ def overlaps(decode_threads: int) -> bool:
     """Whether a CPU is free for the inspector while llama.cpp decodes on `decode_threads` threads, and the chat's
     UI draws on one of its own (an engine process serving the app): on 2 cores the app's screen lost a fifth of
     its rate when the inspector took the UI's core (the GPU-regime proxy, AMD EPYC), while `run` gained."""
+    return _cpus_beside_the_ui() > decode_threads
+
+
+@functools.cache
+def _cpus_beside_the_ui() -> int:
+    """The CPUs this process may use, less the UI's own where it serves the app's: read once, not per token."""
     if not hasattr(os, "sched_getaffinity"):
-        return False
-    return len(os.sched_getaffinity(0)) > decode_threads + (1 if UI_PROCESS_ENV in os.environ else 0)
+        return 0
+    return len(os.sched_getaffinity(0)) - (1 if UI_PROCESS_ENV in os.environ else 0)
 
 
 class Later:
