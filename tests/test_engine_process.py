@@ -38,6 +38,7 @@ from tui_chat.engine.base import (
     XRay,
 )
 from tui_chat.engine.factory import local_backend
+from tui_chat.engine.link import CAPABILITIES
 from tui_chat.engine.local.settings import LlamaSettings
 from tui_chat.engine.params import LiveParams, SamplingParams
 from tui_chat.engine.process import LocalEngineProcess
@@ -241,7 +242,7 @@ def test_what_the_model_takes_on_each_device_is_llama_cpps_own_accounting(engine
 def test_a_job_the_backend_cannot_start_ends_in_one_line_not_a_hang(engine):
     """The engine process answers a job whose call fails before it has a stream (here: generate without its
     request) with an Error, and goes on serving."""
-    final = engine._job("generate", ()).result()
+    final = engine._remote(CAPABILITIES["generate"]).result()
     assert isinstance(final, Error) and final.message.startswith("internal error (TypeError"), final
     _, done = collect(engine.generate(request(QUESTION)))
     assert isinstance(done, Done)

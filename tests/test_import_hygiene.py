@@ -2,8 +2,8 @@
 backend either); no llama_cpp in the UI, and none
 outside the engine's local wing; the engine process's two sides know no backend; the engine reaches the hub only
 through its factory, the hub never the engine; widgets never import screens nor the workspace; every chat key is a
-room's of ui/chat/ and the App keeps to app concerns; the GGUF reader is a leaf; and no module imports itself round
-a cycle.
+room's of ui/chat/ and the App keeps to app concerns; the GGUF reader is a leaf; the engine link's table covers the
+engine Protocols and nothing reads its messages by position; and no module imports itself round a cycle.
 
 Every import counts, the ones inside functions too (they are how a layer would sneak in late)."""
 
@@ -92,17 +92,62 @@ def test_nothing_outside_the_engine_imports_the_local_wings_modules():
     assert set(local.__all__) == set(local._DOOR)
 
 
-@pytest.mark.parametrize("module", ["tui_chat.engine.process", "tui_chat.engine.host"])
+@pytest.mark.parametrize("module", ["tui_chat.engine.process", "tui_chat.engine.host", "tui_chat.engine.link"])
 def test_the_engine_process_and_its_link_know_no_backend(module):
     """The engine process runs whatever backend its first message builds, and the app's side of it only sends and
     receives: neither imports the local wing (llama.cpp is loaded there, by the backend) or a server's client."""
     assert offenders(module, LOCAL_WING) == [] and offenders(module, "tui_chat.engine.openai") == []
 
 
+def test_the_links_table_covers_every_method_of_the_engine_protocols():
+    """What an engine does is listed once (`link.CAPABILITIES`): a method added to a Protocol in base.py and not
+    to the table would be missing over there, found only when a user reached it."""
+    from tui_chat.engine.link import APP_SIDE, CAPABILITIES, ENGINE_PROTOCOLS
+
+    declared = {name: protocol for protocol in ENGINE_PROTOCOLS for name, value in vars(protocol).items()
+                if callable(value) and not name.startswith("_")}
+    assert set(declared) == set(CAPABILITIES) | APP_SIDE
+    assert {name: capability.protocol for name, capability in CAPABILITIES.items()} == {
+        name: protocol for name, protocol in declared.items() if name not in APP_SIDE}
+
+
+def test_the_engine_processs_proxy_is_declared_from_the_table():
+    """The app's side runs over there exactly what the table lists, each method once, from the Protocol's own
+    signature (`remote(Backend.generate)`), never a method written out by hand beside it."""
+    from tui_chat.engine.base import Backend, Comparing
+    from tui_chat.engine.link import CAPABILITIES, Remote
+    from tui_chat.engine.process import EngineProcess, LocalEngineProcess
+
+    def remotes(cls: type) -> set[str]:
+        return {descriptor.capability.name for klass in cls.__mro__ for descriptor in vars(klass).values()
+                if isinstance(descriptor, Remote)}
+
+    assert remotes(LocalEngineProcess) == set(CAPABILITIES)
+    assert remotes(EngineProcess) == {name for name, capability in CAPABILITIES.items()
+                                      if capability.protocol in (Backend, Comparing)}  # a remote server's client
+    hand_written = {name for klass in (EngineProcess, LocalEngineProcess) for name, value in vars(klass).items()
+                    if name in CAPABILITIES and not isinstance(value, Remote)}
+    assert hand_written == set()
+
+
+def test_no_module_reads_a_message_by_position():
+    """Messages between the app and its engine are typed (`engine/link.py`): nothing reads one as `message[1]`, the
+    untyped envelope that once sent a call's answer to the wrong table."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name)
+                    and node.value.id in ("message", "envelope") and isinstance(node.slice, ast.Constant)
+                    and isinstance(node.slice.value, int)):
+                found.append(f"{module_name(path)}:{node.lineno}")
+    assert found == []
+
+
 def test_the_server_speaks_to_an_engine_never_a_backend():
     """`serve` answers HTTP over whatever `Serving` engine it is given (the engine process): it knows no backend,
     nor the process that holds one."""
-    for wing in (LOCAL_WING, "tui_chat.engine.openai", "tui_chat.engine.process", "tui_chat.engine.host"):
+    for wing in (LOCAL_WING, "tui_chat.engine.openai", "tui_chat.engine.process", "tui_chat.engine.host",
+                 "tui_chat.engine.link"):
         assert offenders("tui_chat.serve", wing) == []
 
 

@@ -502,12 +502,16 @@ class Stream:
     """Events of one job, produced on the worker thread and drained by any other thread."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Event | list[Event]] = queue.SimpleQueue()
         self.cancelled = threading.Event()
         self.finished = False
 
     def put(self, event: Event) -> None:
         self._queue.put(event)
+
+    def put_batch(self, events: list[Event]) -> None:
+        """A batch from the engine process, kept one item: the reader drains it whole, as it came."""
+        self._queue.put(events)
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -518,9 +522,13 @@ class Stream:
             return []
         events: list[Event] = []
         try:
-            events.append(self._queue.get(timeout=timeout))
+            item = self._queue.get(timeout=timeout)
             while True:
-                events.append(self._queue.get_nowait())
+                if isinstance(item, list):
+                    events += item
+                else:
+                    events.append(item)
+                item = self._queue.get_nowait()
         except queue.Empty:
             pass
         if any(isinstance(e, FINAL_EVENTS) for e in events):

@@ -1,6 +1,6 @@
 """The engine process (`python -m tui_chat.engine.host FD LOG`): one backend, driven over a socket by the app.
 
-`process.py` is the app's side and says what crosses. Here the backend is built by the first message's
+`link.py` says what crosses and `process.py` is the app's side. Here the backend is built by the first message's
 callable and runs as it would in the app (its own worker thread); each job's events go back in batches, at most
 one a job every `BATCH_INTERVAL_S`, so a token costs this process a queue put and the app nothing until its
 batch. Anything this process or llama.cpp prints goes to the log (its file descriptors 1 and 2), never to the
@@ -13,11 +13,11 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import os
-import pickle
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -25,12 +25,30 @@ from typing import Any
 
 from ..guard import entry_line
 from .base import Backend, Done, EngineError, Error, Event, Loaded, Request, Stream
+from .link import (
+    CAPABILITIES,
+    HEARTBEAT_S,
+    LINK_VERSION,
+    Alive,
+    Answer,
+    Call,
+    Cancel,
+    Close,
+    Events,
+    FollowParams,
+    Hello,
+    Kind,
+    ModelLoaded,
+    Open,
+    Refused,
+    StartJob,
+    lives_in,
+    sendable_error,
+    unsendable,
+)
 from .params import LiveParams
-from .process import HEARTBEAT_S, lives_in
 
 BATCH_INTERVAL_S = 0.015
-JOBS = frozenset({"load", "generate", "generate_together", "compare", "xray", "word_probability"})
-CALLS = frozenset({"count_tokens", "tokenize", "check_format"})
 
 
 class Host:
@@ -50,20 +68,20 @@ class Host:
                 message = self.connection.recv()
             except (EOFError, OSError):
                 os._exit(0)  # the app is gone: nothing here is worth finishing
-            kind = message[0]
-            if kind == "job":
-                self._start(*message[1:])
-            elif kind == "call":
-                threading.Thread(target=self._call, args=message[1:], daemon=True).start()
-            elif kind == "cancel":
-                self._cancel(message[1])
-            elif kind == "params":
-                mirror = self.mirrors.get(message[1])
-                if mirror is not None:
-                    mirror.follow(message[2], message[3])
-            elif kind == "close":
-                self.backend.close()
-                return
+            match message:
+                case StartJob():
+                    self._start(message)
+                case Call():
+                    threading.Thread(target=self._call, args=(message,), daemon=True).start()
+                case Cancel(key):
+                    self._cancel(key)
+                case FollowParams(live, version, params):
+                    mirror = self.mirrors.get(live)
+                    if mirror is not None:
+                        mirror.follow(version, params)
+                case Close():
+                    self.backend.close()
+                    return
 
     def _beat(self) -> None:
         """A word every HEARTBEAT_S from a thread of its own (llama.cpp's calls leave the interpreter free), so the
@@ -71,34 +89,37 @@ class Host:
         while True:
             time.sleep(HEARTBEAT_S)
             with contextlib.suppress(OSError):
-                self.send(("alive",))
+                self.send(Alive())
 
-    def send(self, message: tuple[Any, ...]) -> None:
+    def send(self, message: object) -> None:
         with self.lock:
             try:
                 self.connection.send(message)
-            except (pickle.PicklingError, TypeError, AttributeError) as error:  # a bug: said, not a hang
-                self.connection.send(("events", message[1], [Error(f"internal error (the engine's answer could "
-                                                                   f"not be sent: {error})")]))
+            except Exception as error:  # noqa: BLE001 - could not be pickled (a bug): said on its key, not a hang
+                instead = unsendable(message, error)
+                if instead is not None:
+                    self.connection.send(instead)
 
-    def _start(self, key: int, method: str, args: tuple[Any, ...], reload: bool) -> None:
-        assert method in JOBS, method
-        for live in lives_in(args):
+    def _start(self, job: StartJob) -> None:
+        if _kind(job.method) is not Kind.JOB:
+            self.send(Events(job.key, [Error(f"internal error (no such engine job: {job.method})")]))
+            return
+        for live in lives_in(job.args):
             self.mirrors[live.key] = live
-        threading.Thread(target=self._job, args=(key, method, args, reload), name=f"job-{key}", daemon=True).start()
+        threading.Thread(target=self._job, args=(job,), name=f"job-{job.key}", daemon=True).start()
 
-    def _job(self, key: int, method: str, args: tuple[Any, ...], reload: bool) -> None:
-        reload_s = 0.0
+    def _job(self, job: StartJob) -> None:
+        key, reload_s = job.key, 0.0
         try:
-            if reload:
+            if job.reload:
                 started = time.perf_counter()
                 if not self._reloaded(key):
                     return
-                reload_s = _restart_clocks(args, started)
+                reload_s = _restart_clocks(job.args, started)
             try:
-                stream: Stream = getattr(self.backend, method)(*args)
+                stream: Stream = getattr(self.backend, job.method)(*job.args)
             except Exception as error:  # noqa: BLE001 - a job that never started still ends, in one line
-                self.send(("events", key, [Error(f"internal error ({type(error).__name__}: {error})")]))
+                self.send(Events(key, [Error(f"internal error ({type(error).__name__}: {error})")]))
                 return
             with self.lock:
                 self.streams[key] = stream
@@ -107,7 +128,7 @@ class Host:
             while True:
                 events = stream.drain(timeout=None)
                 if events:
-                    self.send(("events", key, _with_reload(events, reload_s) if reload_s else events))
+                    self.send(Events(key, _with_reload(events, reload_s) if reload_s else events))
                 if stream.finished:
                     return
                 time.sleep(BATCH_INTERVAL_S)
@@ -115,7 +136,7 @@ class Host:
             with self.lock:
                 self.streams.pop(key, None)
                 self.cancelled.discard(key)
-            for live in lives_in(args):  # a later job may mirror the same settings already: only ours goes
+            for live in lives_in(job.args):  # a later job may mirror the same settings already: only ours goes
                 if self.mirrors.get(live.key) is live:
                     del self.mirrors[live.key]
 
@@ -123,9 +144,9 @@ class Host:
         """The model loaded again in this new process before the job that found the old one dead."""
         final = self.backend.load().result()
         if isinstance(final, Loaded):
-            self.send(("loaded", final.info))
+            self.send(ModelLoaded(final.info))
             return True
-        self.send(("events", key, [final if isinstance(final, Error) else Error(f"the model did not load ({final})")]))
+        self.send(Events(key, [final if isinstance(final, Error) else Error(f"the model did not load ({final})")]))
         return False
 
     def _cancel(self, key: int) -> None:
@@ -136,14 +157,21 @@ class Host:
         if stream is not None:
             stream.cancel()
 
-    def _call(self, key: int, method: str, args: tuple[Any, ...]) -> None:
-        assert method in CALLS, method
-        try:
-            value = getattr(self.backend, method)(*args)
-        except Exception as error:  # noqa: BLE001 - goes back to the caller, who raises it there
-            self.send(("reply", key, False, error if _picklable(error) else EngineError(str(error))))
+    def _call(self, call: Call) -> None:
+        if _kind(call.method) is not Kind.CALL:
+            self.send(Answer(call.key, False, EngineError(f"internal error (no such engine call: {call.method})")))
             return
-        self.send(("reply", key, True, value))
+        try:
+            value = getattr(self.backend, call.method)(*call.args)
+        except Exception as error:  # noqa: BLE001 - goes back to the caller, who raises it there
+            self.send(Answer(call.key, False, sendable_error(error)))
+            return
+        self.send(Answer(call.key, True, value))
+
+
+def _kind(method: str) -> Kind | None:
+    capability = CAPABILITIES.get(method)
+    return capability.kind if capability is not None else None
 
 
 def _restart_clocks(args: tuple[Any, ...], loaded_from: float) -> float:
@@ -159,14 +187,6 @@ def _restart_clocks(args: tuple[Any, ...], loaded_from: float) -> float:
 def _with_reload(events: list[Event], reload_s: float) -> list[Event]:
     return [replace(event, metrics=replace(event.metrics, reload_s=reload_s)) if isinstance(event, Done) else event
             for event in events]
-
-
-def _picklable(error: Exception) -> bool:
-    try:
-        pickle.loads(pickle.dumps(error))
-    except Exception:  # noqa: BLE001 - any failure means: send its text instead
-        return False
-    return True
 
 
 def _to_the_log(log: Path) -> None:
@@ -186,9 +206,26 @@ def main(argv: list[str]) -> None:
     connection = Connection(int(argv[1]))
     _to_the_log(Path(argv[2]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the app's keys are the app's; it closes this process itself
-    kind, make = connection.recv()
-    assert kind == "make", kind
-    Host(connection, make()).serve()
+    connection.send(Hello(LINK_VERSION))
+    make = _opened(connection)
+    if make is not None:
+        Host(connection, make()).serve()
+
+
+def _opened(connection: Connection) -> Callable[[], Backend] | None:
+    """The app's first message, checked: its version must be this process's (both ends run one install)."""
+    try:
+        message = connection.recv()
+    except (EOFError, OSError):
+        return None
+    except Exception as error:  # noqa: BLE001 - written by another version of the app
+        connection.send(Refused(f"its first message could not be read ({type(error).__name__}: {error})"))
+        return None
+    if not isinstance(message, Open) or message.version != LINK_VERSION:
+        version = message.version if isinstance(message, Open) else "unknown"
+        connection.send(Refused(f"the app speaks version {version} of the engine link, this engine {LINK_VERSION}"))
+        return None
+    return message.make
 
 
 if __name__ == "__main__":

@@ -3,15 +3,9 @@
 Every local runner worth using keeps the model out of the UI's process (LM Studio's runtime, Ollama's runner):
 there, llama.cpp's threads and the UI's never wait for one interpreter lock, and a crash inside llama.cpp (an
 abort, a segfault in a CPU kernel, out of GPU memory, kill -9) ends that process, not the app. This module is
-the app's side; `host.py` is the engine process's. They speak over one socket with pickled tuples:
-
-  app → engine   ("job", key, method, args, reload)   load, generate, generate_together, compare, xray,
-                                                       word_probability
-                 ("call", key, method, args)          count_tokens, tokenize, check_format: a value or an
-                                                       exception back
-                 ("cancel", key)   ("params", live key, version, params)   ("close",)
-  engine → app   ("events", key, [events])            every event of a job since the last, a few dozen a second
-                 ("reply", key, ok, value)   ("loaded", ModelInfo)
+the app's side; `host.py` is the engine process's; `link.py` names what crosses between them (typed messages, a
+version each side checks, the table of jobs and calls the proxy methods below are declared from). A batch of
+events from the engine stays one item until the screen's bridge drains it.
 
 Nothing here imports llama.cpp: the backend is built over there by `make`, a picklable callable. When the engine
 process dies, each job still open ends with one `Error` line saying what died and where its log is (the session
@@ -23,44 +17,63 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import pickle
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, TimeoutError as CallTimeout
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from ..guard import LOG_NAME, crash_parts, own_part, read_tail
-from .base import FINAL_EVENTS, Backend, EngineError, Error, Event, Loaded, LoadProgress, ModelInfo, Request, Stream
-from .formats import OutputFormat
-from .params import LiveParams, SamplingParams
+from .base import (
+    FINAL_EVENTS,
+    Backend,
+    Comparing,
+    EngineError,
+    Error,
+    Event,
+    FormatChecking,
+    Loaded,
+    LoadProgress,
+    ModelInfo,
+    Recomputing,
+    Serving,
+    Stream,
+)
+from .link import (
+    CALL_TIMEOUT_S,
+    HEARTBEAT_S,
+    LINK_VERSION,
+    UI_PROCESS_ENV,
+    Alive,
+    Answer,
+    Call,
+    Cancel,
+    Capability,
+    Close,
+    Events,
+    FollowParams,
+    Hello,
+    Kind,
+    ModelLoaded,
+    Open,
+    Refused,
+    StartJob,
+    lives_in,
+    remote,
+)
+from .params import LiveParams
 
 MakeBackend = Callable[[], Backend]  # picklable (a module-level function or a partial of one): run over there
-UI_PROCESS_ENV = "TUI_CHAT_UI_PROCESS"  # the app's pid, for the engine's thread governor (local/cpu.py)
 CLOSE_TIMEOUT_S = 10.0  # a closing engine finishes the job in hand first (a stopped reply ends within a token)
-HEARTBEAT_S = 1.0  # the engine process says it is alive this often, whatever its worker is doing
 SILENCE_LIMIT_S = 15.0  # this long without a word while a job is open: stopped (kill -STOP) or hung, so it is ended
 STOP_GRACE_S = 1.0  # a stopped job the engine has not ended by then ends here, with what it wrote
 AFTER_DEATH = "the chat is kept, and the next message loads the model again"
-
-
-def lives_in(args: Iterable[Any]) -> list[LiveParams]:
-    """The live settings a job's arguments carry (a request's, a lab's columns): mirrored while it runs."""
-    found: list[LiveParams] = []
-    for arg in args:
-        if isinstance(arg, LiveParams):
-            found.append(arg)
-        elif isinstance(arg, Request):
-            found.append(arg.params)
-        elif isinstance(arg, (list, tuple)):
-            found.extend(lives_in(arg))
-    return found
 
 
 class _Job(Stream):
@@ -74,7 +87,7 @@ class _Job(Stream):
         """Stops it there; if the engine does not end it soon (stopped, or deep in a long read), it ends here: Esc
         never waits for the engine's help."""
         super().cancel()
-        self.link.send(("cancel", self.key))
+        self.link.send(Cancel(self.key))
         timer = threading.Timer(STOP_GRACE_S, self.link.end, (self, Error(
             f"stopped here: the engine did not end the reply within {STOP_GRACE_S:g} s of the stop")))
         timer.daemon = True
@@ -97,6 +110,7 @@ class _Link:
         self.closing = False
         self.heard = time.monotonic()  # the last word from the engine process: the watchdog's clock
         self.silenced = False  # the watchdog ended it
+        self.refused = ""  # the engine process would not open (another version of the app installed meanwhile)
         ours, theirs = socket.socketpair()
         log_dir.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
@@ -105,11 +119,11 @@ class _Link:
             env=os.environ | {UI_PROCESS_ENV: str(os.getpid())})  # its thread governor counts the UI as load
         theirs.close()
         self.connection = Connection(ours.detach())
-        self.send(("make", make))
+        self.send(Open(LINK_VERSION, make))
         threading.Thread(target=self._read, name="engine-link", daemon=True).start()
         threading.Thread(target=self._watch, name="engine-watchdog", daemon=True).start()
 
-    def send(self, message: tuple[Any, ...]) -> None:
+    def send(self, message: object) -> None:
         with self.lock:
             if self.death is None:
                 with contextlib.suppress(OSError):  # a dead process: the reader says so to every job
@@ -126,8 +140,8 @@ class _Link:
         for live in lives:  # before the request leaves: a change made meanwhile is sent after it, never lost
             live.watch(self._changed)
         try:
-            self.send(("job", key, method, args, bool(reload)))
-        except (pickle.PicklingError, TypeError, AttributeError) as error:  # a bug: one line, not a traceback
+            self.send(StartJob(key, method, args, bool(reload)))
+        except Exception as error:  # noqa: BLE001 - could not be pickled:  # a bug: one line, not a traceback
             self.end(job, Error(f"internal error (the request could not be sent to the engine: {error})"))
         if self.death is not None:
             self.end(job, Error(self.death))
@@ -138,14 +152,19 @@ class _Link:
         with self.lock:
             key = next(self.keys)
             self.calls[key] = future
-        self.send(("call", key, method, args))
+        self.send(Call(key, method, args))
         if self.death is not None:
             raise EngineError(self.death)
-        return future.result()
+        try:
+            return future.result(CALL_TIMEOUT_S)
+        except CallTimeout:
+            with self.lock:
+                self.calls.pop(key, None)
+            raise EngineError(f"the engine did not answer {method} within {CALL_TIMEOUT_S:g} s") from None
 
     def close(self) -> None:
         self.closing = True
-        self.send(("close",))
+        self.send(Close())
         try:
             self.process.wait(CLOSE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -160,7 +179,7 @@ class _Link:
 
     def _changed(self, live: LiveParams) -> None:
         version, params = live.snapshot()
-        self.send(("params", live.key, version, params))
+        self.send(FollowParams(live.key, version, params))
 
     def _watch(self) -> None:
         """The engine process beats every HEARTBEAT_S; silent for SILENCE_LIMIT_S with work open, it is stopped or
@@ -175,25 +194,51 @@ class _Link:
                 return
 
     def _read(self) -> None:
-        while True:
-            try:
-                message = self.connection.recv()
-            except (EOFError, OSError):
-                break
-            self.heard = time.monotonic()
-            kind = message[0]
-            if kind == "events":
-                self._events(message[1], message[2])
-            elif kind == "reply":
-                with self.lock:
-                    future = self.calls.pop(message[1])
-                if message[2]:
-                    future.set_result(message[3])
-                else:
-                    future.set_exception(message[3])
-            elif kind == "loaded":
-                self.on_loaded(message[1])
+        if self._greeted():
+            while True:
+                try:
+                    message = self.connection.recv()
+                except (EOFError, OSError):
+                    break
+                self.heard = time.monotonic()
+                self._take(message)
         self._died()
+
+    def _greeted(self) -> bool:
+        """The engine process's first words: its version, checked against this app's."""
+        try:
+            message = self.connection.recv()
+        except (EOFError, OSError):
+            return False
+        if isinstance(message, Hello) and message.version == LINK_VERSION:
+            self.heard = time.monotonic()
+            return True
+        self.refused = (message.reason if isinstance(message, Refused) else
+                        f"it speaks version {getattr(message, 'version', 'unknown')} of the engine link, "
+                        f"this app {LINK_VERSION}")
+        with contextlib.suppress(OSError):
+            self.process.kill()
+        return False
+
+    def _take(self, message: object) -> None:
+        match message:
+            case Events(key, events):
+                self._events(key, events)
+            case Answer(key, ok, value):
+                with self.lock:
+                    future = self.calls.pop(key, None)
+                if future is None:  # timed out meanwhile
+                    return
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
+            case ModelLoaded(info):
+                self.on_loaded(info)
+            case Refused(reason):
+                self.refused = reason
+            case Alive():
+                pass
 
     def _events(self, key: int, events: list[Event]) -> None:
         job = self.jobs.get(key)
@@ -202,7 +247,7 @@ class _Link:
         for event in events:
             if isinstance(event, Loaded):
                 self.on_loaded(event.info)
-            job.put(event)
+        job.put_batch(events)
         if any(isinstance(event, FINAL_EVENTS) for event in events):
             self._forget(job)
 
@@ -228,8 +273,9 @@ class _Link:
             code = self.process.wait()
         with self.lock:
             self.cause = ("the engine was closed" if self.closing else silenced() if self.silenced else
-                          death_cause(code, self.process.pid, self.log))
-            self.death = self.cause if self.closing else f"{self.cause}; {AFTER_DEATH}{self._details(code)}"
+                          refused(self.refused) if self.refused else death_cause(code, self.process.pid, self.log))
+            self.death = (self.cause if self.closing or self.refused else
+                          f"{self.cause}; {AFTER_DEATH}{self._details(code)}")
             jobs, calls = list(self.jobs.values()), list(self.calls.values())
             self.calls.clear()
         for job in jobs:
@@ -244,6 +290,11 @@ def silenced() -> str:
     """Why the watchdog ended the engine process."""
     return (f"the engine process stopped answering (not a word for {SILENCE_LIMIT_S:g} s: stopped or hung), "
             "so it was ended")
+
+
+def refused(reason: str) -> str:
+    """Why the engine process would not open: another install of tui-chat than the running app's."""
+    return f"the engine process would not start: {reason}; restart tui-chat after an upgrade"
 
 
 def death_cause(code: int, pid: int, log: Path) -> str:
@@ -277,17 +328,10 @@ class EngineProcess:
         link = self._link
         return link.process.pid if link is not None and link.death is None else None
 
-    def load(self) -> Stream:
-        return self._job("load", (), load=True)
-
-    def generate(self, request: Request) -> Stream:
-        return self._job("generate", (request,))
-
-    def compare(self, request: Request, columns: Sequence[LiveParams]) -> Stream:
-        return self._job("compare", (request, list(columns)))
-
-    def count_tokens(self, text: str) -> int:
-        return int(self._live_link().call("count_tokens", text))
+    load = remote(Backend.load)
+    generate = remote(Backend.generate)
+    count_tokens = remote(Backend.count_tokens)
+    compare = remote(Comparing.compare)
 
     def close(self) -> None:
         with self._start:
@@ -295,15 +339,18 @@ class EngineProcess:
         if link is not None and link.death is None:
             link.close()
 
-    def _job(self, method: str, args: tuple[Any, ...], load: bool = False) -> Stream:
+    def _remote(self, capability: Capability, *args: Any) -> Any:
+        """A method of the table run over there: a job on a live process (started anew if it died), or a call."""
+        if capability.kind is Kind.CALL:
+            return self._live_link().call(capability.name, *args)
         with self._start:
             link = self._link
             reload = ""  # a process died: the new one loads its model again first
             if link is None or link.death is not None:
-                if not load:
+                if capability.name != "load":
                     reload = link.cause if link is not None else "its engine was closed"
                 link = self._link = _Link(self.make, self.log_dir, self._loaded, self._died_idle)
-        return link.job(method, args, reload)
+        return link.job(capability.name, args, reload)
 
     def _live_link(self) -> _Link:
         link = self._link
@@ -325,17 +372,8 @@ class LocalEngineProcess(EngineProcess):
     """llama.cpp in its own process: what the in-process engine does besides replying (`FormatChecking`,
     `Recomputing`, `Serving`) crosses too."""
 
-    def check_format(self, output: OutputFormat) -> str:
-        return str(self._live_link().call("check_format", output))
-
-    def xray(self, context: Sequence[int], token: int, params: SamplingParams) -> Stream:
-        return self._job("xray", (tuple(context), token, params))
-
-    def word_probability(self, context: Sequence[int], text: str) -> Stream:
-        return self._job("word_probability", (tuple(context), text))
-
-    def generate_together(self, request: Request, room: int) -> Stream:
-        return self._job("generate_together", (request, room))
-
-    def tokenize(self, text: str) -> list[int]:
-        return list(self._live_link().call("tokenize", text))
+    check_format = remote(FormatChecking.check_format)
+    xray = remote(Recomputing.xray)
+    word_probability = remote(Recomputing.word_probability)
+    generate_together = remote(Serving.generate_together)
+    tokenize = remote(Serving.tokenize)

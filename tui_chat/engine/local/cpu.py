@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..process import UI_PROCESS_ENV
+from ..link import UI_PROCESS_ENV
 
 SYS = Path("/sys")
 PROC_STAT = Path("/proc/stat")

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..base import Candidate, GrammarMask, PoolCut
+from ..link import UI_PROCESS_ENV
 from ..params import SamplingParams
-from ..process import UI_PROCESS_ENV
 
 Args = tuple[int, int, SamplingParams, tuple[int, ...]]  # the token, the top N, the settings, the penalties' window
 
