@@ -30,7 +30,9 @@ import tempfile
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import shared
 from app_speed import llama_cpp_tool
@@ -68,14 +70,15 @@ def wait_ready(port: int, process: subprocess.Popen[bytes], name: str) -> None:
     sys.exit(f"{name} did not answer within {START_TIMEOUT_S} s")
 
 
-def start_tui_chat(model: Path, threads: int, gpu_layers: int | None, home: Path) -> tuple[subprocess.Popen, int]:
+def start_tui_chat(model: Path, threads: int, gpu_layers: int | None, home: Path,
+                   n_ctx: int = N_CTX) -> tuple[subprocess.Popen, int]:
     port = free_port()
     env = own_dirs(home)
     config = home / "config" / "tui-chat" / "config.toml"
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text("kv_cache_budget_gb = 0\n")
     command = [sys.executable, "-m", "tui_chat", "serve", "--no-ui", "--model", str(model), "--port", str(port),
-               "--parallel", str(SLOTS), "--n-ctx", str(N_CTX), "--threads", str(threads), "--threads-batch",
+               "--parallel", str(SLOTS), "--n-ctx", str(n_ctx), "--threads", str(threads), "--threads-batch",
                str(threads), *(["--gpu-layers", str(gpu_layers)] if gpu_layers is not None else [])]
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
@@ -83,9 +86,10 @@ def start_tui_chat(model: Path, threads: int, gpu_layers: int | None, home: Path
     return process, port
 
 
-def start_llama_server(binary: Path, model: Path, threads: int, gpu_layers: int | None) -> tuple[subprocess.Popen, int]:
+def start_llama_server(binary: Path, model: Path, threads: int, gpu_layers: int | None,
+                       n_ctx: int = N_CTX) -> tuple[subprocess.Popen, int]:
     port = free_port()
-    command = [str(binary), "-m", str(model), "--port", str(port), "--parallel", str(SLOTS), "-c", str(N_CTX),
+    command = [str(binary), "-m", str(model), "--port", str(port), "--parallel", str(SLOTS), "-c", str(n_ctx),
                "-t", str(threads), "-tb", str(threads), "-b", str(PREFILL_CHUNK), "-ub", str(PREFILL_CHUNK),
                "-ngl", str(99 if (gpu_layers or 0) < 0 else gpu_layers or 0), "--no-webui", "-kvu"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -147,25 +151,48 @@ def stop(process: subprocess.Popen) -> None:
         process.wait()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def side_by_side_arguments(description: str) -> argparse.ArgumentParser:
+    """The options of a benchmark that runs `tui-chat serve` beside llama-server (this one, serve_newcomer.py)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=256, metavar="N", help="tokens each stream asks for")
     parser.add_argument("--threads", type=int, metavar="N", help="both sides' threads (default: the physical cores)")
     parser.add_argument("--model", type=shared.model_arg, metavar="PATH", help=shared.MODEL_HELP)
     parser.add_argument("--gpu-layers", type=int, metavar="N", help="layers offloaded on both sides, -1 all")
     parser.add_argument("--llama-server", type=Path, metavar="PATH", help="an existing llama-server binary")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
-    args = parser.parse_args()
+    return parser
+
+
+@dataclass(frozen=True)
+class Setup:
+    binary: Path
+    model: Path
+    threads: int
+    home: Path  # the benchmark's own config, data and cache dirs
+    log: TextIO  # where the table goes (stderr with --json)
+    machine: str
+
+
+def set_up(args: argparse.Namespace, name: str) -> Setup:
+    """llama-server built if need be, the model, the threads; the machine's line printed."""
     version = importlib.metadata.version("llama-cpp-python")
-    binary = args.llama_server or llama_cpp_tool("llama-server", version)
-    model = args.model or starter_path(models_dir())
     topology = read_topology()
-    threads = args.threads or topology.physical
-    home = Path(tempfile.mkdtemp(prefix="tui-chat-serve-speed-"))
-    log = sys.stderr if args.json else sys.stdout
-    machine = f"{cpu_model() or platform.processor()}, {topology.physical} cores ({topology.logical} logical)"
-    print(f"machine   {machine}, llama-cpp-python {version}, load avg {os.getloadavg()[0]:.2f}", file=log)
+    setup = Setup(args.llama_server or llama_cpp_tool("llama-server", version),
+                  args.model or starter_path(models_dir()), args.threads or topology.physical,
+                  Path(tempfile.mkdtemp(prefix=f"tui-chat-{name}-")), sys.stderr if args.json else sys.stdout,
+                  f"{cpu_model() or platform.processor()}, {topology.physical} cores ({topology.logical} logical)")
+    print(f"machine   {setup.machine}, llama-cpp-python {version}, load avg {os.getloadavg()[0]:.2f}",
+          file=setup.log)
+    return setup
+
+
+def main() -> None:
+    parser = side_by_side_arguments(__doc__.split("\n\n")[0])
+    parser.add_argument("--max-tokens", type=int, default=256, metavar="N", help="tokens each stream asks for")
+    args = parser.parse_args()
+    setup = set_up(args, "serve-speed")
+    binary, model, threads, home, log, machine = (setup.binary, setup.model, setup.threads, setup.home, setup.log,
+                                                  setup.machine)
     print(f"model     {model}\nsettings  {SLOTS} slots, n_ctx {N_CTX}, {threads} threads, batch {PREFILL_CHUNK}, "
           f"greedy, {args.max_tokens} tokens a stream, /v1/completions streamed; files in {home}", file=log)
     ours, our_port = start_tui_chat(model, threads, args.gpu_layers, home)

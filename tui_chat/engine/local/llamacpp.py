@@ -67,6 +67,16 @@ _extra_buffers_listed = False  # llama.cpp lists its extra buffer types once per
 _amx_denied = False
 
 
+@dataclass(frozen=True, slots=True)
+class PromptChunk:
+    """Part of a prompt read into sequence `seq` at positions from `n_past`; `last`: it ends the prompt."""
+
+    seq: int
+    tokens: Sequence[int]
+    n_past: int
+    last: bool
+
+
 class PrefillAborted(Exception):
     """The user cancelled while the prompt was being read."""
 
@@ -530,37 +540,39 @@ class LlamaSession:
         llama_cpp.llama_memory_seq_rm(self.memory, seq, -1, -1)
         return 0
 
-    def read_sequence(self, seq: int, tokens: Sequence[int], n_past: int, should_stop: Callable[[], bool]) -> None:
-        """Evaluate `tokens` into sequence `seq` after its first `n_past` cells, in n_batch chunks, the last
-        row's logits kept (`row` -1). A stop is seen between chunks; what was read of an aborted or failed
-        read is dropped."""
-        for start in range(0, len(tokens), self.n_batch):
-            if should_stop():
-                self.trim_sequence(seq, n_past)
-                raise PrefillAborted
-            chunk = tokens[start : start + self.n_batch]
-            status = self._submit(chunk, n_past + start, seq, start + len(chunk) == len(tokens))
-            if status != 0:
-                self.trim_sequence(seq, n_past)
-                raise PrefillAborted if status == 2 else EngineError(_decode_failure(status))
-
-    def step_rows(self, rows: Sequence[tuple[int, int, int]]) -> None:
-        """One `llama_decode` of one token per sequence, each (token, position, sequence), with logits for
-        every row: `row = i` reads row i's. The sequence ids go back to 0 afterwards, as `step` needs."""
+    def step_rows(self, rows: Sequence[tuple[int, int, int]], reading: Sequence[PromptChunk] = ()) -> list[int]:
+        """One `llama_decode` of one token per generating sequence, each (token, position, sequence), with logits
+        for every row (`row = i` reads row i's), and of `reading`'s prompt chunks after them, as llama.cpp's server
+        mixes a newcomer's prompt into the decode batch: the others go on a token per chunk instead of waiting
+        for the whole read. Returns, per chunk, the batch index of its last row (its logits kept where the chunk
+        ends its prompt). The sequence ids go back to 0 afterwards, as `step` needs."""
         batch = self._batch
-        batch.n_tokens = len(rows)
-        for i, (token, position, seq) in enumerate(rows):
-            batch.token[i] = token
-            batch.pos[i] = position
-            batch.seq_id[i][0] = seq
-            batch.logits[i] = 1
+        count = 0
+        for token, position, seq in rows:
+            count = self._put(count, token, position, seq, True)
+        ends: list[int] = []
+        for chunk in reading:
+            for offset, token in enumerate(chunk.tokens):
+                count = self._put(count, token, chunk.n_past + offset, chunk.seq, False)
+            batch.logits[count - 1] = int(chunk.last)
+            ends.append(count - 1)
+        batch.n_tokens = count
         self._decodes += 1
         try:
             status = llama_cpp.llama_decode(self.ctx, batch)
         finally:
-            for i in range(len(rows)):
+            for i in range(count):
                 batch.seq_id[i][0] = 0
         self._check(status)
+        return ends
+
+    def _put(self, index: int, token: int, position: int, seq: int, logits: bool) -> int:
+        batch = self._batch
+        batch.token[index] = token
+        batch.pos[index] = position
+        batch.seq_id[index][0] = seq
+        batch.logits[index] = int(logits)
+        return index + 1
 
     @staticmethod
     def _check(status: int) -> None:

@@ -4,9 +4,10 @@ As llama.cpp's server does it: a slot is a sequence of the one cache, and it kee
 request ends, so a client that sends its conversation again, one turn longer, reads only the new part. A new
 request takes the free slot whose cells share the longest prefix with its prompt (the least recently used where
 none does). A request that comes while others are being written joins them at the next step: its prompt is
-read (a decode of its own, which holds the others for that long), then it draws from its row of each step's
-batch like them. Each slot's reply is a `RowTurn`, with every rule of a chat's reply; speculative drafting, the
-X-ray and the KV cache on disk are the chat's, not the server's.
+read in chunks inside the steps' batches, after the others' tokens (llama.cpp's server does the same), so they
+go on a token a chunk instead of waiting for the whole read; then it draws from its row of each batch like them.
+Each slot's reply is a `RowTurn`, with every rule of a chat's reply; speculative drafting, the X-ray and the KV
+cache on disk are the chat's, not the server's.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ..prompts import PromptError, PromptFormat
 from .grammar import Constraint
 from .lab import LlamaLab
 from .llama import METRICS_INTERVAL_S
-from .llamacpp import FIRST_COLUMN_SEQ, LlamaSession, PrefillAborted
+from .llamacpp import FIRST_COLUMN_SEQ, LlamaSession, PromptChunk
 from .rows import RowTurn
 
 SLOTS = MAX_COLUMNS  # the lab's sequences: a server runs no lab
@@ -64,20 +65,29 @@ class LlamaServing(LlamaLab):
         return stream
 
     def _serve(self) -> None:
-        """The slot loop, on the worker thread, while any request is in flight or waiting."""
+        """The slot loop, on the worker thread, while any request is in flight or waiting: each step draws a token
+        for every reply being written and reads the next chunk of the prompts waiting to be read, in one batch."""
         live: list[SlotTurn] = []
+        reading: list[SlotTurn] = []
         next_metrics = 0.0
         try:
-            while self._busy(live):
+            while self._busy(live + reading):
                 session = self._live_session()
-                drawn = [(turn, token) for row, turn in enumerate(live) if (token := self._draw(turn, row)) is not None]
-                drawn += self._admit(session)
+                drawn = [(turn, token) for turn in live if (token := self._draw(turn)) is not None]
+                reading += self._admit(session)
+                chunks = self._chunks(reading, session.n_batch - len(drawn))
                 live = [turn for turn, _ in drawn]
-                if not drawn:
+                if not drawn and not chunks:
                     continue
-                session.step_rows([(token, turn.position, turn.seq) for turn, token in drawn])
-                for turn, token in drawn:
+                ends = session.step_rows([(token, turn.position, turn.seq) for turn, token in drawn],
+                                         [chunk for _, chunk in chunks])
+                for row, (turn, token) in enumerate(drawn):
+                    turn.row = row
                     turn.slot.tokens.append(token)
+                for (turn, chunk), row in zip(chunks, ends, strict=True):
+                    if turn.read(chunk, row):
+                        reading.remove(turn)
+                        live.append(turn)
                 if (now := time.perf_counter()) >= next_metrics:
                     for turn in live:
                         turn.stream.put(Metrics(turn.metrics()))
@@ -85,8 +95,23 @@ class LlamaServing(LlamaLab):
                 if time.monotonic() >= self.threads.next_check and live:
                     live[0].retune_threads()
         except Exception as error:  # noqa: BLE001 - every request in flight ends in one line, the loop with them
-            self._fail(live, error if isinstance(error, EngineError) else
+            self._fail(live + reading, error if isinstance(error, EngineError) else
                        EngineError(f"internal error ({type(error).__name__}: {error})"))
+
+    @staticmethod
+    def _chunks(reading: list[SlotTurn], room: int) -> list[tuple[SlotTurn, PromptChunk]]:
+        """The next part of each prompt being read that fits in `room` rows of this step's batch, first come
+        first; a request stopped while its prompt was read ends here."""
+        chunks: list[tuple[SlotTurn, PromptChunk]] = []
+        for turn in list(reading):
+            if turn.stream.cancelled.is_set():
+                reading.remove(turn)
+                turn.end("cancelled")
+            elif room > 0:
+                chunk = turn.next_chunk(room)
+                chunks.append((turn, chunk))
+                room -= len(chunk.tokens)
+        return chunks
 
     def _busy(self, live: list[SlotTurn]) -> bool:
         """Whether the loop goes on; once nothing is in flight or waiting, it ends (a later arrival starts it)."""
@@ -100,21 +125,21 @@ class LlamaServing(LlamaLab):
         return self._session
 
     @staticmethod
-    def _draw(turn: SlotTurn, row: int) -> int | None:
+    def _draw(turn: SlotTurn) -> int | None:
         if turn.stream.cancelled.is_set():
             turn.end("cancelled")
             return None
-        turn.session.row = row
+        turn.session.row = turn.row
         return turn.draw_next()
 
-    def _admit(self, session: LlamaSession) -> list[tuple[SlotTurn, int]]:
-        """Requests waiting, each into a free slot while there is one: their prompts read, their first tokens."""
-        drawn: list[tuple[SlotTurn, int]] = []
+    def _admit(self, session: LlamaSession) -> list[SlotTurn]:
+        """Requests waiting, each into a free slot while there is one, its prompt to be read from the next step."""
+        admitted: list[SlotTurn] = []
         while True:
             with self._arrivals_lock:
                 free = [slot for slot in self._slots if slot.turn is None]
                 if not free or not self._arrivals:
-                    return drawn
+                    return admitted
                 request, stream, room = self._arrivals.popleft()
             assert self._format is not None
             try:
@@ -127,8 +152,8 @@ class LlamaServing(LlamaLab):
                 continue
             slot = max(free, key=lambda slot: (_shared(slot.tokens, turn.context), -slot.used_at))
             self._make_room(session, slot, turn)
-            if (token := turn.begin(slot)) is not None:
-                drawn.append((turn, token))
+            turn.begin(slot)
+            admitted.append(turn)
 
     def _make_room(self, session: LlamaSession, slot: _Slot, turn: SlotTurn) -> None:
         """Idle slots' cells go, least recently used first, while the cache could not hold this reply too."""
@@ -167,6 +192,8 @@ class SlotTurn(RowTurn):
         opening = backend._opens_thinking if not self.inside else frozenset()
         self.constraint = Constraint(session, output, opening) if output.constrained else None
         self.slot = _Slot(-1)
+        self.row = -1  # its logits' row in the last step's batch
+        self.read_started = 0.0
 
     def _fitted_prompt(self) -> tuple[str, list[int], int]:
         """The whole prompt (a server leaves no turn out): its text and tokens; an error where it leaves no room."""
@@ -183,32 +210,36 @@ class SlotTurn(RowTurn):
                                   "of context, prompt and reply together: send a shorter one")
         return text, tokens, 0
 
-    def begin(self, slot: _Slot) -> int | None:
-        """Into `slot`: the prompt read after the prefix its cells share, then the first token drawn (None where
-        the reply ended with it, or was stopped while its prompt was read)."""
+    def begin(self, slot: _Slot) -> None:
+        """Into `slot`: its cells kept as far as they share the prompt; the rest is read a chunk a step
+        (`next_chunk`, `read`)."""
         self.slot, slot.turn, self.seq = slot, self, slot.seq
         session, context = self.session, self.context
         keep = session.trim_sequence(slot.seq, min(_shared(slot.tokens, context), len(context) - 1))
         del slot.tokens[keep:]
         self.cached = keep
-        todo = context[keep:]
-        started = time.perf_counter()
-        self.stream.put(PromptProgress(0, len(todo), 0.0, tuple(self.prompt)))
-        try:
-            session.read_sequence(slot.seq, todo, keep, self.stream.cancelled.is_set)
-        except PrefillAborted:
-            self.end("cancelled")
-            return None
-        except EngineError as error:
-            self.release()
-            self.stream.put(Error(str(error)))
-            return None
-        slot.tokens.extend(todo)
-        self.prefill_s = time.perf_counter() - started
-        self.stream.put(PromptProgress(len(todo), len(todo), self.prefill_s))
+        self.read_started = time.perf_counter()
+        self.stream.put(PromptProgress(0, len(context) - keep, 0.0, tuple(self.prompt)))
+
+    def next_chunk(self, room: int) -> PromptChunk:
+        """The next at most `room` tokens of its prompt still to read."""
+        start = len(self.slot.tokens)
+        tokens = self.context[start : start + room]
+        return PromptChunk(self.seq, tokens, start, start + len(tokens) == len(self.context))
+
+    def read(self, chunk: PromptChunk, row: int) -> bool:
+        """`chunk` is in its cells now (`row`: its last row in the batch); True once the prompt is read, its first
+        token to be drawn from that row at the next step."""
+        self.slot.tokens.extend(chunk.tokens)
+        elapsed = time.perf_counter() - self.read_started
+        total = len(self.context) - self.cached
+        self.stream.put(PromptProgress(len(self.slot.tokens) - self.cached, total, elapsed))
+        if not chunk.last:
+            return False
+        self.prefill_s = elapsed
         self.decode_at = time.perf_counter()
-        session.row = -1
-        return self.draw_next()
+        self.row = row
+        return True
 
     def _no_room(self, params: SamplingParams) -> StopReason | None:
         if len(self.generated) >= params.max_tokens:
