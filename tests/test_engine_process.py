@@ -27,6 +27,7 @@ from tui_chat.config import Config
 from tui_chat.engine.base import (
     ColumnEvent,
     Done,
+    EngineDeath,
     Error,
     LabDone,
     Loaded,
@@ -42,6 +43,7 @@ from tui_chat.engine.link import CAPABILITIES
 from tui_chat.engine.local.settings import LlamaSettings
 from tui_chat.engine.params import LiveParams, SamplingParams
 from tui_chat.engine.process import LocalEngineProcess
+from tui_chat.guard import LOG_NAME
 from tui_chat.probe import position_context
 from tui_chat.ui.app import ChatApp
 from tui_chat.ui.widgets.messages import ReplyMessage
@@ -144,10 +146,12 @@ def test_an_engine_that_dies_mid_reply_ends_it_in_one_line_and_the_next_request_
     final = rest(stream, tokens)
     assert isinstance(final, Error), final
     assert said in final.message and "\n" not in final.message
-    assert "the next message loads the model again" in final.message
-    if number == signal.SIGABRT:  # Python's stack at the signal went to the log the line names
-        log = Path(final.message.rsplit("details in ", 1)[1])
-        assert "Fatal Python error: Aborted" in log.read_text()
+    assert final.died is not None and final.died.cause == final.message  # facts: what ended it, no advice
+    assert "chat" not in final.message and "details in" not in final.message
+    if number == signal.SIGABRT:  # Python's stack at the signal went to the log the death names
+        assert "Fatal Python error: Aborted" in Path(final.died.log).read_text()
+    else:
+        assert final.died.log == ""  # killed: it wrote nothing
     again, done = collect(engine.generate(request(QUESTION)))
     assert isinstance(done, Done) and done.text.strip(), done
     assert engine.pid is not None
@@ -225,6 +229,43 @@ def test_an_engine_that_died_between_replies_is_loaded_again_and_the_reply_says_
     assert first.stage.startswith("Loading the model again: the engine process was killed (SIGKILL")
     tokens, done = collect(stream)
     assert isinstance(done, Done) and done.text.strip(), done
+
+
+@pytest.mark.parametrize("job", ["xray", "word_probability", "compare"])
+def test_a_job_after_an_engine_death_says_the_model_loads_again_first(engine, job):
+    """Not only a reply: the inspector's and the lab's jobs said "recomputing…" / "Running…" through the whole
+    reload, as if nothing had happened."""
+    tokens, done = collect(engine.generate(request(QUESTION, top_logprobs=5)))
+    os.kill(engine.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while engine.pid is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    context = position_context(done.prompt_ids, tokens, 1)
+    stream = {"xray": lambda: engine.xray(context, tokens[1].token_id, GREEDY),
+              "word_probability": lambda: engine.word_probability(context, tokens[1].piece),
+              "compare": lambda: engine.compare(request(QUESTION, GREEDY.with_changes(max_tokens=4)),
+                                                [LiveParams(GREEDY.with_changes(max_tokens=4))])}[job]()
+    first = stream.drain(timeout=5)[0]
+    assert isinstance(first, LoadProgress), first
+    assert first.stage.startswith("Loading the model again: the engine process was killed (SIGKILL")
+    assert isinstance(stream.result(), {"xray": XRay, "word_probability": WordProbability, "compare": LabDone}[job])
+
+
+async def test_the_chat_words_an_engine_death_its_own_way(starter_model: Path):
+    """The engine's error is facts; the chat adds what it does (keeps the chat, loads at the next message) and
+    where the log is, in its notification."""
+    config = Config(sampling=GREEDY.with_changes(max_tokens=400), n_ctx=1024)
+    app = ChatApp(config, opener_for(config, engine_process=True)[0], str(starter_model))
+    async with app.run_test(size=(100, 32), notifications=True) as pilot:
+        screen = await loaded(pilot)
+        await send(pilot, COUNTING[0].content)
+        await wait_for(pilot, lambda: screen.reply is not None and len(screen.reply.text) > 20)
+        os.kill(screen.workspace.backend.pid, signal.SIGABRT)
+        await reply_done(pilot)
+        await wait_for(pilot, lambda: any("Reply cut short" in str(n.title) for n in app._notifications), 15)
+        said = next(str(n.message) for n in app._notifications if "Reply cut short" in str(n.title))
+        assert "crashed with SIGABRT" in said and "the chat is kept, and the next message loads the model again" in said
+        assert said.rsplit("; details in ", 1)[1].endswith(LOG_NAME)
 
 
 def test_what_the_model_takes_on_each_device_is_llama_cpps_own_accounting(engine, starter_model: Path):
@@ -320,13 +361,13 @@ def test_time_to_first_token_after_a_reload_leaves_the_reload_out(engine):
 
 def test_a_death_between_replies_is_said_when_it_happens(engine):
     """Issue 44 item 11: an idle engine's crash showed nothing until the next message."""
-    heard: list[str] = []
+    heard: list[EngineDeath] = []
     engine.on_idle_death = heard.append
     os.kill(engine.pid, signal.SIGABRT)
     deadline = time.monotonic() + 10
     while not heard and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert len(heard) == 1 and "crashed with SIGABRT" in heard[0], heard
+    assert len(heard) == 1 and "crashed with SIGABRT" in heard[0].cause and heard[0].log, heard
 
 
 def test_a_signal_from_outside_names_what_the_engine_was_doing_not_its_socket(engine):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 
 import pytest
 from textual.color import Color
@@ -10,9 +12,12 @@ from textual.widgets import OptionList
 
 from conftest import GREEDY
 from test_ui import SIZE, loaded, make_app, reply_done, said, screen_open, scripted_app, send, streaming_reply, wait_for
+from tui_chat.commands.common import opener_for
+from tui_chat.config import Config
 from tui_chat.engine.base import Message, XRay
 from tui_chat.engine.models import STARTER_NAME
 from tui_chat.engine.params import SamplingParams
+from tui_chat.ui.app import ChatApp
 from tui_chat.ui.screens.inspector import InspectorScreen, candidate_lines
 from tui_chat.ui.widgets.heatmap import BANDS, band_colors, band_of
 from tui_chat.ui.widgets.xray import xray_text
@@ -254,6 +259,21 @@ async def test_the_xray_shows_each_stage_of_the_chain_and_the_verdict(tiny_model
         expected = inspector.probe.xray(1).result()
         await wait_for(pilot, lambda: expected.verdict in str(shown.render()))
         assert expected.token_id == reply.reply.tokens[1].token_id
+
+
+async def test_an_xray_after_an_engine_death_says_the_model_loads_again(tiny_model):
+    """It said "recomputing this position…" through the whole reload, as if nothing had happened."""
+    settings = Config(sampling=SAMPLED, n_ctx=1024)
+    app = ChatApp(settings, opener_for(settings, engine_process=True)[0], str(tiny_model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen, _, inspector = await inspect_a_reply(pilot, ("right",))
+        os.kill(screen.workspace.backend.pid, signal.SIGKILL)
+        await wait_for(pilot, lambda: screen.workspace.backend.pid is None)
+        shown = inspector.query_one("#xray")
+        await pilot.press("x")
+        await wait_for(pilot, lambda: "X-ray: Loading the model again: the engine process was killed" in
+                       str(shown.render()))
+        await wait_for(pilot, lambda: "drawn at rank" in str(shown.render()), 30)
 
 
 def test_the_xray_says_when_its_recomputed_figure_parts_from_the_recorded_one():

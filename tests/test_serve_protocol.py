@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from tui_chat.engine.base import Error, ModelInfo, TurnMetrics
+from tui_chat.engine.base import EngineDeath, Error, ModelInfo, TurnMetrics
 from tui_chat.engine.params import SamplingParams
-from tui_chat.engine.process import AFTER_DEATH, death_cause, silenced
+from tui_chat.engine.process import death_cause, died, silenced
 from tui_chat.serve.monitor import RequestRecord, Totals, prometheus_text, request_line
 from tui_chat.serve.protocol import (
-    DEATH_MARK,
     BadRequest,
     client_words,
     engine_failure,
@@ -142,27 +141,24 @@ def test_prompt_scoring_and_fill_in_the_middle_are_refused_not_ignored(body, par
     assert "not supported" in str(error)
 
 
-def test_the_death_mark_is_the_engine_process_own():
-    assert f"; {AFTER_DEATH}".startswith(DEATH_MARK)
-
-
 def test_an_engine_death_is_told_in_the_servers_words_without_paths(tmp_path):
-    """Issue 48: after an engine death, clients read the chat's wording and the server's log path."""
+    """Issue 48: after an engine death, clients read the chat's wording and the server's log path. The engine says
+    facts (`Error.died`); the server words them."""
     log = tmp_path / "logs" / "stderr.log"
     log.parent.mkdir()
     log.write_text("GGML_ASSERT(n > 0) failed at /home/runner/llama.cpp/ggml/src/ggml.c:123\n")
     for cause, said in ((death_cause(-11, 1234, log), "the model's engine crashed with SIGSEGV"),
                         (silenced(), "the model's engine stopped answering (not a word for"),
                         (death_cause(-9, 1234, log), "the model's engine was killed (SIGKILL")):
-        told = client_words(f"{cause}; {AFTER_DEATH}; details in {log}")
+        told = client_words(died(EngineDeath(cause, str(log))))
         assert told.startswith(said) and told.endswith("; it is being loaded again"), told
         assert "/" not in told and "chat" not in told and "stderr.log" not in told, told
-    failure = engine_failure(Error(f"{silenced()}; {AFTER_DEATH}; details in {log}"), chat=True)
+    failure = engine_failure(died(EngineDeath(silenced(), str(log))), chat=True)
     assert failure.status == 500 and failure.kind == "server_error" and "/" not in str(failure)
 
 
 def test_other_engine_errors_lose_their_folders():
-    said = client_words("internal error (OSError: cannot read /home/ann/.local/share/tui-chat/models/m.gguf)")
+    said = client_words(Error("internal error (OSError: cannot read /home/ann/.local/share/tui-chat/models/m.gguf)"))
     assert said == "internal error (OSError: cannot read m.gguf)"
     refusal = engine_failure(Error("the prompt takes 5,000 tokens", code="context_length_exceeded"), chat=False)
     assert (refusal.status, refusal.param, refusal.code) == (400, "prompt", "context_length_exceeded")

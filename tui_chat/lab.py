@@ -12,6 +12,7 @@ from .engine.base import (
     Error,
     Event,
     LabDone,
+    LoadProgress,
     Message,
     Metrics,
     Request,
@@ -46,6 +47,7 @@ class Lab:
     def __init__(self, columns: list[Column]) -> None:
         self.columns = columns
         self.ended: LabDone | Error | None = None
+        self.loading = ""  # the model loading again first (its engine process had died): what the lab waits for
 
     def request(self, messages: list[Message], *, top_logprobs: int = 0, output: OutputFormat = TEXT,
                 thinking: bool = True) -> Request:
@@ -70,6 +72,8 @@ class Lab:
                 changed.add(event.column)
             elif isinstance(event, (LabDone, Error)):
                 self.ended = event
+            elif isinstance(event, LoadProgress):
+                self.loading = event.stage
         return changed
 
     def divergence(self, index: int) -> Divergence | None:

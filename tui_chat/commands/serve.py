@@ -1,5 +1,5 @@
-"""`tui-chat serve`: the model as an OpenAI-compatible server for other programs (an editor, a script, an agent,
-a second tui-chat), with the chat's figures for each request in the terminal.
+"""`tui-chat serve`: the model as an OpenAI- and Anthropic-compatible server for other programs (an editor, a
+script, an agent, a second tui-chat), with the chat's figures for each request in the terminal.
 
 The model runs in the engine process the app uses; several requests are decoded together (`--parallel`), each
 in its share of the context. It listens on 127.0.0.1 unless told otherwise, and any other address needs an API
@@ -36,7 +36,8 @@ MAX_TIMEOUT_S = 3600.0
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = commands.add_parser("serve", description="Serve the model over OpenAI's API (/v1/chat/completions, "
-                                                     "/v1/completions, /v1/models), several clients at once.")
+                                                     "/v1/completions, /v1/embeddings, /v1/models) and Anthropic's "
+                                                     "(/v1/messages), several clients at once.")
     add_local_model_options(serve)
     serve.add_argument("--host", default="127.0.0.1",
                        help="the address to listen on (default 127.0.0.1, this machine only; any other needs a key)")
@@ -51,6 +52,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     serve.add_argument("--timeout", type=float, metavar="SECONDS",
                        help="a connection that sends nothing this long (headers, a body, or between requests) is "
                             "closed (default 30)")
+    serve.add_argument("--embeddings", metavar="MODEL",
+                       help="a dedicated embedding model for /v1/embeddings (a .gguf file or a downloaded model, "
+                            "named as --model is), loaded beside the model (default: the model's own embeddings)")
     serve.add_argument("--no-ui", action="store_true", help="a line per request instead of the live view")
     serve.add_argument("--json-log", metavar="FILE", help="append one JSON line per request to FILE")
     serve.set_defaults(run=run)
@@ -71,6 +75,12 @@ def run(args: argparse.Namespace, config: Config) -> int:
         raise InvalidParameter("serve serves a local model (a .gguf file or a downloaded one), not another server's")
     # a server's slots draw a token a step each: no drafting, so no draft model loaded for nothing
     opener, model = opener_for(replace(config, draft="off"), args, engine_process=True)
+    if args.embeddings:
+        from ..config import models_dir
+        from ..engine.factory import named_model
+
+        options = replace(options, embeddings=named_model(args.embeddings, models_dir())[1])
+        opener = opener.reconfigured(embeddings=args.embeddings)
     backend = opener(model)
     try:
         return _serve(backend, options, config, Path(args.json_log) if args.json_log else None, args.no_ui)
@@ -114,7 +124,8 @@ def _plain(server: TuiChatServer, monitor: Monitor, where: str) -> int:
     monitor.watchers.append(ended)
     info = server.info
     print(f"tui-chat serve: {info.name} ({info.offload}) at {where} · {server.options.parallel} at once, "
-          f"{server.room:,} tokens of context each · Ctrl+C stops", flush=True)
+          f"{server.room:,} tokens of context each{_embedding_words(server.options.embeddings)} · Ctrl+C stops",
+          flush=True)
     thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
     thread.start()
     try:
@@ -123,6 +134,10 @@ def _plain(server: TuiChatServer, monitor: Monitor, where: str) -> int:
         server.shutdown()
     print(f"tui-chat serve: stopped · {totals_line(monitor.totals)}", flush=True)
     return 0
+
+
+def _embedding_words(name: str) -> str:
+    return f" · embeddings by {name}" if name else ""
 
 
 def _loaded(backend: Backend) -> ModelInfo:

@@ -7,8 +7,10 @@ drains it in batches (`Stream.drain`) so a UI never takes one message per token.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
+from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Protocol, Self, runtime_checkable
@@ -25,6 +27,34 @@ PREFILL_RATE_MIN_TOKENS = 8  # below this a prompt-reading rate says nothing
 
 class EngineError(Exception):
     """A failure the user must read: the message is one clear line, never a traceback."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineDeath:
+    """The engine process ended under a job, as facts: what ended it (its signal, what it was doing, llama.cpp's
+    last words), and its log ("" where it wrote nothing: killed). No advice: what happens next is each
+    front-end's to say (the chat keeps the chat, `run` exits, `serve` loads again for its clients)."""
+
+    cause: str
+    log: str = ""
+
+    def said(self, then: str) -> str:
+        """In a front-end's words: the cause, `then` (what that front-end does now), and where the log is."""
+        details = f"; details in {self.log}" if self.log else ""
+        return f"{self.cause}; {then}{details}" if then else f"{self.cause}{details}"
+
+
+class InputRefused(EngineError):
+    """An input the engine will not take (a text longer than it reads at once, or one of no tokens): the caller's to
+    fix, not a failure of the engine. One line, which says the limit."""
+
+
+class EngineDied(EngineError):
+    """A call that found the engine process dead (or saw it die): the facts ride along for the front-end."""
+
+    def __init__(self, death: EngineDeath) -> None:
+        super().__init__(death.said(""))
+        self.death = death
 
 
 @dataclass(frozen=True, slots=True)
@@ -486,6 +516,28 @@ class Error:
     reasoning: str = ""
     tools_refused: bool = False  # a server refused a request for carrying tools: it cannot take them
     code: str = ""  # a request refused before any work, in OpenAI's words (e.g. context_length_exceeded)
+    died: EngineDeath | None = None  # the engine process died under it (`message` is then its cause)
+
+
+@dataclass(frozen=True, slots=True)
+class Embedded:
+    """Texts' pooled embeddings (`Embedding.embed`), a row each, L2-normalised: `size` float32s a row, little-endian,
+    as bytes (a quarter of a pickled tuple of floats, and base64's payload as it is). `tokens`: each text's count."""
+
+    model: str
+    size: int
+    data: bytes
+    tokens: tuple[int, ...]
+
+    def row(self, index: int) -> bytes:
+        width = self.size * 4
+        return self.data[index * width : (index + 1) * width]
+
+    def vector(self, index: int) -> list[float]:
+        floats = array("f", self.row(index))
+        if sys.byteorder == "big":
+            floats.byteswap()
+        return floats.tolist()
 
 
 def written(final: Done | Error) -> bool:
@@ -569,7 +621,7 @@ class WatchesItsDeath(Protocol):
     """A backend in a process of its own: told, on another thread, when that process dies between jobs (a job
     open at the time ends with the line itself)."""
 
-    on_idle_death: Callable[[str], None] | None
+    on_idle_death: Callable[[EngineDeath], None] | None
 
 
 @runtime_checkable
@@ -603,3 +655,11 @@ class Recomputing(Backend, Protocol):
     def xray(self, context: Sequence[int], token: int, params: SamplingParams) -> Stream: ...
 
     def word_probability(self, context: Sequence[int], text: str) -> Stream: ...
+
+
+@runtime_checkable
+class Embedding(Backend, Protocol):
+    """Pooled embeddings of texts (`tui-chat serve`'s /v1/embeddings), read in a llama.cpp context of their own: the
+    chats and the serving slots are not touched. A text longer than the model reads at once is an `InputRefused`."""
+
+    def embed(self, texts: Sequence[str]) -> Embedded: ...

@@ -50,6 +50,7 @@ class LocalOptions:
     # Each model's engine in a process of its own (process.py): the chat UI's choice; `run`, which has no UI to
     # share a lock with, keeps it in its own process
     engine_process: bool = False
+    embeddings: str | None = None  # a dedicated embedding model, named as a model is (`serve --embeddings`)
 
 
 class ServerProfile(Protocol):
@@ -98,6 +99,9 @@ class BackendOpener:
                                  chat_template=local.chat_template, extra_buffers=local.extra_buffers,
                                  threads=local.threads, threads_batch=local.threads_batch, cache_dir=local.cache_dir,
                                  kv_dir=local.kv_dir, kv_budget_bytes=local.kv_budget_bytes, draft=local.draft)
+        if local.embeddings:
+            embeddings, embeddings_name = named_model(local.embeddings, local.models_dir)
+            settings = replace(settings, embeddings=embeddings, embeddings_name=embeddings_name)
         make = partial(local_backend, settings, shown, local.log_dir)
         if not local.engine_process:
             return make()
@@ -150,6 +154,12 @@ def model_file(name: str | None, default_model: str | None, models_dir: Path) ->
     """The .gguf file a local model name means: a path, the starter, or a model in our models dir named
     `OWNER/NAME:FILE` or by its file name (never a network call)."""
     return resolve_model(name, default_model, models_dir, _downloaded_or_imported)
+
+
+def named_model(name: str, models_dir: Path) -> tuple[Path, str]:
+    """A local model's file and the name it goes by: as given, or its file's stem where it was given as a path."""
+    path = model_file(name, None, models_dir)
+    return path, name if not name.lower().endswith(".gguf") else path.stem
 
 
 def count_text_tokens(model: str | None, text: str, *, default_model: str | None, models_dir: Path,

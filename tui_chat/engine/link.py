@@ -24,6 +24,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, over
 from .base import (
     Backend,
     Comparing,
+    Embedding,
     EngineError,
     Error,
     Event,
@@ -63,9 +64,10 @@ CAPABILITIES: dict[str, Capability] = {capability.name: capability for capabilit
     Capability("tokenize", Kind.CALL, Serving),
     Capability("xray", Kind.JOB, Recomputing),
     Capability("word_probability", Kind.JOB, Recomputing),
+    Capability("embed", Kind.CALL, Embedding),
 )}
 APP_SIDE = frozenset({"close"})  # Protocol methods the app's side does itself (closing ends the process)
-ENGINE_PROTOCOLS = (Backend, FormatChecking, Comparing, Serving, Recomputing)
+ENGINE_PROTOCOLS = (Backend, FormatChecking, Comparing, Serving, Recomputing, Embedding)
 
 
 # app → engine

@@ -34,6 +34,9 @@ from .base import (
     FINAL_EVENTS,
     Backend,
     Comparing,
+    Embedding,
+    EngineDeath,
+    EngineDied,
     EngineError,
     Error,
     Event,
@@ -73,7 +76,6 @@ MakeBackend = Callable[[], Backend]  # picklable (a module-level function or a p
 CLOSE_TIMEOUT_S = 10.0  # a closing engine finishes the job in hand first (a stopped reply ends within a token)
 SILENCE_LIMIT_S = 15.0  # this long without a word while a job is open: stopped (kill -STOP) or hung, so it is ended
 STOP_GRACE_S = 1.0  # a stopped job the engine has not ended by then ends here, with what it wrote
-AFTER_DEATH = "the chat is kept, and the next message loads the model again"
 
 
 class _Job(Stream):
@@ -98,15 +100,14 @@ class _Link:
     """One engine process and the socket to it: the jobs and calls in flight, and the thread that reads."""
 
     def __init__(self, make: MakeBackend, log_dir: Path, on_loaded: Callable[[ModelInfo], None],
-                 on_death: Callable[[str], None]) -> None:
+                 on_death: Callable[[EngineDeath], None]) -> None:
         self.log = log_dir / LOG_NAME
         self.on_loaded, self.on_death = on_loaded, on_death
         self.jobs: dict[int, _Job] = {}
         self.calls: dict[int, Future[Any]] = {}
         self.keys = itertools.count(1)
         self.lock = threading.Lock()  # the socket's writes, and the tables above
-        self.cause = ""  # how the process ended, once it has
-        self.death: str | None = None  # the line that says so: the cause, what happens now, where the log is
+        self.death: EngineDeath | None = None  # how the process ended, once it has
         self.closing = False
         self.heard = time.monotonic()  # the last word from the engine process: the watchdog's clock
         self.silenced = False  # the watchdog ended it
@@ -144,7 +145,7 @@ class _Link:
         except Exception as error:  # noqa: BLE001 - could not be pickled:  # a bug: one line, not a traceback
             self.end(job, Error(f"internal error (the request could not be sent to the engine: {error})"))
         if self.death is not None:
-            self.end(job, Error(self.death))
+            self.end(job, died(self.death))
         return job
 
     def call(self, method: str, *args: Any) -> Any:
@@ -154,7 +155,7 @@ class _Link:
             self.calls[key] = future
         self.send(Call(key, method, args))
         if self.death is not None:
-            raise EngineError(self.death)
+            raise EngineDied(self.death)
         try:
             return future.result(CALL_TIMEOUT_S)
         except CallTimeout:
@@ -172,10 +173,6 @@ class _Link:
             self.process.wait()
         with contextlib.suppress(OSError):
             self.connection.close()
-
-    def _details(self, code: int) -> str:
-        """Where to read more: the log, unless the process was killed (it wrote nothing)."""
-        return "" if code == -signal.SIGKILL else f"; details in {self.log}"
 
     def _changed(self, live: LiveParams) -> None:
         version, params = live.snapshot()
@@ -272,18 +269,30 @@ class _Link:
             self.process.kill()
             code = self.process.wait()
         with self.lock:
-            self.cause = ("the engine was closed" if self.closing else silenced() if self.silenced else
-                          refused(self.refused) if self.refused else death_cause(code, self.process.pid, self.log))
-            self.death = (self.cause if self.closing or self.refused else
-                          f"{self.cause}; {AFTER_DEATH}{self._details(code)}")
+            self.death = death = self._death(code)
             jobs, calls = list(self.jobs.values()), list(self.calls.values())
             self.calls.clear()
         for job in jobs:
-            self.end(job, Error(self.death))
+            self.end(job, died(death))
         for future in calls:
-            future.set_exception(EngineError(self.death))
+            future.set_exception(EngineDied(death))
         if not (jobs or calls or self.closing):
             self.on_death(self.death)  # between replies: said when it happens, not at the next message
+
+
+    def _death(self, code: int) -> EngineDeath:
+        """What ended the process with exit status `code`, and its log where it wrote there (not when killed)."""
+        if self.closing:
+            return EngineDeath("the engine was closed")
+        if self.refused:
+            return EngineDeath(refused(self.refused))
+        cause = silenced() if self.silenced else death_cause(code, self.process.pid, self.log)
+        return EngineDeath(cause, "" if code == -signal.SIGKILL else str(self.log))  # killed: it wrote nothing
+
+
+def died(death: EngineDeath) -> Error:
+    """A job's end when its engine process died: the cause as its message, the facts for its front-end."""
+    return Error(death.cause, died=death)
 
 
 def silenced() -> str:
@@ -318,7 +327,7 @@ class EngineProcess:
         self.make = make
         self.log_dir = log_dir
         self.info: ModelInfo | None = None
-        self.on_idle_death: Callable[[str], None] | None = None  # told on the link's thread (a screen's toast)
+        self.on_idle_death: Callable[[EngineDeath], None] | None = None  # told on the link's thread (a screen's toast)
         self._link: _Link | None = None
         self._start = threading.Lock()
 
@@ -348,7 +357,7 @@ class EngineProcess:
             reload = ""  # a process died: the new one loads its model again first
             if link is None or link.death is not None:
                 if capability.name != "load":
-                    reload = link.cause if link is not None else "its engine was closed"
+                    reload = link.death.cause if link is not None and link.death else "its engine was closed"
                 link = self._link = _Link(self.make, self.log_dir, self._loaded, self._died_idle)
         return link.job(capability.name, args, reload)
 
@@ -357,23 +366,24 @@ class EngineProcess:
         if link is None:
             raise EngineError("no model is loaded")
         if link.death is not None:
-            raise EngineError(link.death)
+            raise EngineDied(link.death)
         return link
 
     def _loaded(self, info: ModelInfo) -> None:
         self.info = info
 
-    def _died_idle(self, line: str) -> None:
+    def _died_idle(self, death: EngineDeath) -> None:
         if self.on_idle_death is not None:
-            self.on_idle_death(line)
+            self.on_idle_death(death)
 
 
 class LocalEngineProcess(EngineProcess):
     """llama.cpp in its own process: what the in-process engine does besides replying (`FormatChecking`,
-    `Recomputing`, `Serving`) crosses too."""
+    `Recomputing`, `Serving`, `Embedding`) crosses too."""
 
     check_format = remote(FormatChecking.check_format)
     xray = remote(Recomputing.xray)
     word_probability = remote(Recomputing.word_probability)
     generate_together = remote(Serving.generate_together)
     tokenize = remote(Serving.tokenize)
+    embed = remote(Embedding.embed)

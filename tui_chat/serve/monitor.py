@@ -21,6 +21,8 @@ from ..pricing import Price, format_usd, turn_cost
 from ..safetext import terminal_safe
 
 RECENT = 200
+# a request's id begins as its API's do
+IDENTS = {"chat": "chatcmpl-", "messages": "msg_", "count": "msg_count_", "responses": "resp_"}
 
 
 @dataclass(slots=True)
@@ -98,8 +100,7 @@ class Monitor:
         self._log: IO[str] | None = json_log.open("a", encoding="utf-8") if json_log is not None else None
 
     def new_record(self, number: int, client: str, kind: str, stream: bool) -> RequestRecord:
-        prefix = "chatcmpl" if kind == "chat" else "cmpl"
-        record = RequestRecord(number, client, kind, stream, ident=f"{prefix}-{number:08d}")
+        record = RequestRecord(number, client, kind, stream, ident=f"{IDENTS.get(kind, 'cmpl-')}{number:08d}")
         with self.lock:
             self.in_flight[number] = record
         self._changed(record)

@@ -15,11 +15,13 @@ import json
 import math
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from io import BufferedIOBase
+from typing import Any, Protocol
 
-from ..engine.base import Done, Error, Message, ModelInfo, Request, Token, TurnMetrics
+from ..engine.base import Done, EngineDeath, Error, Message, ModelInfo, PromptProgress, Request, Token, TurnMetrics
 from ..engine.formats import TEXT, FormatError, OutputFormat, json_schema
 from ..engine.params import MAX_TOP_LOGPROBS, SPECS, InvalidParameter, LiveParams, SamplingParams
 from ..tools.calls import (
@@ -36,7 +38,7 @@ from ..tools.calls import (
     with_instructions,
 )
 from ..tools.mcp import Tool
-from .monitor import read_rate
+from .monitor import RequestRecord, read_rate
 
 CLIENT_TOOLS = "client"  # the server a client's tools are said to be on: the client runs them, never we
 # Sampling fields by the name llama.cpp's server gives them, where it is ours too (OpenAI's own among them).
@@ -46,9 +48,6 @@ SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "typical_p", "top_n
 WIRE_NAMES = {"sampler_order": "samplers", "thinking_budget": "thinking_budget_tokens"}  # ours → the request's
 FINISH = {"eos": "stop", "stop": "stop", "format": "stop", "length": "length", "context": "length", "cut": "length",
           "cancelled": "stop"}
-# Where the engine process's death line turns to the chat ("; the chat is kept, and the next message loads the
-# model again; details in PATH", engine/process.py's AFTER_DEATH): a client is told the cause, in the server's words.
-DEATH_MARK = "; the chat is kept"
 LOCAL_PATH = re.compile(r"(?<![\w.~])(?:~|[A-Za-z]:)?[/\\](?:[^\s/\\:;,()'\"]+[/\\])+")  # a path's folders
 
 
@@ -73,25 +72,58 @@ def engine_failure(error: Error, chat: bool) -> BadRequest:
     """The engine's refusal of a request (a 400 naming the field) or its failure (a 500), as a client is told it."""
     if error.code:
         return BadRequest(error.message, "messages" if chat else "prompt", error.code)
-    return BadRequest(client_words(error.message), code="engine_error", status=500, kind="server_error")
+    return BadRequest(client_words(error), code="engine_error", status=500, kind="server_error")
 
 
-def client_words(message: str) -> str:
-    """An engine's error in the server's words: its death said as a server says it (not the chat's "the chat is
-    kept"), and no local path (a server on another address would tell its clients its files)."""
-    return engine_death(message) or LOCAL_PATH.sub("", message)
+def client_words(error: Error) -> str:
+    """An engine's error in the server's words: its death said as a server says it, and no local path (a server
+    on another address would tell its clients its files)."""
+    return died_words(error.died) if error.died is not None else LOCAL_PATH.sub("", error.message)
 
 
-def engine_death(message: str) -> str:
-    """The engine process's death line as a client is told it ("" for any other message): what ended it, never
+def died_words(death: EngineDeath) -> str:
+    """The engine process's death as a client is told it: what ended it and what the server does now, never
     llama.cpp's last words (they name its source files) nor where the log is."""
-    cause, died, _ = message.partition(DEATH_MARK)
-    if not died:
-        return ""
-    cause = cause.removeprefix("the engine process ").replace("(llama.cpp) ", "")
+    cause = death.cause.removeprefix("the engine process ").replace("(llama.cpp) ", "")
     if cause.startswith("crashed with"):
         cause = cause.split(": ", 1)[0]
     return f"the model's engine {cause}; it is being loaded again"
+
+
+class Wire(Protocol):
+    """What an answer's writer needs of its connection (server.py's handler): a whole JSON reply, a refusal in
+    the endpoint's shape, or a stream of server-sent events opened and written."""
+
+    wfile: BufferedIOBase
+
+    def reply_json(self, status: int, payload: dict[str, Any]) -> None: ...
+
+    def reply_error(self, error: BadRequest) -> None: ...
+
+    def open_events(self) -> None: ...
+
+
+class WholeAnswer:
+    """An answer written once, when the reply is done (`done`, in each API's shape): the engine's events before
+    it have nothing to send; a failure is the endpoint's error, a 500."""
+
+    def __init__(self, wire: Wire, asked: Asked, record: RequestRecord, model: str) -> None:
+        self.wire, self.asked, self.record, self.model = wire, asked, record, model
+
+    def token(self, token: Token) -> None:
+        pass
+
+    def metrics(self) -> None:
+        pass
+
+    def progress(self, progress: PromptProgress) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def failed(self, message: str) -> None:
+        self.wire.reply_error(BadRequest(message, code="engine_error", status=500, kind="server_error"))
 
 
 @dataclass(slots=True)
@@ -127,39 +159,62 @@ def check_model(body: dict[str, Any], served: str) -> None:
                          "model", "model_not_found", status=404)
 
 
+@contextmanager
+def renamed(names: dict[str, str]) -> Iterator[None]:
+    """A refusal by the shared reader names the field as the request sent it (another API's name for chat's field:
+    `text.format`, not `response_format`): its `param`, and its message where that begins with the field's name.
+    `names` are looked up in order: a longer name before its prefix."""
+    try:
+        yield
+    except BadRequest as error:
+        param = error.param or ""
+        if old := next((name for name in names if param.startswith(name)), ""):
+            error.param = names[old] + param[len(old):]
+            if str(error).startswith(old):
+                error.args = (names[old] + str(error)[len(old):],)
+        raise
+
+
 def parse_chat(body: dict[str, Any], defaults: SamplingParams, info: ModelInfo, room: int) -> Asked:
     """A `/v1/chat/completions` body."""
-    asked = _common(body, defaults, room)
+    asked = common(body, defaults, room)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list of messages", "messages")
-    asked.form = form = call_form(info)
-    asked.tools = _tools(body.get("tools"))
-    choice = _choice(body.get("tool_choice", AUTO if asked.tools else NONE), asked.tools)
-    chat = [_message(entry, index, form) for index, entry in enumerate(messages)]
-    request = asked.request
-    request.messages = chat
-    if asked.tools:
-        if request.format.constrained:
-            raise BadRequest("response_format cannot be combined with tools here: a reply's grammar is its calls'",
-                             "response_format")
-        request.format = call_format(asked.tools, choice, form)
-        request.tool_choice = choice
-        asked.format_field = "tools"
-        if form.templated:
-            request.tools = template_tools(asked.tools)
-        else:
-            request.messages = with_instructions(chat, asked.tools)
+    form = call_form(info)
+    tools = _tools(body.get("tools"))
+    choice = _choice(body.get("tool_choice", AUTO if tools else NONE), tools)
+    converse(asked, [_message(entry, index, form) for index, entry in enumerate(messages)], tools, choice, form)
     kwargs = body.get("chat_template_kwargs")
     if isinstance(kwargs, dict) and isinstance(kwargs.get("enable_thinking"), bool):
-        request.thinking = kwargs["enable_thinking"]
+        asked.request.thinking = kwargs["enable_thinking"]
     return asked
+
+
+def converse(asked: Asked, chat: list[Message], tools: list[Tool], choice: str, form: CallForm) -> None:
+    """The conversation and its tools into the request, whichever API they came in: the tools go to the model's
+    template (or the system prompt, in the generic form) and the reply's grammar, as the chat gives them."""
+    request = asked.request
+    request.messages = chat
+    asked.tools, asked.form = tools, form
+    if not tools:
+        return
+    if request.format.constrained:
+        raise BadRequest("an output format cannot be combined with tools here: a reply's grammar is its calls'",
+                         "response_format")
+    request.format = call_format(tools, choice, form)
+    request.tool_choice = choice
+    asked.format_field = "tools"
+    if form.templated:
+        request.tools = template_tools(tools)
+    else:
+        request.messages = with_instructions(chat, tools)
 
 
 def parse_completion(body: dict[str, Any], defaults: SamplingParams, room: int) -> Asked:
     """A `/v1/completions` body: the prompt is read as it is, no template."""
     _no_scoring(body)
-    asked = _common(body, defaults, room)
+    asked = common(body, defaults, room)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
@@ -185,13 +240,13 @@ def _no_scoring(body: dict[str, Any]) -> None:
                          "prompt's logprobs; ask for 1 token or more", "max_tokens", "unsupported_parameter")
 
 
-def _common(body: dict[str, Any], defaults: SamplingParams, room: int) -> Asked:
+def common(body: dict[str, Any], defaults: SamplingParams, room: int) -> Asked:
     """What chat and completion requests share: sampling, limits, format, streaming and what to report."""
     if body.get("n", 1) != 1:
         raise BadRequest("n must be 1: one choice a request (send several requests: they are decoded together)", "n")
     changes = {name: _number(name, body[name]) for name in SAMPLING_FIELDS if body.get(name) is not None}
     changes["max_tokens"] = _max_tokens(body, room)
-    changes |= _stops(body.get("stop")) | _mirostat(body) | _samplers(body.get("samplers"))
+    changes |= stops(body.get("stop")) | _mirostat(body) | _samplers(body.get("samplers"))
     changes |= _biases(body.get("logit_bias")) | _thinking_budget(body.get("thinking_budget_tokens"))
     params = _validated(defaults, changes)
     logprobs, top = _logprobs(body)
@@ -281,13 +336,15 @@ def _logprobs(body: dict[str, Any]) -> tuple[bool, int]:
     return True, max(top, 1)
 
 
-def _stops(value: Any) -> dict[str, Any]:
+def stops(value: Any, name: str = "stop") -> dict[str, Any]:
+    """The stop strings, under the request's own name for them (OpenAI's `stop`, Anthropic's `stop_sequences`)."""
     if value is None:
         return {}
-    stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(stop, str) and stop for stop in stops) or len(stops) > 16:
-        raise BadRequest("stop must be a string or a list of at most 16 non-empty strings", "stop")
-    return {"stop": stops}
+    listed = [value] if isinstance(value, str) and name == "stop" else value
+    if not isinstance(listed, list) or not all(isinstance(stop, str) and stop for stop in listed) or len(listed) > 16:
+        plain = "a string or " if name == "stop" else ""
+        raise BadRequest(f"{name} must be {plain}a list of at most 16 non-empty strings", name)
+    return {"stop": listed}
 
 
 def _mirostat(body: dict[str, Any]) -> dict[str, Any]:
@@ -353,34 +410,43 @@ def _format(body: dict[str, Any]) -> OutputFormat:
     raise BadRequest("response_format.type must be text, json_object or json_schema", "response_format.type")
 
 
-def _schema(schema: dict[str, Any]) -> OutputFormat:
+def _schema(schema: dict[str, Any], param: str = "response_format.json_schema.schema") -> OutputFormat:
     try:
         return json_schema(json.dumps(schema))  # text starting with `{`: never read as a path
     except FormatError as error:
-        raise BadRequest(str(error), "response_format.json_schema.schema") from None
+        raise BadRequest(str(error), param) from None
 
 
 def _tools(value: Any) -> list[Tool]:
-    if value is None:
-        return []
-    if not isinstance(value, list) or len(value) > 128:
-        raise BadRequest("tools must be a list of at most 128 function tools", "tools")
     tools = []
-    for index, entry in enumerate(value):
+    for index, entry in enumerate(tool_entries(value)):
         function = entry.get("function") if isinstance(entry, dict) and entry.get("type") == "function" else None
         name = function.get("name") if isinstance(function, dict) else None
         if not isinstance(name, str) or not name or len(name) > 64:
             raise BadRequest("each tool must be {\"type\": \"function\", \"function\": {\"name\": …}}, a name of at "
                              "most 64 characters", f"tools[{index}]")
         assert isinstance(function, dict)
-        schema = function.get("parameters", {"type": "object", "properties": {}})
-        description = function.get("description", "")
-        if not isinstance(schema, dict) or not isinstance(description, str):
-            raise BadRequest("a tool's parameters must be a JSON schema object and its description text",
-                             f"tools[{index}].function")
-        _schema(schema)
-        tools.append(Tool(CLIENT_TOOLS, name, description, schema))
+        tools.append(client_tool(name, function.get("description", ""),
+                                 function.get("parameters", {"type": "object", "properties": {}}),
+                                 f"tools[{index}].function"))
     return tools
+
+
+def tool_entries(value: Any, kind: str = "function tools") -> list[Any]:
+    """A request's `tools`, a list of at most 128 (left out: none); each entry is its API's to read."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > 128:
+        raise BadRequest(f"tools must be a list of at most 128 {kind}", "tools")
+    return value
+
+
+def client_tool(name: str, description: Any, schema: Any, where: str) -> Tool:
+    """A tool the client runs, its schema one the grammar can hold its calls to (a bad one names `where`)."""
+    if not isinstance(schema, dict) or not isinstance(description, str):
+        raise BadRequest("a tool's parameters must be a JSON schema object and its description text", where)
+    _schema(schema, where)
+    return Tool(CLIENT_TOOLS, name, description, schema)
 
 
 def _choice(value: Any, tools: Sequence[Tool]) -> str:
@@ -407,14 +473,20 @@ def _message(entry: Any, index: int, form: CallForm) -> Message:
     assert isinstance(entry, dict)
     content = _text(entry.get("content"), where)
     if role == "tool":
-        if not form.templated:  # the generic form: a result comes back as the user's
-            return Message("user", f"<tool_response>\n{content}\n</tool_response>")
-        return Message("tool", content, tool_call_id=str(entry.get("tool_call_id", ""))[:64])
+        return tool_result(content, str(entry.get("tool_call_id", "")), form)
     if role == "assistant" and entry.get("tool_calls"):
         return _called(entry["tool_calls"], content, where, form)
     reasoning = entry.get("reasoning_content") if role == "assistant" else ""
     return Message("system" if role == "developer" else role, content,
                    reasoning if isinstance(reasoning, str) else "")
+
+
+def tool_result(content: str, call_id: str, form: CallForm) -> Message:
+    """A tool's result as the model reads it: a `tool` message its template renders, or (the generic form) the
+    user's `<tool_response>`."""
+    if not form.templated:
+        return Message("user", f"<tool_response>\n{content}\n</tool_response>")
+    return Message("tool", content, tool_call_id=call_id[:64])
 
 
 def _text(content: Any, where: str) -> str:
@@ -432,7 +504,7 @@ def _called(calls: Any, content: str, where: str, form: CallForm) -> Message:
     """An assistant message that called tools, as the model's template (or the generic form) reads it."""
     if not isinstance(calls, list):
         raise BadRequest("tool_calls must be a list", f"{where}.tool_calls")
-    parsed: list[dict[str, Any]] = []
+    parsed: list[tuple[str, str, dict[str, Any]]] = []
     for index, call in enumerate(calls):
         function = call.get("function") if isinstance(call, dict) else None
         name = function.get("name") if isinstance(function, dict) else None
@@ -444,13 +516,19 @@ def _called(calls: Any, content: str, where: str, form: CallForm) -> Message:
             raise BadRequest("a tool call needs function.name and function.arguments, a JSON object as text",
                              f"{where}.tool_calls[{index}]")
         assert isinstance(call, dict)
-        parsed.append({"id": str(call.get("id", ""))[:64], "type": "function", "name": name, "arguments": arguments})
+        parsed.append((str(call.get("id", "")), name, arguments))
+    return called(parsed, content, form)
+
+
+def called(calls: Sequence[tuple[str, str, dict[str, Any]]], content: str, form: CallForm) -> Message:
+    """An assistant message that called tools (id, name, arguments each), as the model's template reads it, or
+    as the model wrote it in the generic form (its first call: the form makes one a reply)."""
     if not form.templated:
-        first = parsed[0]
-        return Message("assistant", call_text(first["name"], first["arguments"], content, form))
+        _, name, arguments = calls[0]
+        return Message("assistant", call_text(name, arguments, content, form))
     return Message("assistant", content, tool_calls=tuple(
-        {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}
-        for call in parsed))
+        {"id": ident[:64], "type": "function", "function": {"name": name, "arguments": arguments}}
+        for ident, name, arguments in calls))
 
 
 # --- responses -------------------------------------------------------------------------------------
@@ -511,6 +589,49 @@ def extras(done: Done, queued_s: float) -> dict[str, Any]:
             "cached_tokens": metrics.cached_tokens,
             "read_tokens": metrics.prompt_tokens - metrics.cached_tokens, "kv_used": metrics.context_tokens,
             "n_ctx": metrics.n_ctx, "grammar_ms_per_token": metrics.grammar_ms_per_token}
+
+
+class CallGate:
+    """A streamed reply's text as it may go out while a tool call could begin in it: the text a call's head
+    could start with is held back until it is clear that it is text, and nothing goes out once a call has begun
+    (a call goes out as the API's call, never as text). Without tools, all text passes at once."""
+
+    def __init__(self, asked: Asked) -> None:
+        self.head = asked.form.head if asked.tools and asked.form is not None else ""
+        self.held = ""
+        self.calling = False
+        self.sent = ""  # all that went out
+
+    def shown(self, text: str) -> str:
+        """What of `text` may go out now."""
+        return self._passed(text) if self.head else self._sent(text)
+
+    def _passed(self, text: str) -> str:
+        if self.calling:
+            return ""
+        held = self.held + text
+        start = held.find(self.head.strip() or "\0")
+        if start >= 0:
+            self.calling, self.held = True, ""
+            return self._sent(held[:start])
+        keep = next((size for size in range(min(len(held), len(self.head)), 0, -1)
+                     if self.head.startswith(held[-size:])), 0)
+        self.held = held[len(held) - keep:]
+        return self._sent(held[: len(held) - keep])
+
+    def _sent(self, text: str) -> str:
+        self.sent += text
+        return text
+
+    def rest(self, said: Outcome) -> str:
+        """What is left to send of the finished reply's text: the text before its call where that did not go out
+        yet (it went out as it came, up to the call), else what was held back."""
+        if not said.calls:
+            rest, self.held = self.held, ""
+            return self._sent(rest)
+        before = said.content or ""
+        sent = self.sent.strip()
+        return self._sent(before[len(sent):] if before.startswith(sent) else "")
 
 
 @dataclass(slots=True)

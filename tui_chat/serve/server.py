@@ -1,4 +1,5 @@
-"""`tui-chat serve`'s HTTP side: OpenAI's endpoints over the engine process, several clients at once.
+"""`tui-chat serve`'s HTTP side: OpenAI's endpoints (protocol.py, and its Responses API: responses.py) and
+Anthropic's Messages API (anthropic.py) over the engine process, several clients at once.
 
 A thread per connection (the standard library's server): each request is checked (key, size, JSON, fields),
 admitted (at most `parallel` in the engine, `queue` more waiting, `429` with Retry-After past that), handed to
@@ -20,15 +21,18 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 from ..engine.base import (
     Done,
+    Embedding,
+    EngineDeath,
     EngineError,
     Error,
     Event,
     FormatChecking,
+    InputRefused,
     Loaded,
     Metrics,
     ModelInfo,
@@ -42,14 +46,15 @@ from ..engine.params import SamplingParams
 from ..engine.prompts import choose_format
 from ..engine.server_params import SERVE_BUILD
 from ..engine.templates import PLAIN
-from . import protocol
+from . import anthropic, embeddings, protocol, responses
 from .monitor import Monitor, RequestRecord, prometheus_text
-from .protocol import Asked, BadRequest
+from .protocol import Asked, BadRequest, Wire
 
 DEFAULT_MAX_BODY = 4 * 2**20  # bytes of a request body: 4 MiB, a long conversation with room to spare
 DISCARD_LIMIT = 64 * 2**20  # a refused body larger than this is not read away: the connection is closed
 POLL_S = 0.05  # how often a waiting request looks whether its client is still there
 DEFAULT_TIMEOUT_S = 30.0  # a connection silent this long (headers, a body, between requests) is let go
+EMBED_CALL_TEXTS = 8  # texts the engine embeds a call: 8 of the longest take ~60 s on 2 busy cores, under its timeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +66,7 @@ class ServeOptions:
     queue: int = 8  # requests waiting beyond those; more are answered 429
     max_body: int = DEFAULT_MAX_BODY
     timeout_s: float = DEFAULT_TIMEOUT_S
+    embeddings: str = ""  # the dedicated embedding model's name (`--embeddings`); "": the model makes its own
 
 
 class Admission:
@@ -101,6 +107,7 @@ class TuiChatServer(ThreadingHTTPServer):
         self.options, self.backend, self.info, self.defaults, self.monitor = options, backend, info, defaults, monitor
         self.room = max(info.n_ctx // options.parallel, 1)  # each request's share of the context
         self.admission = Admission(options.parallel, options.queue)
+        self.responses = responses.Memory()  # the last responses' conversations, for previous_response_id
         self.numbers = iter(range(1, 2**62))
         self._numbers_lock = threading.Lock()
         self.trouble = ("", 0.0)  # the engine's death in the server's words, and when it was heard of
@@ -113,13 +120,13 @@ class TuiChatServer(ThreadingHTTPServer):
         with self._numbers_lock:
             return next(self.numbers)
 
-    def engine_died(self, line: str) -> None:
+    def engine_died(self, death: EngineDeath) -> None:
         """The engine process ended (between requests, or under one): `/health` says why until it is back, and it
         is started again at once, not at the next request (a probe that saw the error would otherwise never send
         one, and the server would stay out of rotation)."""
         with self._numbers_lock:
             reloading, self.reloading = self.reloading, True
-            self.trouble = (protocol.client_words(line), time.perf_counter())
+            self.trouble = (protocol.died_words(death), time.perf_counter())
         if not reloading:
             threading.Thread(target=self._reload, name="engine-reload", daemon=True).start()
 
@@ -142,6 +149,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: TuiChatServer
     protocol_version = "HTTP/1.1"
     server_version = "tui-chat"
+    anthropic = False  # the request is one of Anthropic's endpoints: its refusals in Anthropic's shape
 
     def setup(self) -> None:
         """Every read and write of the connection waits at most `timeout_s`: a client that sends its headers or
@@ -154,23 +162,28 @@ class _Handler(BaseHTTPRequestHandler):
 
     # --- routes ------------------------------------------------------------------------------------
 
-    def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+    def _path(self) -> str:
         path = self.path.split("?", 1)[0].rstrip("/")
+        self.anthropic = path.startswith("/v1/messages")
+        return path
+
+    def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+        path = self._path()
         if path == "/health":
             self._health()
             return
         if not self._authorized():
             return
         if path in ("/v1/models", "/models"):
-            self._json(200, {"object": "list", "data": [self._model_entry()]})
+            self.reply_json(200, {"object": "list", "data": [self._model_entry(), *self._embedding_entries()]})
         elif path.startswith(("/v1/models/", "/models/")):
             self._model(unquote(path.split("/models/", 1)[1]))
         elif path == "/props":
-            self._json(200, self._props())
+            self.reply_json(200, self._props())
         elif path == "/metrics":
             self._metrics()
         else:
-            self._error(BadRequest(f"no such endpoint: GET {path[:200]}", code="not_found", status=404))
+            self.reply_error(BadRequest(f"no such endpoint: GET {path[:200]}", code="not_found", status=404))
 
     def _health(self) -> None:
         """Open without the key, as llama-server's is (load balancers probe it); the figures and the cause of a
@@ -182,15 +195,18 @@ class _Handler(BaseHTTPRequestHandler):
             admission = self.server.admission
             health |= ({"error": said} if said else {}) | {"in_flight": admission.in_flight,
                                                            "waiting": admission.waiting}
-        self._json(503 if said else 200, health)
+        self.reply_json(503 if said else 200, health)
 
     def _model(self, name: str) -> None:
         """`GET /v1/models/{id}` (the openai client's `models.retrieve`)."""
-        if name != self.server.info.name:
-            self._error(BadRequest(f"the model {name[:200]!r} does not exist; this server serves "
-                                   f"{self.server.info.name!r}", "model", "model_not_found", status=404))
+        if name in (entry["id"] for entry in self._embedding_entries()):
+            self.reply_json(200, self._embedding_entries()[0])
             return
-        self._json(200, self._model_entry())
+        if name != self.server.info.name:
+            self.reply_error(BadRequest(f"the model {name[:200]!r} does not exist; this server serves "
+                                        f"{self.server.info.name!r}", "model", "model_not_found", status=404))
+            return
+        self.reply_json(200, self._model_entry())
 
     def _metrics(self) -> None:
         """Prometheus' text format: requests, tokens in and out, the queue, the decode rate, the engine."""
@@ -204,12 +220,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_POST(self) -> None:  # noqa: N802
+        path = self._path()
         if not self._authorized():
             return
-        path = self.path.split("?", 1)[0].rstrip("/")
         routes: dict[str, Callable[[dict[str, Any]], None]] = {
             "/v1/chat/completions": self._chat, "/chat/completions": self._chat,
-            "/v1/completions": self._completion, "/completions": self._completion, "/tokenize": self._tokenize}
+            "/v1/completions": self._completion, "/completions": self._completion, "/tokenize": self._tokenize,
+            "/v1/messages": self._messages, "/v1/messages/count_tokens": self._count_tokens,
+            "/v1/responses": self._responses, "/responses": self._responses,
+            "/v1/embeddings": self._embeddings, "/embeddings": self._embeddings}
         route = routes.get(path)
         try:
             if route is None:
@@ -219,19 +238,45 @@ class _Handler(BaseHTTPRequestHandler):
         except BadRequest as error:
             if not error.recorded:
                 self.server.monitor.turned_away()
-            self._error(error)
+            self.reply_error(error)
         except (ConnectionError, TimeoutError):  # gone, or not reading what it asked for: nobody to answer
             self.close_connection = True
 
     def _chat(self, body: dict[str, Any]) -> None:
         server = self.server
         protocol.check_model(body, server.info.name)
-        self._answer(protocol.parse_chat(body, server.defaults, server.info, server.room), "chat")
+        asked = protocol.parse_chat(body, server.defaults, server.info, server.room)
+        self._answer(asked, "chat", _StreamWriter if asked.stream else _WholeWriter)
 
     def _completion(self, body: dict[str, Any]) -> None:
         server = self.server
         protocol.check_model(body, server.info.name)
-        self._answer(protocol.parse_completion(body, server.defaults, server.room), "completion")
+        asked = protocol.parse_completion(body, server.defaults, server.room)
+        self._answer(asked, "completion", _StreamWriter if asked.stream else _WholeWriter)
+
+    def _messages(self, body: dict[str, Any]) -> None:
+        """Anthropic's `/v1/messages` (anthropic.py): the same engine request as a chat's."""
+        server = self.server
+        protocol.check_model(body, server.info.name)
+        asked = anthropic.parse_messages(body, server.defaults, server.info, server.room)
+        self._answer(asked, "messages", anthropic.StreamedMessage if asked.stream else anthropic.WholeMessage)
+
+    def _responses(self, body: dict[str, Any]) -> None:
+        """OpenAI's `/v1/responses` (responses.py): the same engine request as a chat's; a refusal of its prompt
+        names `input`."""
+        server = self.server
+        protocol.check_model(body, server.info.name)
+        with protocol.renamed(responses.NAMES):
+            asked = responses.parse_responses(body, server.defaults, server.info, server.room, server.responses)
+            self._answer(asked, "responses", responses.StreamedResponse if asked.stream else responses.WholeResponse)
+
+    def _count_tokens(self, body: dict[str, Any]) -> None:
+        """Anthropic's `/v1/messages/count_tokens`: the prompt read by the engine as the message's would be (the
+        model's template, its tools and thinking switch), for one token; the next message reuses that read."""
+        server = self.server
+        protocol.check_model(body, server.info.name)
+        self._answer(anthropic.parse_messages(body, server.defaults, server.info, server.room, counting=True),
+                     "count", anthropic.TokenCount)
 
     def _tokenize(self, body: dict[str, Any]) -> None:
         """llama.cpp's server's `/tokenize` (the text's token ids, no BOS): tui-chat's remote backend counts a
@@ -242,12 +287,47 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             tokens = self.server.backend.tokenize(content)
         except EngineError as error:
-            raise protocol.engine_failure(Error(str(error)), chat=False) from None
-        self._json(200, {"tokens": tokens, "count": len(tokens)})
+            raise protocol.engine_failure(Error(str(error), died=getattr(error, "death", None)), chat=False) from None
+        self.reply_json(200, {"tokens": tokens, "count": len(tokens)})
+
+    def _embeddings(self, body: dict[str, Any]) -> None:
+        """OpenAI's `/v1/embeddings` (embeddings.py): the texts' pooled vectors, made by the engine in a context of
+        their own (the slots go on), a few texts a call; by the dedicated embedding model where `--embeddings` named
+        one. Not admitted as a reply is: it takes no slot, and the engine reads one request's texts at a time."""
+        server, backend = self.server, self.server.backend
+        protocol.check_model(body, server.options.embeddings or server.info.name)
+        asked = embeddings.parse_embeddings(body)
+        if not isinstance(backend, Embedding):
+            raise BadRequest("this server's engine makes no embeddings", code="not_supported", status=501,
+                             kind="server_error")
+        record = server.monitor.new_record(server.next_number(), self.client_address[0], "embeddings", False)
+        record.admitted()
+        parts = []
+        try:
+            for start in range(0, len(asked.texts), EMBED_CALL_TEXTS):
+                if self._gone():
+                    server.monitor.finish(record, "gone")
+                    return
+                parts.append(backend.embed(asked.texts[start : start + EMBED_CALL_TEXTS]))
+            embedded = embeddings.joined(parts)
+            embeddings.check_dimensions(asked, embedded.size)
+        except (InputRefused, BadRequest) as error:
+            server.monitor.finish(record, "refused", str(error))
+            raise BadRequest(str(error), error.param if isinstance(error, BadRequest) else "input",
+                             error.code if isinstance(error, BadRequest) else "context_length_exceeded",
+                             recorded=True) from None
+        except EngineError as error:
+            server.monitor.finish(record, "failed", str(error))
+            failure = Error(str(error), died=getattr(error, "death", None))
+            self._heard_of(failure)
+            raise protocol.engine_failure(failure, chat=False) from None
+        server.monitor.finish(record, "embedded", f"{len(asked.texts)} texts, {sum(embedded.tokens):,} tokens, "
+                                                  f"{embedded.size} floats each")
+        self.reply_json(200, embeddings.answer(embedded, asked))
 
     # --- one request ---------------------------------------------------------------------------------
 
-    def _answer(self, asked: Asked, kind: str) -> None:
+    def _answer(self, asked: Asked, kind: str, writer: type[Writer]) -> None:
         server = self.server
         self._check_format(asked)
         record = server.monitor.new_record(server.next_number(), self.client_address[0], kind, asked.stream)
@@ -264,7 +344,7 @@ class _Handler(BaseHTTPRequestHandler):
             record.admitted()
             events = server.backend.generate_together(asked.request, server.room)
             try:
-                self._reply(asked, record, _Events(events.drain, events.cancel, self._gone))
+                self._reply(asked, record, _Events(events.drain, events.cancel, self._gone), writer)
             finally:
                 events.cancel()  # a client gone, or an answer that failed to send: the slot goes at once
         finally:
@@ -285,7 +365,7 @@ class _Handler(BaseHTTPRequestHandler):
         except EngineError:
             return  # the engine is down: the request loads it again, and is told there what it makes of the format
 
-    def _reply(self, asked: Asked, record: RequestRecord, events: _Events) -> None:
+    def _reply(self, asked: Asked, record: RequestRecord, events: _Events, writer_type: type[Writer]) -> None:
         first = events.first()
         if events.gone:  # left before its prompt was taken: nobody to answer, and no failure
             self.server.monitor.finish(record, "gone")
@@ -296,14 +376,14 @@ class _Handler(BaseHTTPRequestHandler):
             refusal = protocol.engine_failure(first, asked.chat)
             refusal.recorded = True
             raise refusal
-        writer = _StreamWriter(self, asked, record) if asked.stream else _WholeWriter(self, asked, record)
+        writer = writer_type(self, asked, record, self.server.info.name)
         for batch in events.batches():
             if any(self._take(event, writer, record, events) for event in batch):
                 return
             writer.flush()  # a batch's chunks go out together: one write to the socket, not one a token
         self.server.monitor.finish(record, "gone")
 
-    def _take(self, event: Event, writer: _StreamWriter | _WholeWriter, record: RequestRecord,
+    def _take(self, event: Event, writer: Writer, record: RequestRecord,
               events: _Events) -> bool:
         """One engine event into the answer; True once it was the last."""
         if isinstance(event, Token):
@@ -321,15 +401,15 @@ class _Handler(BaseHTTPRequestHandler):
             return True
         elif isinstance(event, Error):
             self._heard_of(event)
-            writer.failed(protocol.client_words(event.message))
+            writer.failed(protocol.client_words(event))
             self.server.monitor.finish(record, "failed", event.message)
             return True
         return False
 
     def _heard_of(self, error: Error) -> None:
         """An engine's death under a request: `/health` says so too."""
-        if protocol.engine_death(error.message):
-            self.server.engine_died(error.message)
+        if error.died is not None:
+            self.server.engine_died(error.died)
 
     # --- the wire ----------------------------------------------------------------------------------
 
@@ -338,15 +418,18 @@ class _Handler(BaseHTTPRequestHandler):
             return True
         self._drain_body()
         self.server.monitor.turned_away()
-        self._error(BadRequest("a valid API key is needed: send it as Authorization: Bearer KEY",
-                               code="invalid_api_key", status=401))
+        self.reply_error(BadRequest("a valid API key is needed: send it as Authorization: Bearer KEY or as "
+                                    "x-api-key: KEY", code="invalid_api_key", status=401))
         return False
 
     def _key_sent(self) -> bool:
-        """No key is needed, or `Authorization` carries it (the scheme in any case: HTTP's are case-insensitive)."""
-        key = self.server.options.api_key
+        """No key is needed, or `Authorization` carries it (the scheme in any case: HTTP's are case-insensitive),
+        or `x-api-key` does (Anthropic's clients send it there)."""
+        key = self.server.options.api_key.encode()
         scheme, _, given = self.headers.get("Authorization", "").strip().partition(" ")
-        return not key or (scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode()))
+        bearer = given.strip() if scheme.lower() == "bearer" else ""
+        return not key or any(hmac.compare_digest(sent.encode(), key)
+                              for sent in (bearer, self.headers.get("x-api-key", "").strip()) if sent)
 
     def _body(self) -> bytes:
         length = self.headers.get("Content-Length")
@@ -394,7 +477,7 @@ class _Handler(BaseHTTPRequestHandler):
         except (OSError, ValueError):
             return True
 
-    def _json(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+    def reply_json(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         data = json.dumps(payload, ensure_ascii=False).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -406,18 +489,37 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _error(self, error: BadRequest) -> None:
+    def reply_error(self, error: BadRequest) -> None:
+        """A refusal in the endpoint's shape (OpenAI's, or Anthropic's on its endpoints); a busy server's says
+        when to try again."""
+        status, body = anthropic.refusal(error) if self.anthropic else (error.status, error.body())
         retry = {"Retry-After": "1"} if error.status == 429 else {}
         try:
-            self._json(error.status, error.body(), retry)
+            self.reply_json(status, body, retry)
         except (ConnectionError, TimeoutError):
             self.close_connection = True
+
+    def open_events(self) -> None:
+        """The answer as server-sent events: its headers now, the events as they come, the connection closed
+        after the last."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
 
     def _model_entry(self) -> dict[str, Any]:
         info = self.server.info
         return {"id": info.name, "object": "model", "created": 0, "owned_by": "tui-chat",
                 "meta": {"n_ctx": info.n_ctx, "n_ctx_per_request": self.server.room, "n_params": info.n_params,
                          "size": info.size_bytes, "quantization": info.quantization, "offload": info.offload}}
+
+    def _embedding_entries(self) -> list[dict[str, Any]]:
+        """The dedicated embedding model (`--embeddings`), listed beside the model; none without one."""
+        name = self.server.options.embeddings
+        return [{"id": name, "object": "model", "created": 0, "owned_by": "tui-chat",
+                 "meta": {"embeddings": True}}] if name else []
 
     def _props(self) -> dict[str, Any]:
         """llama.cpp's server's `/props`, which tui-chat's remote backend reads: each request's context, the
@@ -427,6 +529,24 @@ class _Handler(BaseHTTPRequestHandler):
         return {"default_generation_settings": {"n_ctx": server.room}, "total_slots": server.options.parallel,
                 "model_path": server.info.path, "model_ftype": server.info.quantization, "chat_template": template,
                 "build_info": SERVE_BUILD}
+
+
+class Writer(Protocol):
+    """An answer written from the engine's events: whole when the reply is done, or streamed as they come."""
+
+    def __init__(self, wire: Wire, asked: Asked, record: RequestRecord, model: str) -> None: ...
+
+    def token(self, token: Token) -> None: ...
+
+    def metrics(self) -> None: ...
+
+    def progress(self, progress: PromptProgress) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def done(self, done: Done) -> None: ...
+
+    def failed(self, message: str) -> None: ...
 
 
 class _Events:
@@ -463,25 +583,16 @@ class _Events:
         yield from self._batches()
 
 
-class _WholeWriter:
+class _WholeWriter(protocol.WholeAnswer):
     """A reply answered whole, once it is done."""
 
-    def __init__(self, handler: _Handler, asked: Asked, record: RequestRecord) -> None:
-        self.handler, self.asked, self.record = handler, asked, record
+    def __init__(self, wire: protocol.Wire, asked: Asked, record: RequestRecord, model: str) -> None:
+        super().__init__(wire, asked, record, model)
         self.entries: list[dict[str, Any]] = []
 
     def token(self, token: Token) -> None:
         if self.asked.logprobs and not token.thinking and not token.forced:
             self.entries.append(protocol.logprob_entry(token))
-
-    def metrics(self) -> None:
-        pass
-
-    def progress(self, progress: PromptProgress) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
 
     def done(self, done: Done) -> None:
         asked, record = self.asked, self.record
@@ -497,30 +608,20 @@ class _WholeWriter:
         else:
             choice = {"index": 0, "text": said.content or "", "logprobs": logprobs, "finish_reason": said.finish_reason}
         payload = {"id": record.ident, "object": "chat.completion" if asked.chat else "text_completion",
-                   "created": int(record.wall_started), "model": self.handler.server.info.name, "choices": [choice],
+                   "created": int(record.wall_started), "model": self.model, "choices": [choice],
                    "usage": protocol.usage(done.metrics), "timings": protocol.timings(done.metrics),
                    "x_tui_chat": protocol.extras(done, record.queued_s)}
-        self.handler._json(200, payload)
-
-    def failed(self, message: str) -> None:
-        self.handler._error(BadRequest(message, code="engine_error", status=500, kind="server_error"))
+        self.wire.reply_json(200, payload)
 
 
 class _StreamWriter:
     """A reply as server-sent events: a chunk per token. With tools, the text a call could begin with is held
     back until it is clear that it is text: a call goes out as `tool_calls`, never as content."""
 
-    def __init__(self, handler: _Handler, asked: Asked, record: RequestRecord) -> None:
-        self.handler, self.asked, self.record = handler, asked, record
-        self.head = asked.form.head if asked.tools and asked.form is not None else ""
-        self.held = ""
-        self.calling = False
-        handler.send_response(200)
-        handler.send_header("Content-Type", "text/event-stream")
-        handler.send_header("Cache-Control", "no-cache")
-        handler.send_header("Connection", "close")
-        handler.end_headers()
-        handler.close_connection = True
+    def __init__(self, wire: protocol.Wire, asked: Asked, record: RequestRecord, model: str) -> None:
+        self.wire, self.asked, self.record, self.model = wire, asked, record, model
+        self.gate = protocol.CallGate(asked)
+        wire.open_events()
         if asked.chat:
             self._send({"role": "assistant", "content": ""})
 
@@ -530,23 +631,9 @@ class _StreamWriter:
         if token.reasoning:
             self._send({"reasoning_content": token.reasoning}, logprobs=logprobs)
             return
-        text = self._shown(token.text)
+        text = self.gate.shown(token.text)
         if text or logprobs:
             self._send({"content": text}, logprobs=logprobs)
-
-    def _shown(self, text: str) -> str:
-        """What of `text` may go out now: none once a call has begun; a possible call's start, held."""
-        if not self.head or self.calling:
-            return text if not self.head else ""
-        held = self.held + text
-        start = held.find(self.head.strip() or "\0")
-        if start >= 0:
-            self.calling, self.held = True, ""
-            return held[:start]
-        keep = next((size for size in range(min(len(held), len(self.head)), 0, -1)
-                     if self.head.startswith(held[-size:])), 0)
-        self.held = held[len(held) - keep:]
-        return held[: len(held) - keep]
 
     def metrics(self) -> None:
         if self.asked.timings_per_token and self.record.metrics is not None:
@@ -561,26 +648,23 @@ class _StreamWriter:
 
     def done(self, done: Done) -> None:
         said = protocol.outcome(done, self.asked, self.record.number)
+        if rest := self.gate.rest(said):
+            self._send({"content": rest})
         if said.calls:
-            before = said.content or ""
-            if before:
-                self._send({"content": before})
             self._send({"tool_calls": [dict(call, index=index) for index, call in enumerate(said.calls)]})
-        elif self.held:
-            self._send({"content": self.held})
         metrics = done.metrics
         tail: dict[str, Any] = {"timings": protocol.timings(metrics),
                                 "x_tui_chat": protocol.extras(done, self.record.queued_s)}
         self._send({}, finish=said.finish_reason, **tail)
         if self.asked.usage_in_stream:
             self._write({"id": self.record.ident, "object": self._object(), "created": int(self.record.wall_started),
-                         "model": self.handler.server.info.name, "choices": [], "usage": protocol.usage(metrics)})
-        self.handler.wfile.write(b"data: [DONE]\n\n")
-        self.handler.wfile.flush()
+                         "model": self.model, "choices": [], "usage": protocol.usage(metrics)})
+        self.wire.wfile.write(b"data: [DONE]\n\n")
+        self.wire.wfile.flush()
 
     def failed(self, message: str) -> None:
         self._write(protocol.error_body(message, "server_error", code="engine_error"))
-        self.handler.wfile.write(b"data: [DONE]\n\n")
+        self.wire.wfile.write(b"data: [DONE]\n\n")
 
     def _object(self) -> str:
         return "chat.completion.chunk" if self.asked.chat else "text_completion"
@@ -592,10 +676,10 @@ class _StreamWriter:
         else:
             choice = {"index": 0, "text": delta.get("content", ""), "logprobs": logprobs, "finish_reason": finish}
         self._write({"id": self.record.ident, "object": self._object(), "created": int(self.record.wall_started),
-                     "model": self.handler.server.info.name, "choices": [choice], **extra})
+                     "model": self.model, "choices": [choice], **extra})
 
     def flush(self) -> None:
-        self.handler.wfile.flush()
+        self.wire.wfile.flush()
 
     def _write(self, payload: dict[str, Any]) -> None:
-        self.handler.wfile.write(b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n")
+        self.wire.wfile.write(b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n")

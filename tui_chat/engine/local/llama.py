@@ -15,6 +15,7 @@ from typing import TypedDict
 
 from ..base import (
     Done,
+    Embedded,
     EngineError,
     Error,
     GrammarMask,
@@ -45,6 +46,7 @@ from .chain import Chain
 from .cpu import ThreadGovernor
 from .cpu_path import ProbeResult, choose as choose_cpu_path, on_trial, run_probe
 from .draft import KINDS as DRAFTERS, DraftController, Drafter, ModelDrafter, NgramDrafter, check_vocabulary
+from .embed import Embeddings
 from .ggml import build_features, build_version, device_memory
 from .grammar import Constraint, FormatStuck, check_format
 from .inspector import Inspection, Later
@@ -96,6 +98,7 @@ class LlamaBackend:
         self._last_prompt: tuple[str, list[int]] = ("", [])
         self._drafting: DraftController | None = None  # the last reply's: what it measured carries to the next
         self._session_lock = threading.Lock()
+        self._embeddings = Embeddings(settings.embeddings, settings.embeddings_name)  # a context of their own
         self.threads = ThreadGovernor(settings.threads, settings.threads_batch)
         self._worker = threading.Thread(target=self._run, name="llama-worker", daemon=True)
         self._worker.start()
@@ -145,6 +148,11 @@ class LlamaBackend:
                 raise EngineError("no model is loaded")
             return self._session.tokenize(text, add_bos=False)
 
+    def embed(self, texts: Sequence[str]) -> Embedded:
+        """Texts' pooled embeddings (`Embedding`), read in a context of their own (embed.py) on the caller's thread,
+        beside whatever the worker decodes; an `InputRefused` for a text longer than that context."""
+        return self._embeddings.embed(texts, self.threads.threads)
+
     def close(self) -> None:
         self._jobs.put(None)
         self._worker.join()
@@ -184,6 +192,7 @@ class LlamaBackend:
         while (job := self._jobs.get()) is not None:
             job()
         self._close_draft_model()
+        self._embeddings.close()
         with self._session_lock:
             if self._session is not None:
                 self._session.close()
@@ -192,6 +201,7 @@ class LlamaBackend:
     def _load(self, stream: Stream) -> None:
         settings = self.settings
         try:
+            self._embeddings.close()  # before the model they read goes
             with self._session_lock:
                 if self._session is not None:
                     self._session.close()
@@ -219,6 +229,7 @@ class LlamaBackend:
                 raise
             _warm_template(prompt_format, session)
             self._open_draft_model(session)
+            self._open_embeddings(session)
         except (EngineError, PromptError) as error:
             cancelled = stream.cancelled.is_set()
             stream.put(Error(f"loading {settings.path.name} was cancelled" if cancelled else str(error)))
@@ -280,6 +291,15 @@ class LlamaBackend:
             session.close()
             raise
         self._draft_session = draft
+
+    def _open_embeddings(self, session: LlamaSession) -> None:
+        """The embeddings follow the model; a dedicated embedding model that cannot load fails the load as a whole."""
+        try:
+            self._embeddings.open(session, self.name, self.settings.resolved_gpu_layers)
+        except EngineError:
+            self._close_draft_model()
+            session.close()
+            raise
 
     def _close_draft_model(self) -> None:
         if self._draft_session is not None:

@@ -26,6 +26,10 @@ class LlamaSettings:
     # llama.cpp draws in its graph where a reply's chain allows (LlamaSession.attach): None where the model's output
     # layer is on a GPU (on a CPU llama.cpp's draw costs more than the host's), True or False everywhere or nowhere
     backend_sampling: bool | None = None
+    # a dedicated embedding model loaded beside the model for embeddings (`serve --embeddings`), and its name; None:
+    # the model's own embeddings
+    embeddings: Path | None = None
+    embeddings_name: str = ""
 
     @property
     def resolved_gpu_layers(self) -> int:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 
-from ...engine.base import Backend, ModelInfo, WatchesItsDeath
+from ...engine.base import Backend, EngineDeath, ModelInfo, WatchesItsDeath
+from ...replies import Ask
+from ...wording import engine_died_in_chat
 from ...workspace import LoadJob
 from ..panel.metrics import MetricsPanel
 from ..panel.sampling import SamplingPanel
@@ -41,12 +43,12 @@ class ModelsRoom(Room):
         self.view.show_legend()
         if job.note:
             self.notify(job.note, title="Default model", severity="warning", timeout=10, markup=False)
-        backend = self.workspace.backend  # the job's, now in use; a held message goes once no load is to come
-        if self.workspace.loading is None and backend is not None and (held := self.workspace.release()) is not None:
-            await self.started(self.session.ask(held, backend.generate))
+        if self.workspace.loading is None and (held := self.workspace.release()) is not None:
+            await self.start(Ask(held))  # a held message goes once no load is to come, to the model now in use
 
-    def _engine_died(self, line: str) -> None:
+    def _engine_died(self, death: EngineDeath) -> None:
         """The engine process died between replies (on the link's thread): said now, not at the next message."""
+        line = engine_died_in_chat(death)
         with contextlib.suppress(RuntimeError):  # the app is closing
             self.app.call_from_thread(self.notify, f"{line[:1].upper()}{line[1:]}.", title="Engine stopped",
                                       severity="warning", timeout=10, markup=False)

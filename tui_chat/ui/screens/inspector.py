@@ -16,7 +16,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
 
-from ...engine.base import Candidate, Error, Event, PoolCut, Token, WordProbability, XRay
+from ...engine.base import FINAL_EVENTS, Candidate, Error, Event, LoadProgress, PoolCut, Token, WordProbability, XRay
 from ...engine.params import SamplingParams
 from ...engine.pool import kept_by
 from ...probe import TokenProbe
@@ -223,8 +223,16 @@ class InspectorScreen(Dialog[BranchChoice | None]):
         probe = self.probe
         assert probe is not None, "asked only when _why_not() found no reason"
         stream = probe.xray(index) if kind == "xray" else probe.word(index, text)
-        result = stream.result()
-        self.app.call_from_thread(self._answered, kind, index, text, result)
+        for event in stream:
+            if isinstance(event, LoadProgress):  # its engine process had died: the model loads again first
+                self.app.call_from_thread(self._loading_again, kind, index, text, event.stage)
+            elif isinstance(event, FINAL_EVENTS):
+                self.app.call_from_thread(self._answered, kind, index, text, event)
+
+    def _loading_again(self, kind: str, index: int, text: str, stage: str) -> None:
+        if self.is_attached and index == self.index and (kind == "xray" or text == self.asked):
+            shown = self.query_one("#xray" if kind == "xray" else "#asked", Static)
+            shown.update(Text(f"{'X-ray' if kind == 'xray' else quoted(text)}: {screen_safe(stage)}", style="dim"))
 
     def _answered(self, kind: str, index: int, text: str, result: Event) -> None:
         if not self.is_attached or index != self.index or (kind == "word" and text != self.asked):

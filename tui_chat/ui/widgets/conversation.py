@@ -19,6 +19,7 @@ from ...engine.params import SamplingParams
 from ...probe import TokenProbe
 from ...safetext import screen_safe
 from ...session import ChatSession, Ending, Turn, Update
+from ...wording import engine_died_in_chat
 from .chat_log import ChatLog
 from .draft_meter import DraftCosts, DraftMeter
 from .figures import show
@@ -152,12 +153,13 @@ class ConversationView(Vertical):
             self.prompt.put_back(turn.question)
 
     def _say_ending(self, ending: Ending) -> None:
+        message = engine_died_in_chat(ending.died) if ending.died is not None else ending.message
         if ending.kind == "failed":
-            self.notify(ending.message, title="Reply cut short", severity="error", timeout=8, markup=False)
-        elif ending.kind != "finished" and ending.message:
-            self.notify(ending.message, title="No reply", severity="error", timeout=8, markup=False)
-        elif ending.message:
-            self.notify(ending.message, severity="warning", timeout=6, markup=False)
+            self.notify(message, title="Reply cut short", severity="error", timeout=8, markup=False)
+        elif ending.kind != "finished" and message:
+            self.notify(message, title="No reply", severity="error", timeout=8, markup=False)
+        elif message:
+            self.notify(message, severity="warning", timeout=6, markup=False)
 
     # --- the keys the screen passes on (they work wherever the focus is) ------------------------
 
