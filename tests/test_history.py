@@ -278,13 +278,16 @@ def test_a_hand_made_version_1_database_opens(db):
     raw.execute("INSERT INTO conversations VALUES (7, 'Old chat', 'm', '', '{\"temperature\": 0.1}', 1.0, 2.0)")
     raw.execute("INSERT INTO messages (id, conversation_id, role, content, state, created_at, updated_at)"
                 " VALUES (3, 7, 'user', 'hello', 'complete', 1.0, 1.0)")
+    raw.execute("INSERT INTO messages (id, conversation_id, parent_id, role, content, state, created_at, updated_at)"
+                " VALUES (4, 7, 3, 'assistant', 'hi', 'complete', 1.0, 1.0)")
     raw.execute("PRAGMA user_version = 1")
     raw.commit()
     raw.close()
     with History(db) as history:
         loaded = history.load(7)
         assert loaded.title == "Old chat" and loaded.sampling.temperature == 0.1
-        assert [m.content for m in loaded.path] == ["hello"]
+        assert [m.content for m in loaded.path] == ["hello", "hi"]
+        assert [m.model for m in loaded.path] == ["", "m"], "migrated: an older reply is its chat's last model's"
         assert loaded.output_format == TEXT, "migrated: a chat from before output formats writes free text"
         assert history._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert schema_version(history) == len(history_module.MIGRATIONS)

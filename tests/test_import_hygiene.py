@@ -143,6 +143,30 @@ def test_no_module_reads_a_message_by_position():
     assert found == []
 
 
+STARTS_A_REPLY = {"ask", "regenerate", "continue_reply", "branch", "generate", "compare"}
+THE_STARTER = ("tui_chat.workspace", "tui_chat.session")  # Workspace.start_reply, and the session it drives
+
+
+def test_every_reply_starts_through_the_one_starter():
+    """A message sent, Ctrl+R, F8, a branch from the inspector, a held message after a load, the lab's columns, and
+    `run`'s prompts and `--compare`: each asks `Workspace.start_reply`, which waits for a load in flight and
+    records the model. Five entry points once each checked that by hand, and a sixth would forget. (`serve`
+    answers its clients through the engine's slots, the engine process calls its backend: not the chat's.)"""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        name = module_name(path)
+        if name in THE_STARTER or within(name, "tui_chat.engine") or within(name, "tui_chat.serve"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            called = node.func if isinstance(node, ast.Call) else None
+            taken = node if isinstance(node, ast.Attribute) and node.attr in ("generate", "compare") else None
+            for attribute in (called, taken):
+                if (isinstance(attribute, ast.Attribute) and attribute.attr in STARTS_A_REPLY
+                        and not (isinstance(attribute.value, ast.Name) and attribute.value.id == "args")):  # --compare
+                    found.append(f"{name}:{node.lineno} .{attribute.attr}")
+    assert found == []
+
+
 def test_the_server_speaks_to_an_engine_never_a_backend():
     """`serve` answers HTTP over whatever `Serving` engine it is given (the engine process): it knows no backend,
     nor the process that holds one."""

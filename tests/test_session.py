@@ -144,6 +144,21 @@ def test_a_saved_chat_reopens_with_its_turns_branches_and_system_prompt(tiny, hi
 
 
 
+def test_a_chat_that_used_two_models_reopens_with_each_replys_model(tiny, history):
+    """The history kept one model per chat, overwritten at each message: the first reply came back as the
+    second model's (and its X-ray would have asked the wrong model)."""
+    session = new_session(history)
+    session.ask("Hello there", tiny.generate)
+    finish(session)
+    session.model = "/models/other.gguf"  # what the workspace does when another model has loaded
+    session.ask("And again", tiny.generate)
+    finish(session)
+    again = opened(history.load(session.conversation_id), LiveParams(GREEDY), None)
+    assert [turn.reply.model for turn in again.turns] == ["tiny", "/models/other.gguf"]
+    first, second = (turn.reply.footer for turn in again.turns)
+    assert first.endswith(" · by tiny") and "by" not in second  # named where it is not the chat's model
+
+
 def test_each_reply_keeps_its_figures_and_a_reopened_chat_has_the_same(tiny, history):
     """A reply's figures are data on its branch: what the panel sums as the session, the same once the chat is
     reopened (issue 26). A reply being written reads as a finished one does."""

@@ -183,3 +183,37 @@ async def test_the_next_start_puts_an_unanswered_message_back_in_the_box(tiny_mo
         screen = await loaded(pilot)
         assert screen.query_one(PromptInput).text == "asked while it loaded"
         await wait_for(pilot, lambda: any("never answered" in str(n.message) for n in app._notifications))
+
+
+def test_the_one_starter_holds_waits_refuses_and_starts_on_the_model_in_use(tiny_model: Path):
+    """`Workspace.start_reply`: what each entry point of the chat and `run` asks (the layer test checks none goes
+    round it). A message waits for a load on its way, anything else is refused until it is done; with the model
+    loaded, the reply is written by it and the chat records it."""
+    from tui_chat.engine.base import Loaded, Request
+    from tui_chat.engine.params import LiveParams
+    from tui_chat.replies import Again, Ask, Held, Refused, SideBySide, Started
+    from tui_chat.workspace import Workspace
+
+    config = Config(sampling=GREEDY.with_changes(max_tokens=4), n_ctx=1024)
+    with History(history_path()) as history:
+        workspace = Workspace(config, opener_for(config)[0], history)
+        workspace.new_chat(LiveParams(config.sampling))
+        assert workspace.start_reply(Ask("hello")) == Refused("No model is loaded: Ctrl+O opens one.")
+        job = workspace.start_load(str(tiny_model))
+        assert workspace.start_reply(Ask("hello")) == Held(str(tiny_model))
+        assert workspace.start_reply(Ask("another")) == Refused("A message is already waiting for the model.")
+        assert workspace.start_reply(Again("regenerate")) == Refused(
+            f"Loading {tiny_model}: try again once it is loaded.")
+        loaded = workspace.open(job).load().result()
+        assert isinstance(loaded, Loaded)
+        workspace.loaded(job, loaded.info)
+        started = workspace.start_reply(Ask(workspace.release() or ""))
+        assert isinstance(started, Started) and started.turn is not None
+        assert workspace.start_reply(Again("regenerate")) == Refused("A reply is still being written: Esc stops it.")
+        final = started.stream.result()
+        workspace.session.take([final])
+        assert started.turn.reply.model == str(tiny_model) and started.turn.question == "hello"
+        request = Request(workspace.session.lab_messages("again"), LiveParams(GREEDY))
+        lab = workspace.start_reply(SideBySide(request, [LiveParams(GREEDY)]))
+        assert isinstance(lab, Started) and lab.turn is None and lab.stream.result() is not None
+        workspace.close()

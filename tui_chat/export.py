@@ -57,6 +57,7 @@ def to_json(conversation: Conversation) -> dict[str, Any]:
                 "content": m.content,
                 "reasoning": m.reasoning,
                 "tool_calls": [call.as_dict() for call in m.tool_calls],
+                "model": m.model,
                 "state": m.state,
                 "stop_reason": m.stop_reason,
                 "error": m.error,
@@ -111,6 +112,7 @@ def from_json(data: Any) -> Conversation:
                 fork_token=_field(raw, "fork_token", int, where, optional=True),
                 reasoning=_field(raw, "reasoning", str, where, optional=True) or "",
                 tool_calls=tool_calls_from(raw.get("tool_calls", []), where),
+                model=_field(raw, "model", str, where, optional=True) or "",
             )
         )
         active[message_id] = int(raw.get("active") is True)

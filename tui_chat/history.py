@@ -78,6 +78,11 @@ MIGRATIONS: list[tuple[str, ...]] = [
     ("ALTER TABLE messages ADD COLUMN tool_calls TEXT NOT NULL DEFAULT '[]'",),
     # 5: each conversation's tools (ToolSwitches.as_dict), `{}` for none
     ("ALTER TABLE conversations ADD COLUMN tools TEXT NOT NULL DEFAULT '{}'",),
+    (  # 6: the model that wrote each reply (a chat may use several); an older reply's is its chat's last one
+        "ALTER TABLE messages ADD COLUMN model TEXT NOT NULL DEFAULT ''",
+        "UPDATE messages SET model = (SELECT model FROM conversations c WHERE c.id = messages.conversation_id)"
+        " WHERE role = 'assistant'",
+    ),
 ]
 
 
@@ -138,6 +143,7 @@ class StoredMessage:
     fork_token: int | None = None  # ... at this generated-token index
     reasoning: str = ""  # a reply's thinking, before its answer (`content`)
     tool_calls: tuple[ToolCall, ...] = ()  # the tools a reply called before its answer, in order
+    model: str = ""  # what opens the model that wrote a reply again ("" for a user's message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,7 +446,8 @@ class History:
             head = self._require(db, conversation_id)
             rows = db.execute(
                 "SELECT id, parent_id, role, content, state, created_at, updated_at, stop_reason, error, metrics,"
-                " fork_of, fork_token, chosen, writer, reasoning, tool_calls FROM messages WHERE conversation_id = ?"
+                " fork_of, fork_token, chosen, writer, reasoning, tool_calls, model FROM messages"
+                " WHERE conversation_id = ?"
                 " ORDER BY id",
                 (conversation_id,),
             ).fetchall()
@@ -469,12 +476,12 @@ class History:
             for m in conversation.messages:
                 ids[m.id] = _row_id(db.execute(
                     "INSERT INTO messages (conversation_id, parent_id, role, content, reasoning, state, stop_reason,"
-                    " error, metrics, fork_of, fork_token, chosen, created_at, updated_at, tool_calls)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " error, metrics, fork_of, fork_token, chosen, created_at, updated_at, tool_calls, model)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (new_id, ids.get(m.parent_id), m.role, m.content, m.reasoning,
                      "interrupted" if m.state == "streaming" else m.state, m.stop_reason, m.error,
                      json.dumps(m.metrics or {}), ids.get(m.fork_of), m.fork_token, int(m.id in on_path),
-                     m.created_at, m.updated_at, _calls_record(m.tool_calls)),
+                     m.created_at, m.updated_at, _calls_record(m.tool_calls), m.model),
                 ))
         return new_id
 
@@ -495,14 +502,14 @@ class History:
 
     def start_reply(
         self, conversation_id: int, parent_id: int, *, text: str = "", fork_of: int | None = None,
-        fork_token: int | None = None,
+        fork_token: int | None = None, model: str = "",
     ) -> ReplyWriter:
-        """An assistant reply to `parent_id`, stored now and kept up to date as it streams.
+        """An assistant reply to `parent_id` by `model`, stored now and kept up to date as it streams.
         A fork carries the reply it branched from, the token index where it diverged and the text before it."""
         with self._transaction() as db:
             self._require(db, conversation_id)
             message_id = self._insert(db, conversation_id, parent_id, "assistant", text, "streaming",
-                                      fork_of, fork_token)
+                                      fork_of, fork_token, model)
             db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (time.time(), conversation_id))
         return ReplyWriter(self, conversation_id, message_id, text)
 
@@ -516,7 +523,7 @@ class History:
 
     def _insert(
         self, db: sqlite3.Connection, conversation_id: int, parent_id: int | None, role: str, text: str, state: str,
-        fork_of: int | None = None, fork_token: int | None = None,
+        fork_of: int | None = None, fork_token: int | None = None, model: str = "",
     ) -> int:
         if parent_id is not None:
             owner = db.execute("SELECT conversation_id FROM messages WHERE id = ?", (parent_id,)).fetchone()
@@ -525,9 +532,10 @@ class History:
         now = time.time()
         return _row_id(db.execute(
             "INSERT INTO messages (conversation_id, parent_id, role, content, state, fork_of, fork_token, chosen,"
-            " writer, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " writer, created_at, updated_at, model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (conversation_id, parent_id, role, text, state, fork_of, fork_token,
-             self._next_rank(db, conversation_id, parent_id), _WRITER if state == "streaming" else None, now, now),
+             self._next_rank(db, conversation_id, parent_id), _WRITER if state == "streaming" else None, now, now,
+             model),
         ))
 
     @staticmethod
@@ -568,12 +576,12 @@ class History:
 
 def _stored(row: tuple[Any, ...]) -> StoredMessage:
     (message_id, parent_id, role, content, state, created_at, updated_at, stop_reason, error, metrics,
-     fork_of, fork_token, _chosen, writer, reasoning, tool_calls) = row
+     fork_of, fork_token, _chosen, writer, reasoning, tool_calls, model) = row
     if state == "streaming" and _writer_gone(writer):
         state = "interrupted"
     return StoredMessage(message_id, parent_id, role, content, state, created_at, updated_at, stop_reason, error,
                          json.loads(metrics) or None, fork_of, fork_token, reasoning,
-                         tool_calls_from(json.loads(tool_calls), f"message {message_id}"))
+                         tool_calls_from(json.loads(tool_calls), f"message {message_id}"), model)
 
 
 def _calls_record(calls: tuple[ToolCall, ...] | list[ToolCall]) -> str:

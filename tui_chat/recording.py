@@ -56,9 +56,10 @@ class SavedChat:
             self.history.update(self.id, sampling=params, output_format=output, tools=tools)
             self.settings = settings
 
-    def start_reply(self, parent_id: int, fork_of: int | None = None, fork_token: int | None = None) -> ReplyWriter:
+    def start_reply(self, parent_id: int, model: str, fork_of: int | None = None,
+                    fork_token: int | None = None) -> ReplyWriter:
         assert self.id is not None, "a reply follows a stored message, so its chat is stored"
-        return self.history.start_reply(self.id, parent_id, fork_of=fork_of, fork_token=fork_token)
+        return self.history.start_reply(self.id, parent_id, fork_of=fork_of, fork_token=fork_token, model=model)
 
     def end_reply(self, reply: ReplyWriter, final: Done | Error) -> None:
         if isinstance(final, Error):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_check
 from .engine.base import (
     Candidate,
     Done,
+    EngineDeath,
     Error,
     Event,
     LoadProgress,
@@ -164,6 +165,7 @@ class Ending:
 
     kind: Literal["finished", "failed", "taken_back", "restored"]
     message: str = ""  # what to tell the user (an error, turns left out)
+    died: EngineDeath | None = None  # the engine process died under it: each front-end says so in its words
     done: Done | None = None
     waited_s: float = 0.0  # from the request to the end of the reply
 
@@ -286,7 +288,8 @@ class ChatSession:
             done = column.done
             if done is None:
                 continue
-            writer = self._save(partial(SavedChat.start_reply, parent_id=question_id)) if question_id else None
+            writer = (self._save(partial(SavedChat.start_reply, parent_id=question_id, model=self.model))
+                      if question_id else None)
             if writer is not None:
                 self._save(partial(SavedChat.end_reply, reply=writer, final=done))
             footer = f"lab: {column.label} · " + reply_footer(done.stop_reason, done.metrics.as_dict() | {
@@ -429,7 +432,7 @@ class ChatSession:
         question_id = turn.question_id
         if self.saved is not None and question_id is not None:
             fork_of = turn.reply.message_id if forced and turn.reply else None
-            writer = self._save(lambda saved: saved.start_reply(question_id, fork_of,
+            writer = self._save(lambda saved: saved.start_reply(question_id, self.model, fork_of,
                                                                 len(forced) - 1 if forced else None))
         self.writing = Writing(turn, stream, forced, writer, how="continued" if continuing else "branched",
                                started=request.submitted_at, model=self.model)
@@ -522,7 +525,7 @@ class ChatSession:
             self._save(lambda saved: saved.end_reply(writer, done))
         self._add_branch(writing, done.text, footer, done.stop_reason, done.prompt_ids, done.reasoning,
                          thinking_line(done.metrics.as_dict()), done.answer_from, done.metrics)
-        return Ending("finished", " ".join(notes), done, waited)
+        return Ending("finished", " ".join(notes), done=done, waited_s=waited)
 
     @staticmethod
     def _ended_at_once(writing: Writing, done: Done) -> str:
@@ -545,13 +548,14 @@ class ChatSession:
         reasoning = error.reasoning
         if not written(error) and not writing.tool_calls:
             self._take_back(writing)
-            return Ending("restored" if writing.is_branch else "taken_back", error.message)
+            return Ending("restored" if writing.is_branch else "taken_back", error.message, died=error.died)
         writer = writing.writer
         if writer is not None:
             self._save(lambda saved: saved.end_reply(writer, error))
-        self._add_branch(writing, error.text, f"cut short: {error.message}", reasoning=reasoning,
+        said = error.died.said("") if error.died is not None else error.message
+        self._add_branch(writing, error.text, f"cut short: {said}", reasoning=reasoning,
                          thought=thinking_line(writing.thinking_figures()), answer_from=writing.answer_from)
-        return Ending("failed", error.message)
+        return Ending("failed", error.message, died=error.died)
 
     def _add_branch(self, writing: Writing, text: str, footer: str, stop_reason: StopReason | None = None,
                     prompt_ids: tuple[int, ...] = (), reasoning: str = "", thought: str = "",
@@ -621,8 +625,9 @@ def turns_of(conversation: Conversation) -> list[Turn]:
             turns.append(Turn(message.content, question_id=message.id, parent_id=message.parent_id))
             continue
         siblings = [m for m in conversation.siblings(message) if m.role == "assistant"]
-        turns[-1].branches = [Branch(m.content, stored_footer(m), cut=m.fork_token, message_id=m.id,
-                                     reasoning=m.reasoning, thought=thinking_line(m.metrics or {}),
+        turns[-1].branches = [Branch(m.content, stored_footer(m, conversation.model), cut=m.fork_token,
+                                     message_id=m.id, model=m.model, reasoning=m.reasoning,
+                                     thought=thinking_line(m.metrics or {}),
                                      metrics=TurnMetrics.from_dict(m.metrics) if m.metrics else None,
                                      tool_calls=list(_settled_calls(m)))
                               for m in siblings]

@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from .history import model_label
 from .safetext import quoted
 
 if TYPE_CHECKING:
-    from .engine.base import ModelInfo, PromptProgress, StopReason
+    from .engine.base import EngineDeath, ModelInfo, PromptProgress, StopReason
     from .history import StoredMessage
 
 STOP_LABELS: dict[str, str] = {  # how a reply's end is said everywhere a person reads it
@@ -88,12 +89,14 @@ def wait_note(ttft_s: float | None, waited_s: float) -> str:
     return f"{first}; you waited {waited_s:.1f} s"
 
 
-def stored_footer(message: StoredMessage) -> str:
+def stored_footer(message: StoredMessage, chat_model: str = "") -> str:
+    """A saved reply's footer; it names its model where that is not the chat's (a chat that used two)."""
+    by = f" · by {model_label(message.model)}" if message.model and message.model != chat_model else ""
     if message.state == "interrupted":
-        return "interrupted: the app stopped while it was being written"
+        return f"interrupted: the app stopped while it was being written{by}"
     if message.state == "error":
-        return f"error: {message.error or 'unknown'}"
-    return reply_footer(message.stop_reason or "eos", message.metrics or {})
+        return f"error: {message.error or 'unknown'}{by}"
+    return reply_footer(message.stop_reason or "eos", message.metrics or {}) + by
 
 
 def progress_line(event: PromptProgress) -> str:
@@ -110,3 +113,8 @@ def no_thinking_note(info: ModelInfo) -> str | None:
         return None
     return (f"{info.name} does not think (its chat template names no thinking markers): "
             "the thinking switch changes nothing for it")
+
+
+def engine_died_in_chat(death: EngineDeath) -> str:
+    """The engine process's death as the chat says it: what ended it, that the chat is kept, and the log."""
+    return death.said("the chat is kept, and the next message loads the model again")

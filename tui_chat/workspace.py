@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .config import Config, ConfigError, config_path, kv_cache_dir, load_config, log_dir, models_dir, save_setting
-from .engine.base import Backend, EngineError, Error, Loaded, ModelInfo
+from .engine.base import Backend, Comparing, EngineError, Error, Loaded, ModelInfo
 from .engine.factory import BackendOpener
 from .engine.params import LiveParams
 from .history import Conversation, History, HistoryError, ToolSwitches
 from .pricing import find_preset
 from .recording import Saving
+from .replies import Again, Ask, Asked, BranchAt, Held, Outcome, Refused, SideBySide, Started
 from .session import ChatSession, opened
 
 if TYPE_CHECKING:
@@ -249,6 +250,67 @@ class Workspace:
                                   name="forget-kv", daemon=True)
         forget.start()
         return forget
+
+    # --- starting a reply -------------------------------------------------------------------------
+
+    def start_reply(self, asked: Asked) -> Outcome:
+        """The one way a reply starts: a message is held for a load on its way, anything else waits for the load
+        (the model in use is about to go), there must be a model and nothing being written, and the reply is the
+        model in use's, recorded with it."""
+        if isinstance(asked, Ask) and self.hold(asked.text):
+            assert self.loading is not None, "hold keeps a message only for a load on its way"
+            return Held(self.loading.shown)
+        if (reason := self.why_not_reply(asked)) is not None:
+            return Refused(reason)
+        backend, session = self.backend, self.session
+        assert backend is not None and session is not None, "why_not_reply: a model and a chat"
+        session.model = self.model_name
+        match asked:
+            case SideBySide(request, columns):
+                assert isinstance(backend, Comparing), "why_not_reply: a backend with a lab"
+                return Started(None, backend.compare(request, columns))
+            case Ask(text):
+                turn = session.ask(text, backend.generate)
+            case Again("regenerate"):
+                turn = session.regenerate(backend.generate)
+            case Again():
+                turn = session.continue_reply(backend.generate)
+            case BranchAt(_, index, candidate):
+                turn = session.branch(index, candidate, backend.generate)
+        assert session.writing is not None, "the session writes the reply it started"
+        return Started(turn, session.writing.stream)
+
+    def why_not_reply(self, asked: Asked) -> str | None:
+        """Why `asked` cannot start now (None: it can)."""
+        if (busy := self._busy(sending=isinstance(asked, Ask))) is not None:
+            return busy
+        session = self.session
+        assert session is not None, "_busy: a chat"
+        if isinstance(asked, SideBySide):
+            return self.why_not_side_by_side()
+        if isinstance(asked, Again):
+            return session.why_not_reply(asked.how)
+        if isinstance(asked, BranchAt):
+            return session.why_not_branch(asked.turn)
+        return None
+
+    def why_not_side_by_side(self) -> str | None:
+        """Why the lab could not run its columns now (the lab asks before it opens, too)."""
+        return self._busy(sending=False) or (
+            None if isinstance(self.backend, Comparing) else "This model's backend has no sampling lab.")
+
+    def _busy(self, sending: bool) -> str | None:
+        """What stops any reply: one being written, a load on its way (a message sent waits for it, if none
+        waits already), no model."""
+        session = self.session
+        if session is not None and session.writing is not None:
+            return "A reply is still being written: Esc stops it."
+        if self.loading is not None:
+            return ("A message is already waiting for the model." if sending else
+                    f"Loading {self.loading.shown}: try again once it is loaded.")
+        if self.backend is None or session is None:
+            return "No model is loaded: Ctrl+O opens one."
+        return None
 
     # --- the model ------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from ..engine.compare import MAX_COLUMNS
 from ..engine.formats import OutputFormat
 from ..engine.params import InvalidParameter, SamplingParams
 from ..lab import Column, Lab
+from ..replies import Refused, SideBySide, Started
 from ..safetext import quoted
 from ..wording import INCOMPLETE_LABEL, stop_label
 from ..workspace import Workspace
@@ -49,7 +50,10 @@ def run_lab(workspace: Workspace, args: argparse.Namespace, model: str | None, c
         prompt = args.prompt[0]
         request = lab.request([*session.messages(), Message("user", prompt)], top_logprobs=args.top_logprobs,
                               output=output, thinking=session.thinking)
-        _drain(lab, backend.compare(request, [column.live for column in columns]))
+        outcome = workspace.start_reply(SideBySide(request, [column.live for column in columns]))
+        if not isinstance(outcome, Started):
+            raise EngineError(outcome.reason if isinstance(outcome, Refused) else "the model is still loading")
+        _drain(lab, outcome.stream)
         if isinstance(lab.ended, Error) or lab.ended is None:
             return fail(EngineError(lab.ended.message if lab.ended else "the lab ended without a word"),
                         RUNTIME_ERROR)

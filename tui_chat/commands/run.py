@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from ..config import Config, history_path, log_dir
-from ..engine.base import Backend, Done, EngineError, FormatChecking, Recomputing, Token
+from ..engine.base import Done, EngineError, FormatChecking, Recomputing, Token
 from ..engine.compare import MAX_COLUMNS
 from ..engine.context import left_out
 from ..engine.formats import TEXT, OutputFormat, choose
@@ -32,6 +32,7 @@ from ..engine.params import (
 from ..engine.server_params import unsent_settings
 from ..guard import watch
 from ..history import Conversation, History
+from ..replies import Ask, Refused
 from ..session import ChatSession, Writing
 from ..tools.loop import approve_listed, call_line
 from ..tools.mcp import ToolError
@@ -171,21 +172,23 @@ def _run_opened(workspace: Workspace, args: argparse.Namespace, model: str | Non
             print(f"tui-chat: note: not sent to this server, which takes no such setting: "
                   f"{', '.join(label(name) for name in unsent)}", file=sys.stderr)
         try:
-            return run_conversation(backend, session, args.prompt, as_json=args.json)
+            return run_conversation(workspace, args.prompt, as_json=args.json)
         except EngineError as error:
             return fail(error, RUNTIME_ERROR)
     finally:
         backend.close()
 
 
-def run_conversation(backend: Backend, session: ChatSession, prompts: list[str], *, as_json: bool,
-                     out: TextIO = sys.stdout) -> int:
-    """Answer each prompt in turn; returns the process exit status."""
+def run_conversation(workspace: Workspace, prompts: list[str], *, as_json: bool, out: TextIO = sys.stdout) -> int:
+    """Answer each prompt in turn in the workspace's chat; returns the process exit status."""
+    session, backend = workspace.session, workspace.backend
+    assert session is not None and backend is not None, "a chat on a loaded model"
     write = writer(out)
     turns: list[dict[str, Any]] = []
     for index, prompt in enumerate(prompts):
         continuing = session.conversation_id
-        session.ask(prompt, backend.generate)
+        if isinstance(outcome := workspace.start_reply(Ask(prompt)), Refused):
+            raise EngineError(outcome.reason)
         if index == 0 and session.conversation_id is not None:
             saved = "continuing" if continuing else "saving as"
             print(f"tui-chat: {saved} conversation {session.conversation_id}", file=sys.stderr)
@@ -251,7 +254,7 @@ def _stream_turn(session: ChatSession, write: Callable[[str], None],
     if ending.done is None:
         if shown and not as_json:
             write("\n")  # the part of the reply that arrived stays, on its own line
-        raise EngineError(ending.message)
+        raise EngineError(ending.died.said("") if ending.died is not None else ending.message)
     if not as_json:
         _show(write, shown, ending.done.text[len(shown):] if ending.done.text.startswith(shown) else "")
     return ending.done, ending.waited_s, tokens

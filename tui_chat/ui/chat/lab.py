@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from textual import work
 
-from ...engine.base import Comparing
 from ..panel.sampling import SamplingPanel
 from .room import Room
 
@@ -15,18 +14,18 @@ class LabRoom(Room):
     async def action_lab(self) -> None:
         from ..screens.lab import LabScreen
 
-        backend, session = self.workspace.backend, self.session
+        session = self.session
         draft = self.view.prompt.text.strip()
         question = draft or (session.turns[-1].question if session.turns else "")
-        busy = self.loader.in_flight()
-        if self.reply is not None or busy or not question or not isinstance(backend, Comparing):
-            self.notify("A reply is still being written: Esc stops it." if self.reply is not None else busy or (
-                        "Write a message first: the lab answers it, or the last one." if not question else
-                        "This model's backend has no sampling lab."), timeout=4, markup=False)
+        why_not = ("A reply is still being written: Esc stops it." if self.reply is not None else
+                   self.workspace.why_not_side_by_side() or (
+                       None if question else "Write a message first: the lab answers it, or the last one."))
+        if why_not:
+            self.notify(why_not, timeout=4, markup=False)
             return
         spent = session.spent()
-        lab = LabScreen(backend, session.lab_messages(question), question, session.live.snapshot()[1],
-                        session.top_logprobs, spent[-1].decode_tok_s if spent else None)
+        lab = LabScreen(self.workspace.start_reply, session.lab_messages(question), question,
+                        session.live.snapshot()[1], session.top_logprobs, spent[-1].decode_tok_s if spent else None)
         index = await self.app.push_screen_wait(lab)
         if index is None or lab.lab is None:
             return

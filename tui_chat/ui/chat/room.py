@@ -13,6 +13,7 @@ from textual.screen import Screen
 
 from ...engine.params import LiveParams
 from ...history import model_label
+from ...replies import Asked, Held, Outcome, Refused, Started
 from ...session import ChatSession, Turn, Writing
 from ...workspace import Workspace
 from ..bridge import forward_events
@@ -40,7 +41,21 @@ class Room(Screen[None]):
         assert session is not None, "the screen starts a chat as it is made"
         return session
 
-    async def started(self, turn: Turn) -> None:
+    async def start(self, asked: Asked) -> Outcome:
+        """Every reply of the chat starts here, through the workspace's one starter: shown when it started, the
+        status when it waits for a load, a line when it cannot."""
+        outcome: Outcome = (Refused("A reply is still being written: Esc stops it.") if self.reply is not None
+                            else self.workspace.start_reply(asked))  # its widget settles after the session's end
+        match outcome:
+            case Started(turn) if turn is not None:
+                await self._started(turn)
+            case Held(shown):
+                self.loader.held(shown)
+            case Refused(reason):
+                self.notify(reason, severity="warning", timeout=4, markup=False)
+        return outcome
+
+    async def _started(self, turn: Turn) -> None:
         """The session started a reply: its widget, the panel, and its events on their way here."""
         writing = self.reply = self.session.writing
         assert writing is not None, "called as the session starts a reply"

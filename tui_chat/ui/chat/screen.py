@@ -23,6 +23,7 @@ from ...engine.base import Event
 from ...engine.models import STARTER_NAME, starter_installed
 from ...engine.params import LiveParams
 from ...history import HistoryError
+from ...replies import Again, Ask, Refused
 from ...session import Turn, Writing
 from ...workspace import LoadJob, Workspace
 from ..bridge import EngineBatch
@@ -147,17 +148,8 @@ class ChatScreen(ConversationRoom, ChatsRoom, ModelsRoom, InspectorRoom, LabRoom
     async def _send(self, event: PromptInput.Submitted) -> None:
         """A message waits for a model on its way, even with another one loaded: the reply is written, and
         saved, by the model the chat is on."""
-        if self.reply is not None:
-            self.notify("A reply is still being written: Esc stops it.", timeout=3)
-        elif self.workspace.loading is None and self.workspace.backend is not None:
+        if not isinstance(await self.start(Ask(event.text)), Refused):
             self.view.prompt.clear()
-            await self.started(self.session.ask(event.text, self.workspace.backend.generate))
-        elif self.loader.hold(event.text):
-            self.view.prompt.clear()
-        elif self.workspace.loading is not None:
-            self.notify("A message is already waiting for the model.", timeout=3)
-        else:
-            self.notify("No model is loaded: Ctrl+O opens one.", severity="warning", timeout=4)
 
     @on(EngineBatch)
     async def _on_engine_batch(self, message: EngineBatch) -> None:
@@ -195,18 +187,11 @@ class ChatScreen(ConversationRoom, ChatsRoom, ModelsRoom, InspectorRoom, LabRoom
 
     async def action_reply(self, how: str) -> None:
         """Esc stops the reply being written; Ctrl+R writes another version of the last one, F8 goes on with it."""
-        backend = self.workspace.backend
         if how == "stop":
             self.session.stop()
             self.action_to_box()  # Esc leaves where it was pressed, whatever else it did
-        elif self.reply is not None:
-            return
-        elif reason := self.loader.in_flight() or self.session.why_not_reply(how) or (
-                None if backend else "No model is loaded."):
-            self.notify(reason, severity="warning", timeout=5, markup=False)
-        elif backend is not None:
-            await self.started(self.session.regenerate(backend.generate) if how == "regenerate" else
-                                self.session.continue_reply(backend.generate))
+        elif self.reply is None:
+            await self.start(Again("regenerate" if how == "regenerate" else "continue"))
 
     @property
     def focus_chain(self) -> list[Widget]:

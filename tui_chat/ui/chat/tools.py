@@ -22,9 +22,9 @@ class ToolsRoom(Room):
             self.notify(problem, severity="warning", timeout=8, markup=False)
         self.app.push_screen(ToolsScreen(self.workspace))
 
-    async def started(self, turn: Turn) -> None:
+    async def _started(self, turn: Turn) -> None:
         """A reply that starts without the call its tool choice asks for says so (F9 set `required` and no tool)."""
-        await super().started(turn)
+        await super()._started(turn)
         if note := unused_choice_note(self.session):
             self.notify(f"{note} F9 switches tools on.", severity="warning", timeout=8, markup=False)
 

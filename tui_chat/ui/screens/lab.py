@@ -5,6 +5,7 @@ others become its branches): the screen is dismissed with the column's index."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 from rich.style import Style
@@ -16,10 +17,11 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Input, Static
 
-from ...engine.base import Comparing, Error, LabDone, Message, Request, Stream
+from ...engine.base import Error, LabDone, Message, Request, Stream
 from ...engine.compare import MAX_COLUMNS, Divergence
 from ...engine.params import InvalidParameter, SamplingParams
 from ...lab import Column, Lab
+from ...replies import Outcome, Refused, SideBySide, Started
 from ...safetext import quoted, screen_safe
 from ...wording import stop_label
 from ..bridge import EngineBatch, forward_events
@@ -94,11 +96,12 @@ class LabScreen(Screen[int | None]):
     LabScreen .lab-keep { width: 100%; }
     """
 
-    def __init__(self, backend: Comparing, messages: list[Message], question: str, base: SamplingParams,
-                 top_logprobs: int = 0, reply_tok_s: float | None = None) -> None:
-        """`reply_tok_s`: the chat's latest reply's decode rate, what a step of the columns is set against."""
+    def __init__(self, start: Callable[[SideBySide], Outcome], messages: list[Message], question: str,
+                 base: SamplingParams, top_logprobs: int = 0, reply_tok_s: float | None = None) -> None:
+        """`start`: the workspace's one starter of replies. `reply_tok_s`: the chat's latest reply's decode rate,
+        what a step of the columns is set against."""
         super().__init__()
-        self.backend = backend
+        self.start = start
         self.messages = messages
         self.question = question
         self.base = base
@@ -155,9 +158,14 @@ class LabScreen(Screen[int | None]):
         except InvalidParameter as error:
             self.notify(str(error), severity="error", markup=False)
             return
-        self.lab = lab = Lab(columns)
+        lab = Lab(columns)
         request: Request = lab.request(self.messages, top_logprobs=self.top_logprobs)
-        self._stream = stream = self.backend.compare(request, [column.live for column in columns])
+        outcome = self.start(SideBySide(request, [column.live for column in columns]))
+        if isinstance(outcome, Refused):
+            self._status(f"The lab cannot run: {outcome.reason}")
+            return
+        assert isinstance(outcome, Started), "only a message sent is held for a load"
+        self.lab, self._stream = lab, (stream := outcome.stream)
         for widget in self._columns():
             widget.query_one(Button).disabled = True
         self._status(f"Running {len(columns)} columns… (Ctrl+R stops them)")
@@ -184,6 +192,8 @@ class LabScreen(Screen[int | None]):
         try:
             if message.job is self.lab and self.lab is not None:
                 changed = self.lab.take(message.events)
+                if self.lab.loading and not any(column.tokens for column in self.lab.columns):
+                    self._status(f"{self.lab.loading} (Ctrl+R stops the run)")
                 self._redraw(changed if self.lab.ended is None else set(range(len(self.lab.columns))))
                 if self.lab.ended is not None:
                     self._ended(self.lab.ended)

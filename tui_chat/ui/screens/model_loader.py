@@ -38,19 +38,9 @@ class ModelLoader:
         if name:
             self.load(name)
 
-    def hold(self, text: str) -> bool:
-        """Keep a message for the model being loaded; False when none is on its way or one is already held."""
-        loading = self.workspace.loading
-        if loading is None or not self.workspace.hold(text):
-            return False
-        self._say(f"Loading {loading.shown}…")
-        return True
-
-    def in_flight(self) -> str:
-        """Why a reply other than a sent message cannot start now ("" where it can): a load on its way means the
-        model in use is about to go, and a reply started on it would be that model's, not the chat's."""
-        loading = self.workspace.loading
-        return "" if loading is None else f"Loading {loading.shown}: try again once it is loaded."
+    def held(self, shown: str) -> None:
+        """A message waits for the model being loaded: the status says so."""
+        self._say(f"Loading {shown}…")
 
     def _say(self, line: str) -> None:
         waiting = self.workspace.queued is not None
