@@ -485,6 +485,31 @@ def test_a_slow_client_is_let_go_after_the_timeout(tiny_model):
         assert health(url)[0] == 200, "the server still answers"
 
 
+def test_connections_past_the_bound_are_turned_away_at_once_and_their_places_come_back(tiny_model):
+    """Issue 48: a thread per connection without a bound: connections left open (idle keep-alives, slow clients)
+    took threads without end, before their key was even read."""
+    with answering(tiny_model, max_connections=4) as url:
+        idle = [connect(url) for _ in range(4)]
+        deadline = time.monotonic() + 10
+        with connect(url) as extra:
+            extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = extra.recv(4096)
+            assert time.monotonic() < deadline
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 1" in head
+        assert json.loads(body)["error"]["code"] == "too_many_connections"
+        idle.pop().close()
+        while True:  # its thread sees the close and gives the place back
+            try:
+                assert health(url)[0] == 200
+                break
+            except (OSError, json.JSONDecodeError, AssertionError):
+                assert time.monotonic() < deadline, "the place did not come back"
+                time.sleep(0.05)
+        for connection in idle:
+            connection.close()
+
+
 def test_a_whole_reply_whose_client_leaves_frees_its_place_within_a_second(tiny_model):
     """Issue 48: a non-streamed client that left kept its slot until its reply ended: the gone-check ran only when
     a drain came back empty, and a whole reply writes nothing until it is done. The tiny model writes a token a

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 KEY_ENV = "TUI_CHAT_API_KEY"
 MAX_QUEUE = 1024
 MAX_TIMEOUT_S = 3600.0
+DEFAULT_CONNECTIONS, MAX_CONNECTIONS = 64, 4096
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -52,6 +53,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     serve.add_argument("--timeout", type=float, metavar="SECONDS",
                        help="a connection that sends nothing this long (headers, a body, or between requests) is "
                             "closed (default 30)")
+    serve.add_argument("--max-connections", type=int, default=DEFAULT_CONNECTIONS, metavar="N",
+                       help="connections open at once, each a thread; one more is answered 503 with Retry-After "
+                            f"and closed (default {DEFAULT_CONNECTIONS})")
     serve.add_argument("--embeddings", metavar="MODEL",
                        help="a dedicated embedding model for /v1/embeddings (a .gguf file or a downloaded model, "
                             "named as --model is), loaded beside the model (default: the model's own embeddings)")
@@ -67,7 +71,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
     options = ServeOptions(args.host, _port(args.port), key, _within(args.parallel, "--parallel", 1, MAX_COLUMNS),
                            _within(args.queue, "--queue", 0, MAX_QUEUE),
                            _within(args.max_body or DEFAULT_MAX_BODY, "--max-body", 1024, 2**31),
-                           _timeout(DEFAULT_TIMEOUT_S if args.timeout is None else args.timeout))
+                           _timeout(DEFAULT_TIMEOUT_S if args.timeout is None else args.timeout),
+                           max_connections=_within(args.max_connections, "--max-connections", 4, MAX_CONNECTIONS))
     if not key and not _loopback(options.host):
         raise InvalidParameter(f"--host {options.host} can be reached from other machines: give --api-key KEY "
                                f"(or set {KEY_ENV}); without a key, listen on 127.0.0.1")

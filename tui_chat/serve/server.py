@@ -12,6 +12,7 @@ to `/health` until a request finds the model loaded again.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import select
@@ -54,6 +55,10 @@ DEFAULT_MAX_BODY = 4 * 2**20  # bytes of a request body: 4 MiB, a long conversat
 DISCARD_LIMIT = 64 * 2**20  # a refused body larger than this is not read away: the connection is closed
 POLL_S = 0.05  # how often a waiting request looks whether its client is still there
 DEFAULT_TIMEOUT_S = 30.0  # a connection silent this long (headers, a body, between requests) is let go
+_TURNED_AWAY = json.dumps({"error": {"message": "too many connections are open: try again", "type": "server_error",
+                                     "param": None, "code": "too_many_connections"}}).encode()
+TOO_MANY_CONNECTIONS = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+                        b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_TURNED_AWAY), _TURNED_AWAY))
 EMBED_CALL_TEXTS = 8  # texts the engine embeds a call: 8 of the longest take ~60 s on 2 busy cores, under its timeout
 
 
@@ -66,6 +71,7 @@ class ServeOptions:
     queue: int = 8  # requests waiting beyond those; more are answered 429
     max_body: int = DEFAULT_MAX_BODY
     timeout_s: float = DEFAULT_TIMEOUT_S
+    max_connections: int = 64  # open at once: each holds a thread (an idle one up to `timeout_s`)
     embeddings: str = ""  # the dedicated embedding model's name (`--embeddings`); "": the model makes its own
 
 
@@ -107,6 +113,7 @@ class TuiChatServer(ThreadingHTTPServer):
         self.options, self.backend, self.info, self.defaults, self.monitor = options, backend, info, defaults, monitor
         self.room = max(info.n_ctx // options.parallel, 1)  # each request's share of the context
         self.admission = Admission(options.parallel, options.queue)
+        self.connections = threading.BoundedSemaphore(options.max_connections)
         self.responses = responses.Memory()  # the last responses' conversations, for previous_response_id
         self.numbers = iter(range(1, 2**62))
         self._numbers_lock = threading.Lock()
@@ -119,6 +126,23 @@ class TuiChatServer(ThreadingHTTPServer):
     def next_number(self) -> int:
         with self._numbers_lock:
             return next(self.numbers)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A thread per connection, at most `max_connections` open: one more is answered 503 at once and closed,
+        before anything of it is read (each holds a thread, an idle one up to `timeout_s`; beyond loopback,
+        connections left open would otherwise take threads without end)."""
+        if not self.connections.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                request.sendall(TOO_MANY_CONNECTIONS)
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.connections.release()
 
     def engine_died(self, death: EngineDeath) -> None:
         """The engine process ended (between requests, or under one): `/health` says why until it is back, and it
