@@ -1,14 +1,15 @@
 """`tui-chat serve` under concurrent clients, beside llama.cpp's own `llama-server --parallel` on the same model.
 
 Why: a server's worth is what several clients get at once. Each side is started once with the same number of
-slots (4), context, threads and batch size; then 1, 2 and 4 clients stream a completion of the same prompt at
+slots (--slots, default 4: `--parallel N` and llama-server's `-np N -kvu`), context (2,048 tokens a slot), threads
+and batch size; then 1, half the slots and as many clients as slots stream a completion of the same prompt at
 the same time (`/v1/completions`, the prompt read as it is on both: no chat template in the way), and each
 stream's decode rate (its tokens after the first over the time from its first to its last) and the total rate
 (all tokens over the wall time from the first request to the last end) are taken. Rounds alternate the sides,
 so background load lands on both alike; the medians and the ratios tui-chat / llama-server are printed, or
 with --json one JSON document. The prompt differs per client and per round, so neither side reuses a cache.
 
-    python benchmarks/serve_speed.py [--rounds 3] [--max-tokens 256] [--threads N] [--model PATH]
+    python benchmarks/serve_speed.py [--slots 4] [--rounds 3] [--max-tokens 256] [--threads N] [--model PATH]
                                      [--gpu-layers N] [--llama-server PATH] [--json]
 
 The first run builds llama-server once, as app_speed.py builds llama-bench (minutes on 2 cores).
@@ -39,13 +40,14 @@ from app_speed import llama_cpp_tool
 from shared import fmt, median, own_dirs, ratio
 
 from tui_chat.config import models_dir
+from tui_chat.engine.compare import MAX_SLOTS
 from tui_chat.engine.local.cpu import cpu_model, read_topology
 from tui_chat.engine.local.llama import PREFILL_CHUNK
 from tui_chat.engine.models import starter_path
 
-CLIENTS = (1, 2, 4)
-SLOTS = 4
-N_CTX = 8192  # 2,048 tokens a slot on both sides
+SLOTS = 4  # the default of --slots
+SLOT_CTX = 2048  # tokens of context a slot, on both sides
+N_CTX = SLOTS * SLOT_CTX
 PROMPT = "Round {round}, client {client}. Count from 1 to 1000: 1, 2, 3, 4,"
 START_TIMEOUT_S = 300
 
@@ -70,15 +72,20 @@ def wait_ready(port: int, process: subprocess.Popen[bytes], name: str) -> None:
     sys.exit(f"{name} did not answer within {START_TIMEOUT_S} s")
 
 
-def start_tui_chat(model: Path, threads: int, gpu_layers: int | None, home: Path,
-                   n_ctx: int = N_CTX) -> tuple[subprocess.Popen, int]:
+def clients_for(slots: int) -> tuple[int, ...]:
+    """The rounds' client counts: one, half the slots, and as many as there are slots (1, 2, 4 for 4)."""
+    return tuple(sorted({1, max(slots // 2, 1), slots}))
+
+
+def start_tui_chat(model: Path, threads: int, gpu_layers: int | None, home: Path, n_ctx: int = N_CTX,
+                   slots: int = SLOTS) -> tuple[subprocess.Popen, int]:
     port = free_port()
     env = own_dirs(home)
     config = home / "config" / "tui-chat" / "config.toml"
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text("kv_cache_budget_gb = 0\n")
     command = [sys.executable, "-m", "tui_chat", "serve", "--no-ui", "--model", str(model), "--port", str(port),
-               "--parallel", str(SLOTS), "--n-ctx", str(n_ctx), "--threads", str(threads), "--threads-batch",
+               "--parallel", str(slots), "--n-ctx", str(n_ctx), "--threads", str(threads), "--threads-batch",
                str(threads), *(["--gpu-layers", str(gpu_layers)] if gpu_layers is not None else [])]
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
@@ -86,10 +93,10 @@ def start_tui_chat(model: Path, threads: int, gpu_layers: int | None, home: Path
     return process, port
 
 
-def start_llama_server(binary: Path, model: Path, threads: int, gpu_layers: int | None,
-                       n_ctx: int = N_CTX) -> tuple[subprocess.Popen, int]:
+def start_llama_server(binary: Path, model: Path, threads: int, gpu_layers: int | None, n_ctx: int = N_CTX,
+                       slots: int = SLOTS) -> tuple[subprocess.Popen, int]:
     port = free_port()
-    command = [str(binary), "-m", str(model), "--port", str(port), "--parallel", str(SLOTS), "-c", str(n_ctx),
+    command = [str(binary), "-m", str(model), "--port", str(port), "--parallel", str(slots), "-c", str(n_ctx),
                "-t", str(threads), "-tb", str(threads), "-b", str(PREFILL_CHUNK), "-ub", str(PREFILL_CHUNK),
                "-ngl", str(99 if (gpu_layers or 0) < 0 else gpu_layers or 0), "--no-webui", "-kvu"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -189,19 +196,24 @@ def set_up(args: argparse.Namespace, name: str) -> Setup:
 def main() -> None:
     parser = side_by_side_arguments(__doc__.split("\n\n")[0])
     parser.add_argument("--max-tokens", type=int, default=256, metavar="N", help="tokens each stream asks for")
+    parser.add_argument("--slots", type=int, default=SLOTS, choices=range(1, MAX_SLOTS + 1), metavar="N",
+                        help=f"both sides' slots (1 to {MAX_SLOTS}, default {SLOTS}), {SLOT_CTX:,} tokens of context "
+                             "each; the rounds run 1, N/2 and N clients")
     args = parser.parse_args()
+    slots, n_ctx = args.slots, args.slots * SLOT_CTX
+    clients_list = clients_for(slots)
     setup = set_up(args, "serve-speed")
     binary, model, threads, home, log, machine = (setup.binary, setup.model, setup.threads, setup.home, setup.log,
                                                   setup.machine)
-    print(f"model     {model}\nsettings  {SLOTS} slots, n_ctx {N_CTX}, {threads} threads, batch {PREFILL_CHUNK}, "
+    print(f"model     {model}\nsettings  {slots} slots, n_ctx {n_ctx}, {threads} threads, batch {PREFILL_CHUNK}, "
           f"greedy, {args.max_tokens} tokens a stream, /v1/completions streamed; files in {home}", file=log)
-    ours, our_port = start_tui_chat(model, threads, args.gpu_layers, home)
-    theirs, their_port = start_llama_server(binary, model, threads, args.gpu_layers)
-    runs: dict[str, dict[int, list[dict]]] = {"tui-chat": {n: [] for n in CLIENTS},
-                                              "llama-server": {n: [] for n in CLIENTS}}
+    ours, our_port = start_tui_chat(model, threads, args.gpu_layers, home, n_ctx, slots)
+    theirs, their_port = start_llama_server(binary, model, threads, args.gpu_layers, n_ctx, slots)
+    runs: dict[str, dict[int, list[dict]]] = {"tui-chat": {n: [] for n in clients_list},
+                                              "llama-server": {n: [] for n in clients_list}}
     try:
         for number in range(args.rounds):
-            for clients in CLIENTS:
+            for clients in clients_list:
                 for side, port in (("tui-chat", our_port), ("llama-server", their_port)):
                     runs[side][clients].append(clients_round(port, clients, args.max_tokens, number))
             print(f"round {number + 1}/{args.rounds} done", file=log, flush=True)
@@ -211,7 +223,7 @@ def main() -> None:
     summary = {}
     print(f"\n{'clients':>8}{'tui per-stream':>16}{'llama per-stream':>18}{'ratio':>7}{'tui total':>11}"
           f"{'llama total':>13}{'ratio':>7}", file=log)
-    for clients in CLIENTS:
+    for clients in clients_list:
         row = {side: {key: median([run[key] for run in runs[side][clients]]) for key in
                       ("per_stream_tok_s", "total_tok_s", "ttft_s")} for side in runs}
         row["ratio_per_stream"] = ratio(row["tui-chat"]["per_stream_tok_s"], row["llama-server"]["per_stream_tok_s"])
@@ -222,8 +234,8 @@ def main() -> None:
               f"{fmt(row['tui-chat']['total_tok_s']):>11}{fmt(row['llama-server']['total_tok_s']):>13}"
               f"{fmt(row['ratio_total'], '.2f'):>7}", file=log)
     if args.json:
-        json.dump({"machine": machine, "threads": threads, "max_tokens": args.max_tokens, "slots": SLOTS,
-                   "n_ctx": N_CTX, "summary": summary, "runs": runs}, sys.stdout, indent=1)
+        json.dump({"machine": machine, "threads": threads, "max_tokens": args.max_tokens, "slots": slots,
+                   "n_ctx": n_ctx, "summary": summary, "runs": runs}, sys.stdout, indent=1)
 
 
 if __name__ == "__main__":

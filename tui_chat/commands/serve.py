@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from ..config import Config
 from ..engine.base import Backend, EngineError, Error, Loaded, LoadProgress, ModelInfo, Serving
-from ..engine.compare import MAX_COLUMNS
+from ..engine.compare import MAX_SLOTS
 from ..engine.factory import REMOTE_MARK
 from ..engine.params import InvalidParameter
 from ..pricing import find_preset
@@ -46,7 +46,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     serve.add_argument("--api-key", metavar="KEY",
                        help=f"the key every request must send as `Authorization: Bearer KEY` (default: ${KEY_ENV})")
     serve.add_argument("--parallel", type=int, default=2, metavar="N",
-                       help=f"requests decoded together, 1 to {MAX_COLUMNS}, each in 1/N of the context (default 2)")
+                       help=f"requests decoded together, 1 to {MAX_SLOTS}, each in 1/N of the context (default 2; "
+                            "llama-server's -np)")
     serve.add_argument("--queue", type=int, default=8, metavar="N",
                        help="requests that may wait for a place; more are answered 429 with Retry-After (default 8)")
     serve.add_argument("--max-body", type=int, metavar="BYTES", help="the largest request body taken (default 4 MiB)")
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from ..serve.server import DEFAULT_MAX_BODY, DEFAULT_TIMEOUT_S, ServeOptions
 
     key = args.api_key if args.api_key is not None else os.environ.get(KEY_ENV, "")
-    options = ServeOptions(args.host, _port(args.port), key, _within(args.parallel, "--parallel", 1, MAX_COLUMNS),
+    options = ServeOptions(args.host, _port(args.port), key, _within(args.parallel, "--parallel", 1, MAX_SLOTS),
                            _within(args.queue, "--queue", 0, MAX_QUEUE),
                            _within(args.max_body or DEFAULT_MAX_BODY, "--max-body", 1024, 2**31),
                            _timeout(DEFAULT_TIMEOUT_S if args.timeout is None else args.timeout),

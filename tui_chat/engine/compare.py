@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from .base import ColumnEvent, Done, Event, Metrics, PromptProgress, Stream, Token
 
 MAX_COLUMNS = 4  # settings compared side by side in one run
+MAX_SLOTS = 16  # requests `tui-chat serve` decodes together (--parallel), each in a sequence of its own
 
 
 class ColumnStream(Stream):

@@ -6,7 +6,8 @@ token's probabilities come from this step's logits alone. Use from a single thre
 
 The context holds several sequences: 0 is the conversation; 1 is a scratch copy that shares its cached
 prefix, where a past position's logits are recomputed on demand (the X-ray, word probabilities); from
-FIRST_COLUMN_SEQ on, the sampling lab's columns, which share the prompt's cells (lab.py).
+FIRST_COLUMN_SEQ on, the sampling lab's columns, which share the prompt's cells (lab.py), or, in a backend that
+serves (slots.py), the serving slots: up to MAX_SLOTS sequences of their own cells.
 
 A speculative draft is verified in one batch with logits on every row (`verify`); `row` then says which
 row the sampler, the shortlist and the inspector read, and `truncate` drops the cells of rejected tokens.
@@ -33,7 +34,7 @@ import numpy.ctypeslib  # noqa: F401
 import numpy.ma  # noqa: F401
 
 from ..base import Candidate, EngineError, GrammarMask
-from ..compare import MAX_COLUMNS
+from ..compare import MAX_COLUMNS, MAX_SLOTS
 from ..models import check_gguf
 from ..params import SamplingParams
 from ..pool import likeliest, penalised, penalised_before_cuts, pool_cut
@@ -46,6 +47,14 @@ from .inspector import Inspection, Inspector, Later, overlaps
 
 SCRATCH_SEQ = 1
 FIRST_COLUMN_SEQ = 2  # the sampling lab's columns: sequences FIRST_COLUMN_SEQ … FIRST_COLUMN_SEQ + MAX_COLUMNS - 1
+FIRST_SLOT_SEQ = FIRST_COLUMN_SEQ  # the serving slots (slots.py): the columns' sequences and more
+# The sequences a context is made for. What more of them costs (measured on the starter, 2 cores, n_ctx 4096,
+# kv_unified): only llama.cpp's output buffer, which never holds fewer rows of logits than n_seq_max (n_vocab
+# floats each: 1 MiB on the starter's 262,144 tokens, so 18 MiB for 18 sequences against 6 for 6; about three
+# times that once a chain draws in the graph, which keeps probabilities and candidates per row too); the KV
+# buffers and the compute buffer stay as they are (257.29 against 257.26 MiB), and one sequence's decode step
+# took as long (20.7-28.2 ms with either, the noise of a shared machine).
+N_SEQ_MAX = max(FIRST_COLUMN_SEQ + MAX_COLUMNS, FIRST_SLOT_SEQ + MAX_SLOTS)
 # A user-defined token that stands for media, e.g. <start_of_image>, <image_soft_token>, [multimodal], <|vision_start|>
 _MEDIA_PLACEHOLDER = re.compile(rb"[<\[]\|?[\w|]*(?:image|audio|video|vision|multimodal)[\w|]*\|?[>\]]")
 ABORT_POLL_S = 0.05  # how often a prefill looks whether it should stop
@@ -167,9 +176,11 @@ class LlamaSession:
         context_params.n_threads = threads.decode
         context_params.n_threads_batch = threads.batch
         context_params.swa_full = True  # sliding-window models keep every position, so earlier turns stay reusable
-        # One cache for every sequence: the scratch one and the lab's columns tag the cells they share
-        # instead of copying them, and the conversation keeps the whole context.
-        context_params.n_seq_max = FIRST_COLUMN_SEQ + MAX_COLUMNS
+        # One cache for every sequence (kv_unified, llama-server's -kvu): the scratch one and the lab's columns tag
+        # the cells they share instead of copying them, the conversation keeps the whole context, and a serving
+        # slot takes what its request needs. Without it llama.cpp would give each sequence a stream of its own
+        # of n_ctx / n_seq_max cells (n_ctx_seq), the conversation's context cut to 1/18th.
+        context_params.n_seq_max = N_SEQ_MAX
         context_params.kv_unified = True
         context_params.no_perf = False
         self.kv_types = (context_params.type_k, context_params.type_v)

@@ -8,6 +8,17 @@ read in chunks inside the steps' batches, after the others' tokens (llama.cpp's 
 go on a token a chunk instead of waiting for the whole read; then it draws from its row of each batch like them.
 Each slot's reply is a `RowTurn`, with every rule of a chat's reply; speculative drafting, the X-ray and the KV
 cache on disk are the chat's, not the server's.
+
+Up to MAX_SLOTS (16) slots, each a sequence of its own from FIRST_SLOT_SEQ on, all in the one unified cache
+(llamacpp.py's N_SEQ_MAX): the sampling lab's column sequences and twelve more. Sharing the columns' is safe
+because a backend that serves does nothing else: `tui-chat serve` asks it only for `generate_together` (embeddings
+are read in a context of their own), and a chat's reply, the lab or the X-ray on the same backend would spoil the
+slots' cells whatever their sequence numbers, since a chat's reply may clear the whole cache. Sequences of their
+own would cost the context a larger output buffer (a row of logits per sequence: 1 MiB each on the starter) and
+buy nothing. The scratch sequence and the conversation's (0) stay out of it. How many slots hold a request at once
+is the server's to bound (`--parallel`, each request then in n_ctx / N); the engine bounds it by its batch too:
+each generating slot puts a row in every step's batch, so no more slots are taken than the batch has rows
+(`_admit`), and newcomers' prompt chunks fill what the generating rows leave (`_chunks`).
 """
 
 from __future__ import annotations
@@ -18,17 +29,15 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from ..base import EngineError, Error, Metrics, PromptProgress, Request, StopReason, Stream, TurnMetrics
-from ..compare import MAX_COLUMNS
+from ..compare import MAX_SLOTS
 from ..formats import FormatError
 from ..params import SamplingParams
 from ..prompts import PromptError, PromptFormat
 from .grammar import Constraint
 from .lab import LlamaLab
 from .llama import METRICS_INTERVAL_S
-from .llamacpp import FIRST_COLUMN_SEQ, LlamaSession, PromptChunk
+from .llamacpp import FIRST_SLOT_SEQ, LlamaSession, PromptChunk
 from .rows import RowTurn
-
-SLOTS = MAX_COLUMNS  # the lab's sequences: a server runs no lab
 
 
 class ContextExceeded(EngineError):
@@ -48,7 +57,7 @@ class LlamaServing(LlamaLab):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self._slots = [_Slot(FIRST_COLUMN_SEQ + index) for index in range(SLOTS)]
+        self._slots = [_Slot(FIRST_SLOT_SEQ + index) for index in range(MAX_SLOTS)]
         self._arrivals: deque[tuple[Request, Stream, int]] = deque()
         self._arrivals_lock = threading.Lock()
         self._serving = False
@@ -133,12 +142,13 @@ class LlamaServing(LlamaLab):
         return turn.draw_next()
 
     def _admit(self, session: LlamaSession) -> list[SlotTurn]:
-        """Requests waiting, each into a free slot while there is one, its prompt to be read from the next step."""
+        """Requests waiting, each into a free slot while there is one, its prompt to be read from the next step.
+        No more slots are taken than a step's batch has rows: each generating one puts a row in every step."""
         admitted: list[SlotTurn] = []
         while True:
             with self._arrivals_lock:
                 free = [slot for slot in self._slots if slot.turn is None]
-                if not free or not self._arrivals:
+                if not free or len(self._slots) - len(free) >= session.n_batch or not self._arrivals:
                     return admitted
                 request, stream, room = self._arrivals.popleft()
             assert self._format is not None
