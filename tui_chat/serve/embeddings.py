@@ -68,7 +68,7 @@ def joined(parts: list[Embedded]) -> Embedded:
                     tuple(count for part in parts for count in part.tokens))
 
 
-def answer(embedded: Embedded, asked: EmbeddingsAsked) -> dict[str, Any]:
+def answer(embedded: Embedded, asked: EmbeddingsAsked, _took_s: float = 0.0) -> dict[str, Any]:
     data = [{"object": "embedding", "index": index,
              "embedding": base64.b64encode(embedded.row(index)).decode() if asked.base64 else embedded.vector(index)}
             for index in range(len(embedded.tokens))]

@@ -27,6 +27,7 @@ from urllib.parse import unquote
 
 from ..engine.base import (
     Done,
+    Embedded,
     Embedding,
     EngineDeath,
     EngineError,
@@ -47,7 +48,8 @@ from ..engine.params import SamplingParams
 from ..engine.prompts import choose_format
 from ..engine.server_params import SERVE_BUILD
 from ..engine.templates import PLAIN
-from . import anthropic, embeddings, protocol, responses
+from . import anthropic, embeddings, ollama, protocol, responses
+from .embeddings import EmbeddingsAsked
 from .monitor import Monitor, RequestRecord, prometheus_text
 from .protocol import Asked, BadRequest, Wire
 
@@ -60,6 +62,9 @@ _TURNED_AWAY = json.dumps({"error": {"message": "too many connections are open: 
 TOO_MANY_CONNECTIONS = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
                         b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_TURNED_AWAY), _TURNED_AWAY))
 EMBED_CALL_TEXTS = 8  # texts the engine embeds a call: 8 of the longest take ~60 s on 2 busy cores, under its timeout
+
+
+EmbeddingsShape = Callable[[Embedded, EmbeddingsAsked, float], dict[str, Any]]  # an API's answer, with the seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +211,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.reply_json(200, self._props())
         elif path == "/metrics":
             self._metrics()
+        elif path.startswith("/api/"):
+            self._ollama({})
         else:
             self.reply_error(BadRequest(f"no such endpoint: GET {path[:200]}", code="not_found", status=404))
 
@@ -252,7 +259,8 @@ class _Handler(BaseHTTPRequestHandler):
             "/v1/completions": self._completion, "/completions": self._completion, "/tokenize": self._tokenize,
             "/v1/messages": self._messages, "/v1/messages/count_tokens": self._count_tokens,
             "/v1/responses": self._responses, "/responses": self._responses,
-            "/v1/embeddings": self._embeddings, "/embeddings": self._embeddings}
+            "/v1/embeddings": self._embeddings, "/embeddings": self._embeddings,
+            **dict.fromkeys(ollama.POSTED, self._ollama)}
         route = routes.get(path)
         try:
             if route is None:
@@ -294,6 +302,24 @@ class _Handler(BaseHTTPRequestHandler):
             asked = responses.parse_responses(body, server.defaults, server.info, server.room, server.responses)
             self._answer(asked, "responses", responses.StreamedResponse if asked.stream else responses.WholeResponse)
 
+    def _ollama(self, body: dict[str, Any]) -> None:
+        """Ollama's API (ollama.py): the model's facts, or a chat or a generation as the engine's request; a refusal
+        in Ollama's shape, `{"error": …}`."""
+        server = self.server
+        try:
+            answer = ollama.answer(self.command, self._path(), body, server.info, server.defaults, server.room)
+            if isinstance(answer, ollama.Asking):
+                self._answer(answer.asked, answer.kind, answer.writer)
+            elif isinstance(answer, EmbeddingsAsked):
+                protocol.check_model(body, server.options.embeddings or server.info.name)
+                self._embed(answer, ollama.embedded)
+            else:
+                self.reply_json(200, answer)
+        except BadRequest as error:
+            if not error.recorded:
+                server.monitor.turned_away()
+            self.reply_json(error.status, ollama.refusal(error), {"Retry-After": "1"} if error.status == 429 else {})
+
     def _count_tokens(self, body: dict[str, Any]) -> None:
         """Anthropic's `/v1/messages/count_tokens`: the prompt read by the engine as the message's would be (the
         model's template, its tools and thinking switch), for one token; the next message reuses that read."""
@@ -315,12 +341,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.reply_json(200, {"tokens": tokens, "count": len(tokens)})
 
     def _embeddings(self, body: dict[str, Any]) -> None:
-        """OpenAI's `/v1/embeddings` (embeddings.py): the texts' pooled vectors, made by the engine in a context of
-        their own (the slots go on), a few texts a call; by the dedicated embedding model where `--embeddings` named
-        one. Not admitted as a reply is: it takes no slot, and the engine reads one request's texts at a time."""
+        """OpenAI's `/v1/embeddings` (embeddings.py)."""
+        protocol.check_model(body, self.server.options.embeddings or self.server.info.name)
+        self._embed(embeddings.parse_embeddings(body), embeddings.answer)
+
+    def _embed(self, asked: EmbeddingsAsked, shape: EmbeddingsShape) -> None:
+        """The texts' pooled vectors, made by the engine in a context of their own (the slots go on), a few texts a
+        call; by the dedicated embedding model where `--embeddings` named one; written in the API's `shape` (with the
+        seconds they took). Not admitted as a reply is: it takes no slot, and the engine reads one request's texts
+        at a time."""
         server, backend = self.server, self.server.backend
-        protocol.check_model(body, server.options.embeddings or server.info.name)
-        asked = embeddings.parse_embeddings(body)
+        started = time.perf_counter()
         if not isinstance(backend, Embedding):
             raise BadRequest("this server's engine makes no embeddings", code="not_supported", status=501,
                              kind="server_error")
@@ -347,7 +378,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise protocol.engine_failure(failure, chat=False) from None
         server.monitor.finish(record, "embedded", f"{len(asked.texts)} texts, {sum(embedded.tokens):,} tokens, "
                                                   f"{embedded.size} floats each")
-        self.reply_json(200, embeddings.answer(embedded, asked))
+        self.reply_json(200, shape(embedded, asked, time.perf_counter() - started))
 
     # --- one request ---------------------------------------------------------------------------------
 
