@@ -238,6 +238,15 @@ def test_the_app_holds_only_app_concerns():
     assert len(methods) <= MAX_APP_METHODS, methods
 
 
+def test_the_app_never_reaches_into_a_screens_widgets():
+    """The palette's commands post messages to the chat screen (`PaletteChoice`) or run its actions: the screen's
+    widgets are its own to query and change."""
+    tree = ast.parse((PACKAGE / "ui" / "app.py").read_text(encoding="utf-8"))
+    reached = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+               and node.attr in ("query", "query_one", "query_one_optional", "query_children")]
+    assert reached == []
+
+
 def test_the_gguf_reader_is_a_leaf():
     """The hub and the engine both read GGUF headers here: it imports only the standard library."""
     assert offenders("tui_chat.gguf", "tui_chat") == []

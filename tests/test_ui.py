@@ -479,6 +479,9 @@ async def test_command_palette_offers_every_action_and_the_presets(tiny_model):
         commands["Preset: Creative"].callback()
         await pilot.pause()
         assert screen.live.snapshot()[1].temperature == pytest.approx(1.1)
+        commands["Price: GPT-4o mini"].callback()
+        await pilot.pause()
+        assert screen.workspace.price.name == "GPT-4o mini"
         await commands["Show or hide the side panel"].callback()
         await pilot.pause()
         assert not screen.query_one("#side").display

@@ -9,7 +9,6 @@ from typing import Any
 from textual.app import App, SystemCommand
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
-from textual.widgets import Select
 
 from ..config import Config, config_dir, config_path, log_dir, save_setting
 from ..engine.params import PRESETS, LiveParams
@@ -17,9 +16,9 @@ from ..guard import LOG_NAME, exception_line
 from ..lag import monitor_from_env
 from ..safetext import screen_safe
 from ..workspace import OpenBackend, Workspace
+from .chat.room import PaletteChoice
 from .chat.screen import ChatScreen
 from .keys import CHAT_KEYS
-from .panel.sampling import SamplingPanel
 from .textual_fixes import spacing_marks_take_a_cell
 from .themes import load_themes
 from .widgets.live_tail import COMMON_CODE, warm_lexer
@@ -107,7 +106,7 @@ class ChatApp(App[None]):
                             "grammar: this chat's, from the next reply", partial(screen.run_action, "output_format"))
         for name in PRESETS:
             yield SystemCommand(f"Preset: {name}", f"Sampling preset {name}",
-                                lambda name=name: screen.query_one(SamplingPanel).apply_preset(name))
+                                partial(screen.post_message, PaletteChoice("preset", name)))
         for name in self.config.prices:
             yield SystemCommand(f"Price: {name}", f"Show costs at {name} prices",
-                                lambda name=name: setattr(screen.query_one("#price", Select), "value", name))
+                                partial(screen.post_message, PaletteChoice("price", name)))

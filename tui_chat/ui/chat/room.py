@@ -5,9 +5,10 @@ events; each room (a module of `ui/chat/`) adds the keys and dialogs of one feat
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 from textual import on
+from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
 
@@ -18,8 +19,18 @@ from ...session import ChatSession, Turn, Writing
 from ...workspace import Workspace
 from ..bridge import forward_events
 from ..panel.metrics import MetricsPanel
+from ..panel.sampling import SamplingPanel
 from ..screens.model_loader import ModelLoader
 from ..widgets.conversation import ConversationView
+
+
+class PaletteChoice(Message):
+    """A command of the palette (the App's) for the chat screen: a sampling preset or a price preset, by name. The
+    App posts it; the screen's own widgets are the screen's to change."""
+
+    def __init__(self, what: Literal["preset", "price"], name: str) -> None:
+        super().__init__()
+        self.what, self.name = what, name
 
 
 class Room(Screen[None]):
@@ -70,6 +81,13 @@ class Room(Screen[None]):
         panel = self.query_one(MetricsPanel)
         panel.show_thinking(self.session.thinking)
         self.view.show_title(model, panel.key_figures() if hidden else "")
+
+    @on(PaletteChoice)
+    def _palette_choice(self, choice: PaletteChoice) -> None:
+        if choice.what == "preset":
+            self.query_one(SamplingPanel).apply_preset(choice.name)
+        else:
+            self.query_one(MetricsPanel).choose_price(choice.name)
 
     @on(MetricsPanel.PriceChosen)
     def _price_chosen(self, event: MetricsPanel.PriceChosen) -> None:

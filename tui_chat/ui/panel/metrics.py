@@ -217,6 +217,10 @@ class MetricsPanel(Vertical):
             super().__init__()
             self.name = name
 
+    def choose_price(self, name: str) -> None:
+        """As if the user picked `name` in the list (the palette's price commands)."""
+        self.query_one("#price", Select).value = name
+
     @on(Select.Changed, "#price")
     def _price_changed(self, event: Select.Changed) -> None:
         self.price = self.prices[str(event.value)]
