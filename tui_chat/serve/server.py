@@ -178,7 +178,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: TuiChatServer
     protocol_version = "HTTP/1.1"
     server_version = "tui-chat"
-    anthropic = False  # the request is one of Anthropic's endpoints: its refusals in Anthropic's shape
+    api = "openai"  # whose endpoint the request is ("anthropic", "ollama"): its refusals in that API's shape
 
     def setup(self) -> None:
         """Every read and write of the connection waits at most `timeout_s`: a client that sends its headers or
@@ -193,7 +193,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _path(self) -> str:
         path = self.path.split("?", 1)[0].rstrip("/")
-        self.anthropic = path.startswith("/v1/messages")
+        self.api = ("anthropic" if path.startswith("/v1/messages") else "ollama" if path.startswith("/api/") else
+                    "openai")
         return path
 
     def do_GET(self) -> None:  # noqa: N802 - the standard library's name
@@ -318,7 +319,7 @@ class _Handler(BaseHTTPRequestHandler):
         except BadRequest as error:
             if not error.recorded:
                 server.monitor.turned_away()
-            self.reply_json(error.status, ollama.refusal(error), {"Retry-After": "1"} if error.status == 429 else {})
+            self.reply_error(error)
 
     def _count_tokens(self, body: dict[str, Any]) -> None:
         """Anthropic's `/v1/messages/count_tokens`: the prompt read by the engine as the message's would be (the
@@ -547,7 +548,8 @@ class _Handler(BaseHTTPRequestHandler):
     def reply_error(self, error: BadRequest) -> None:
         """A refusal in the endpoint's shape (OpenAI's, or Anthropic's on its endpoints); a busy server's says
         when to try again."""
-        status, body = anthropic.refusal(error) if self.anthropic else (error.status, error.body())
+        status, body = (anthropic.refusal(error) if self.api == "anthropic" else
+                        (error.status, ollama.refusal(error)) if self.api == "ollama" else (error.status, error.body()))
         retry = {"Retry-After": "1"} if error.status == 429 else {}
         try:
             self.reply_json(status, body, retry)
