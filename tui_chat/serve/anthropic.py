@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from ..engine.base import Done, Message, ModelInfo, PromptProgress, Token, TurnMetrics
@@ -50,7 +48,7 @@ def parse_messages(body: dict[str, Any], defaults: SamplingParams, info: ModelIn
     thinking, budget = _thinking(body.get("thinking"))
     form = call_form(info)
     tools = _tools(body.get("tools"))
-    with _in_anthropics_names():
+    with protocol.renamed(NAMES):
         asked = protocol.common({name: body[name] for name in SAMPLING if name in body}
                                 | protocol.stops(body.get("stop_sequences"), "stop_sequences")
                                 | ({"thinking_budget_tokens": budget} if budget else {}) | _format(body),
@@ -59,18 +57,6 @@ def parse_messages(body: dict[str, Any], defaults: SamplingParams, info: ModelIn
     asked.request.thinking = thinking
     asked.format_field = NAMES.get(asked.format_field, asked.format_field)
     return asked
-
-
-@contextmanager
-def _in_anthropics_names() -> Iterator[None]:
-    """A refusal by the shared reader names the field as this request sent it (`output_config.format`, not
-    OpenAI's `response_format`)."""
-    try:
-        yield
-    except BadRequest as error:
-        error.param = next((NAMES[name] + error.param[len(name):] for name in NAMES
-                            if error.param and error.param.startswith(name)), error.param)
-        raise
 
 
 def _format(body: dict[str, Any]) -> dict[str, Any]:
