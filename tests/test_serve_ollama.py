@@ -123,6 +123,8 @@ def test_embed_gives_the_vectors_of_the_openai_endpoint(server):  # noqa: F811
     with pytest.raises(ollama.ResponseError) as refused:
         ollama_client(server).embed(MODEL, [])
     assert refused.value.status_code == 400 and refused.value.error.startswith("input")
+    one = ollama_client(server).embeddings(f"{MODEL}:latest", texts[0])  # the older endpoint: one text
+    assert one.embedding == answer.embeddings[0]
 
 
 def test_a_schema_format_gives_json_that_validates(server):  # noqa: F811

@@ -20,6 +20,7 @@ import functools
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
@@ -64,12 +65,12 @@ class Asking:
 
 
 def answer(method: str, path: str, body: dict[str, Any], info: ModelInfo, defaults: SamplingParams,
-           room: int) -> dict[str, Any] | Asking | EmbeddingsAsked:
+           room: int) -> dict[str, Any] | Asking | Embedding:
     """An `/api/…` request: the facts it asks for (a JSON reply), or the engine request a chat or a generation is."""
     if method == "POST" and path in ("/api/chat", "/api/generate"):
         return _asking(path, body, info, defaults, room)
     if method == "POST" and path == "/api/show":
-        _check_model({"model": body.get("model", body.get("name"))}, info.name)  # `name`: older clients' field
+        check_model({"model": body.get("model", body.get("name"))}, info.name)  # `name`: older clients' field
         return show(info, defaults, room)
     if method == "GET" and path in ("/api/tags", "/api/ps"):
         return {"models": [model_entry(info, room if path == "/api/ps" else 0)]}
@@ -79,17 +80,29 @@ def answer(method: str, path: str, body: dict[str, Any], info: ModelInfo, defaul
         raise BadRequest(f"{path} is not supported: this server serves the one model it was started with "
                          f"({info.name!r})", status=501)
     if method == "POST" and path == "/api/embed":
-        return embed_asked(body)
-    if path in EMBEDDING:
-        raise BadRequest(f"{path} is not supported: Ollama's older embeddings endpoint; send /api/embed",
-                         status=501)
+        return Embedding(embeddings.parse_embeddings({"input": body.get("input"),
+                                                      "dimensions": body.get("dimensions")}), embedded)
+    if method == "POST" and path == "/api/embeddings":  # the older endpoint: one text, `prompt`
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str) or not prompt:
+            raise BadRequest("prompt must be a non-empty string: the text to embed", "prompt")
+        return Embedding(embeddings.parse_embeddings({"input": prompt}), embedded_one)
     raise BadRequest(f"no such endpoint: {method} {path[:200]}", status=404)
 
 
-def embed_asked(body: dict[str, Any]) -> EmbeddingsAsked:
-    """`/api/embed`: `input` a text or a list of them, as OpenAI's (`embeddings.py` reads it); a text longer than
-    the embedding context is refused, not cut (`truncate: true`, Ollama's default, would embed another text)."""
-    return embeddings.parse_embeddings({"input": body.get("input"), "dimensions": body.get("dimensions")})
+@dataclass(frozen=True, slots=True)
+class Embedding:
+    """`/api/embed` (or the older `/api/embeddings`): the texts, read as OpenAI's `input` is (`embeddings.py`; a
+    text longer than the embedding context is refused, not cut: Ollama's `truncate` would embed another text),
+    and the answer's shape."""
+
+    asked: EmbeddingsAsked
+    shape: Callable[[Embedded, EmbeddingsAsked, float], dict[str, Any]]
+
+
+def embedded_one(vectors: Embedded, _asked: EmbeddingsAsked, _took_s: float) -> dict[str, Any]:
+    """The older `/api/embeddings` answer: one vector."""
+    return {"embedding": vectors.vector(0)}
 
 
 def embedded(vectors: Embedded, asked: EmbeddingsAsked, took_s: float) -> dict[str, Any]:
@@ -105,7 +118,7 @@ def refusal(error: BadRequest) -> dict[str, Any]:
     return {"error": message if named else f"{param}: {message}"}
 
 
-def _check_model(body: dict[str, Any], served: str) -> None:
+def check_model(body: dict[str, Any], served: str) -> None:
     """The model asked for: the one served, named with its tag or without (an unknown one is a 404)."""
     model = body.get("model")
     protocol.check_model(body | {"model": model.removesuffix(TAG)} if isinstance(model, str) else body, served)
@@ -115,7 +128,7 @@ def _asking(path: str, body: dict[str, Any], info: ModelInfo, defaults: Sampling
             room: int) -> dict[str, Any] | Asking:
     """A chat or a generation as the engine's request; one with nothing to say (no messages, no prompt) is
     Ollama's way to load the model, answered at once: it is loaded."""
-    _check_model(body, info.name)
+    check_model(body, info.name)
     chat = path == "/api/chat"
     wanted = _common(body, room)
     if chat:

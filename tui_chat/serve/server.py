@@ -311,9 +311,9 @@ class _Handler(BaseHTTPRequestHandler):
             answer = ollama.answer(self.command, self._path(), body, server.info, server.defaults, server.room)
             if isinstance(answer, ollama.Asking):
                 self._answer(answer.asked, answer.kind, answer.writer)
-            elif isinstance(answer, EmbeddingsAsked):
-                protocol.check_model(body, server.options.embeddings or server.info.name)
-                self._embed(answer, ollama.embedded)
+            elif isinstance(answer, ollama.Embedding):
+                ollama.check_model(body, server.options.embeddings or server.info.name)
+                self._embed(answer.asked, answer.shape)
             else:
                 self.reply_json(200, answer)
         except BadRequest as error:
