@@ -54,6 +54,28 @@ async def test_heatmap_bands_are_legible_in_every_shipped_and_built_in_theme(tin
                 assert contrast(text, fill) >= 4.5, f"{theme}: band {band.label} is hard to read"
 
 
+async def test_toggling_the_panel_and_the_heatmap_mid_stream_keeps_every_token(starter_model):
+    """Issue 46: F2 and Ctrl+T while a reply streams (the starter: slow enough on a CPU to be caught mid-reply; their
+    actions run directly, since Pilot's key presses wait for an idle app, which a stream never is): the reply goes
+    on, and ends with every token drawn in the heatmap."""
+    app = make_app(str(starter_model), sampling=GREEDY.with_changes(max_tokens=200), n_ctx=2048)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        await send(pilot, "Count from 1 to 100, separated by commas.")
+        await wait_for(pilot, lambda: screen.reply is not None and len(screen.reply.text) > 20, 60)
+        for action in ("toggle_panel", "toggle_heatmap", "toggle_panel"):  # F2, Ctrl+T, F2
+            await screen.run_action(action)
+            assert screen.reply is not None, "toggled mid-stream"
+            await pilot.pause(0.2)
+        reply = await reply_done(pilot)
+        assert screen.query_one("#side").display and screen.query_one("#legend").display
+        body = reply.query_one(".heatmap")
+        drawn = {segment.style.meta.get("token") for y in range(body.size.height) for segment in body.render_line(y)
+                 if segment.style and segment.text.strip()} - {None}
+        assert drawn == {i for i, t in enumerate(reply.reply.tokens) if t.piece.strip()}
+        assert len(reply.reply.tokens) > 100
+
+
 async def test_heatmap_colours_each_token_by_its_probability(tiny_model):
     app = make_app(str(tiny_model))
     async with app.run_test(size=SIZE) as pilot:
