@@ -45,8 +45,8 @@ from shared import fmt, median, own_dirs, ratio
 
 from tui_chat.config import cache_dir, models_dir
 from tui_chat.engine.local.cpu import cpu_model, read_topology
-from tui_chat.engine.local.llama import PREFILL_CHUNK
 from tui_chat.engine.local.llamacpp import device_batch
+from tui_chat.engine.local.model import PREFILL_CHUNK
 from tui_chat.engine.models import starter_path
 from tui_chat.wording import STOP_LABELS
 

@@ -283,7 +283,7 @@ def bench_busy(backend: LlamaBackend, path: Path, prompt: str, args: argparse.Na
         runs = alternate(sides, args.rounds)
     med = {name: median([r.decode_tok_s for r in side]) for name, side in runs.items()}
     best = max((name for name in med if name.startswith("raw")), key=lambda name: med[name] or 0)
-    threads = backend._session.threads.decode if backend._session else "?"
+    threads = backend.session.threads.decode if backend.session else "?"
     print(f"\n== Decode with {args.busy} of {os.cpu_count()} cores kept busy by other processes, "
           f"{args.rounds} rounds, median tok/s")
     for name, value in med.items():

@@ -26,8 +26,7 @@ from shared import alternate, bench_model, fmt, greedy_settings, median, ratio
 
 from tui_chat.engine.base import Done, Error, LabDone, Message, Request
 from tui_chat.engine.compare import MAX_COLUMNS
-from tui_chat.engine.local.lab import LlamaLab
-from tui_chat.engine.local.llama import LlamaSettings
+from tui_chat.engine.local.llama import LlamaBackend, LlamaSettings
 from tui_chat.engine.local.llamacpp import FIRST_COLUMN_SEQ
 from tui_chat.engine.params import LiveParams, SamplingParams
 
@@ -93,7 +92,7 @@ class Raw:
         llama_cpp.llama_model_free(self.model)
 
 
-def ours_single(backend: LlamaLab, params: SamplingParams) -> float | None:
+def ours_single(backend: LlamaBackend, params: SamplingParams) -> float | None:
     """Our plain reply's ms per step: its decode time over the steps after its first token."""
     final = backend.generate(Request([Message("user", PROMPT)], LiveParams(params))).result()
     if not isinstance(final, Done):
@@ -101,7 +100,7 @@ def ours_single(backend: LlamaLab, params: SamplingParams) -> float | None:
     return _step_ms(final)
 
 
-def ours_lab(backend: LlamaLab, params: SamplingParams, n: int) -> float | None:
+def ours_lab(backend: LlamaBackend, params: SamplingParams, n: int) -> float | None:
     """Our lab's ms per step with `n` greedy columns: they step together, so one column's time is the step's."""
     stream = backend.compare(Request([Message("user", PROMPT)], LiveParams(params)),
                              [LiveParams(params) for _ in range(n)])
@@ -129,7 +128,7 @@ def main() -> None:
     print(f"model {path.name}, llama_cpp {llama_cpp.__version__}, {args.threads} threads, {args.steps} steps, "
           f"load avg {os.getloadavg()[0]:.2f}", file=log)
     params = SamplingParams(**greedy_settings(args.steps + 1))
-    backend = LlamaLab(LlamaSettings(path, n_ctx=N_CTX, threads=args.threads, threads_batch=args.threads))
+    backend = LlamaBackend(LlamaSettings(path, n_ctx=N_CTX, threads=args.threads, threads_batch=args.threads))
     if isinstance(loaded := backend.load().result(), Error):
         sys.exit(f"our engine could not load {path.name}: {loaded}")
     raw = Raw(path, args.threads, PROMPT)

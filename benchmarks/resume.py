@@ -79,7 +79,7 @@ def child(mode: str, model: Path, kv: Path, chat: Path) -> None:
     params = LiveParams(SamplingParams(temperature=0.0, repeat_penalty=1.0, max_tokens=48))
     done = backend.generate(Request(messages, params, conversation="bench")).result()
     assert isinstance(done, Done), done
-    disk = backend._disk
+    disk = backend.model.disk
     backend.close()
     entries = KvStore(kv).list_entries()
     print(json.dumps({"load_s": loaded_s, "text": done.text, **done.metrics.as_dict(),

@@ -89,7 +89,7 @@ def main() -> None:
     backend = LlamaBackend(LlamaSettings(model, n_ctx=4096, chat_template="gemma"))
     backend.load().result()
     params = SamplingParams(**greedy_settings(args.max_tokens))
-    session = backend._session
+    session = backend.session
     assert session is not None, "loaded above"
     tokenizer = tokenizer_for(session)
     counts: dict[str, Counter[str]] = defaultdict(Counter)

@@ -42,7 +42,7 @@ from shared import fmt, median, own_dirs, ratio
 from tui_chat.config import models_dir
 from tui_chat.engine.compare import MAX_SLOTS
 from tui_chat.engine.local.cpu import cpu_model, read_topology
-from tui_chat.engine.local.llama import PREFILL_CHUNK
+from tui_chat.engine.local.model import PREFILL_CHUNK
 from tui_chat.engine.models import starter_path
 
 SLOTS = 4  # the default of --slots

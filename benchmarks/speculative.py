@@ -34,7 +34,8 @@ from shared import alternate, bench_model, fmt, greedy_settings, median, ratio
 
 from tui_chat.engine.base import Done, Error, Message, Request
 from tui_chat.engine.local.cpu import cpu_model, read_topology
-from tui_chat.engine.local.llama import PREFILL_CHUNK, LlamaBackend, LlamaSettings
+from tui_chat.engine.local.llama import LlamaBackend, LlamaSettings
+from tui_chat.engine.local.model import PREFILL_CHUNK
 from tui_chat.engine.params import SPECS, LiveParams, SamplingParams
 
 N_CTX = 4096

@@ -5,13 +5,20 @@ sees. The stub (stub_server.py, a process of its own) streams over HTTP into the
 sends batches to the UI; the app runs in tmux (a pseudo-terminal) as `tui-chat --backend openai`. While the
 reply streams, a letter is typed into the message box every 250 ms and timed until the terminal shows it
 (tmux capture-pane, polled: a few ms of resolution); the app's event loop writes its stalls (TUI_CHAT_LAG_LOG).
-At the end the panel's decode rate is read beside the rate the stub sent at. Then Esc mid-reply: how long until
-the footer says stopped, and whether the stub saw the connection cut. Prints numbers, asserts nothing.
+At the end the panel's decode rate is read beside the rate the stub sent at. Then three passes more:
+- toggles: a stream during which F2 (the panel), Ctrl+T (the heatmap), F2 and Ctrl+T again are pressed, a key
+  every TOGGLE_EVERY_S, between the letters typed: the loop's stalls then;
+- Esc mid-reply: how long until the footer says stopped, and whether the stub saw the connection cut;
+- idle: the chat app once its reply ended, and `tui-chat serve`'s live view (on the proxy model, after
+  SERVE_REQUESTS small requests) with nothing in flight, --idle seconds each: the share of a core each process
+  takes (nothing on screen changes, so nothing should be drawn).
+Prints numbers, asserts nothing.
 
-    python benchmarks/stub_stream.py [--rate 5000] [--seconds 4] [--rounds 3] [--paragraph] [--json]
+    python benchmarks/stub_stream.py [--rate 5000] [--seconds 4] [--rounds 3] [--paragraph] [--idle 30] [--json]
 
-Targets (issue 37, 2 cores): panel rate within 2 % of the server's, key shown within 50 ms at p95, no loop stall
-over 50 ms, Esc stops at once.
+Targets (issue 46, 2 cores): panel rate within 2 % of the server's, a key shown within 50 ms at p95, no loop stall
+over 100 ms, toggles included; Esc stops within 100 ms; idle, the chat app under 1 % of a core, `serve`'s live view
+under 2 %.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 from app_speed import FOOTER, Tmux, panel, panel_rate, process_cpu_s, tree_cpu_s, tui_chat
@@ -34,6 +42,10 @@ from tui_chat.engine.local.cpu import cpu_model
 
 HERE = Path(__file__).parent
 KEY_EVERY_S = 0.25
+TOGGLES = ("F2", "C-t", "F2", "C-t")  # the panel, the heatmap, each shown and hidden again mid-stream
+TOGGLE_EVERY = 3  # a toggle in place of every third letter typed (0.75 s apart)
+SETTLE_S = 2.0  # after a reply ends or the last request, before idle is measured
+SERVE_REQUESTS = 30
 PROMPT = "Write it all out, please."
 STOPPED = "stopped ·"
 
@@ -60,7 +72,8 @@ def prompt_line(screen: str) -> str:
     return ""
 
 
-def one_round(rate: float, tokens: int, paragraph: bool, stop_after_s: float | None) -> dict:
+def one_round(rate: float, tokens: int, paragraph: bool, stop_after_s: float | None, toggles: bool = False,
+              idle_s: float = 0.0) -> dict:
     root = Path(tempfile.mkdtemp(prefix="tui-chat-stub-stream-"))
     env, stats, port = environment(root), root / "stub.json", free_port()
     server = subprocess.Popen([sys.executable, str(HERE / "stub_server.py"), str(port), str(stats), "--rate", str(rate),
@@ -69,7 +82,10 @@ def one_round(rate: float, tokens: int, paragraph: bool, stop_after_s: float | N
     try:
         app = Tmux(env, tui_chat("--backend", "openai", "--base-url", f"http://127.0.0.1:{port}/v1"))
         try:
-            return drive(app, rate, stats, root, stop_after_s, server.pid)
+            result = drive(app, rate, stats, root, stop_after_s, server.pid, toggles)
+            if idle_s:
+                result["idle"] = idle_cores(app.pid, idle_s)
+            return result
         finally:
             app.close()
     finally:
@@ -84,7 +100,50 @@ def cpu_by_process(app: Tmux, server: int) -> dict[str, float]:
     return {"ui": ui, "engine": tree_cpu_s(app.pid) - ui, "tmux": process_cpu_s(terminal), "stub": tree_cpu_s(server)}
 
 
-def drive(app: Tmux, rate: float, stats: Path, root: Path, stop_after_s: float | None, server_pid: int) -> dict:
+def idle_cores(pid: int, seconds: float) -> dict[str, float]:
+    """The share of a core `pid` (all its threads) and its child processes take over `seconds`, after SETTLE_S."""
+    time.sleep(SETTLE_S)
+    own, tree = process_cpu_s(pid), tree_cpu_s(pid)
+    time.sleep(seconds)
+    ui = process_cpu_s(pid) - own
+    return {"ui": ui / seconds, "engine": (tree_cpu_s(pid) - tree - ui) / seconds}
+
+
+def serve_idle(seconds: float) -> dict[str, float]:
+    """`tui-chat serve` with its live view, on the proxy model, after SERVE_REQUESTS small completions: idle."""
+    from proxy import proxy_model
+
+    root = Path(tempfile.mkdtemp(prefix="tui-chat-serve-idle-"))
+    port = free_port()
+    app = Tmux(own_dirs(root), tui_chat("serve", "--model", str(proxy_model()), "--port", str(port)))
+    try:
+        deadline = time.monotonic() + 120
+        while not _healthy(port):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"serve did not start; the screen:\n{app.screen()}")
+            time.sleep(0.2)
+        for index in range(SERVE_REQUESTS):
+            body = json.dumps({"prompt": f"Request {index}: count to ten.", "max_tokens": 16, "temperature": 0})
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body.encode(),
+                                             {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                answer.read()
+        serve = int(app("display-message", "-p", "-t", "app", "#{pane_pid}"))  # not watched: the pane's own process
+        return idle_cores(serve, seconds)
+    finally:
+        app.close()
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+            return bool(json.loads(answer.read()).get("status") == "ok")
+    except OSError:
+        return False
+
+
+def drive(app: Tmux, rate: float, stats: Path, root: Path, stop_after_s: float | None, server_pid: int,
+          toggles: bool) -> dict:
     app.wait_for(lambda s: "server 127.0.0.1" in panel(s), 60)
     app("send-keys", "-t", "app", "-l", PROMPT)
     app.wait_for(lambda s: PROMPT[:20] in prompt_line(s), 10, 0.02)
@@ -107,9 +166,15 @@ def drive(app: Tmux, rate: float, stats: Path, root: Path, stop_after_s: float |
         return {"stop_s": stopped_s, "server": json.loads(stats.read_text()) if stats.exists() else None}
     keys: list[float] = []
     typed = ""
+    pressed = 0  # keys sent, toggles included
+    toggled: list[str] = []
     while not FOOTER.search(screen := app.screen()):
-        next_key = started + (len(keys) + 1) * KEY_EVERY_S
-        time.sleep(max(0.0, next_key - time.monotonic()))
+        pressed += 1
+        time.sleep(max(0.0, started + pressed * KEY_EVERY_S - time.monotonic()))
+        if toggles and pressed % TOGGLE_EVERY == 0 and len(toggled) < len(TOGGLES):
+            toggled.append(TOGGLES[len(toggled)])
+            app("send-keys", "-t", "app", toggled[-1])
+            continue
         typed = (typed + chr(ord("a") + len(keys) % 26))[-20:]
         sent = time.monotonic()
         app("send-keys", "-t", "app", "-l", typed[-1])
@@ -135,6 +200,7 @@ def drive(app: Tmux, rate: float, stats: Path, root: Path, stop_after_s: float |
         "key_max_ms": keys[-1] * 1000 if keys else None,
         "worst_stall_ms": max((s["late_s"] for s in during), default=0.0) * 1000,
         "stalls_over_50ms": sum(s["late_s"] > 0.05 for s in during),
+        "stalls_over_100ms": sum(s["late_s"] > 0.1 for s in during), "toggled": toggled,
         "worst_stalls": sorted(during, key=lambda s: -s["late_s"])[:3],
         "cores": cores,  # while it streamed: the UI, the engine process, tmux drawing it, the stub sending
     }
@@ -146,6 +212,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0, help="seconds of tokens a reply, default 4")
     parser.add_argument("--rounds", type=int, default=3, help="streams timed (each in a fresh app), default 3")
     parser.add_argument("--paragraph", action="store_true", help="the reply one paragraph of plain words")
+    parser.add_argument("--idle", type=float, default=30.0, help="seconds of each idle pass, default 30 (0: none)")
     parser.add_argument("--json", action="store_true", help="one JSON document instead of the table")
     args = parser.parse_args()
     tokens = round(args.rate * args.seconds)
@@ -157,15 +224,11 @@ def main() -> None:
           file=log)
     rounds = []
     for index in range(args.rounds):
-        result = one_round(args.rate, tokens, args.paragraph, None)
+        result = one_round(args.rate, tokens, args.paragraph, None, idle_s=args.idle if index == 0 else 0.0)
         rounds.append(result)
-        worst = result["worst_stalls"][0] if result["worst_stalls"] else None
-        cause = f" ({worst['cause']} in {worst['where'] or worst['hottest']})" if worst else ""
-        print(f"round {index + 1}: server {fmt(result['server_tok_s'])} tok/s, panel {fmt(result['panel_tok_s'])} "
-              f"(ratio {fmt(result['ratio'], '.3f')}), keys {result['keys']} p50/p95/max "
-              f"{fmt(result['key_p50_ms'])}/{fmt(result['key_p95_ms'])}/{fmt(result['key_max_ms'])} ms, worst stall "
-              f"{fmt(result['worst_stall_ms'])} ms{cause}, {result['stalls_over_50ms']} over 50 ms; cores "
-              + ", ".join(f"{name} {value:.2f}" for name, value in result["cores"].items()), file=log)
+        say_round(f"round {index + 1}", result, log)
+    toggles = one_round(args.rate, tokens, args.paragraph, None, toggles=True)
+    say_round("toggles " + "/".join(toggles["toggled"]), toggles, log)
     stop = one_round(args.rate, tokens, args.paragraph, 1.0)
     print(f"Esc 1 s into a stream: the footer said stopped after {fmt(stop['stop_s'] * 1000)} ms (tmux polled); "
           f"the stub {'saw the connection cut' if stop['server'] and stop['server']['stopped'] else 'sent it all'}",
@@ -174,9 +237,26 @@ def main() -> None:
                ("server_tok_s", "panel_tok_s", "ratio", "key_p95_ms", "worst_stall_ms")}
     print("median  " + ", ".join(f"{key} {fmt(value, '.3f' if key == 'ratio' else '.1f')}"
                                  for key, value in summary.items()), file=log)
+    idle = {"chat": rounds[0].get("idle"), "serve": serve_idle(args.idle) if args.idle else None}
+    for name, cores in idle.items():
+        if cores is not None:
+            print(f"idle {name}: " + ", ".join(f"{part} {value * 100:.2f} % of a core" for part, value in cores.items())
+                  + f" over {args.idle:.0f} s", file=log)
     if args.json:
         print(json.dumps({"cpu": cpu_model(), "cpus": os.cpu_count(), "rate": args.rate, "tokens": tokens,
-                          "paragraph": args.paragraph, "rounds": rounds, "stop": stop, "median": summary}, indent=1))
+                          "paragraph": args.paragraph, "rounds": rounds, "toggles": toggles, "stop": stop,
+                          "idle": idle, "median": summary}, indent=1))
+
+
+def say_round(name: str, result: dict, log) -> None:
+    worst = result["worst_stalls"][0] if result["worst_stalls"] else None
+    cause = f" ({worst['cause']} in {worst['where'] or worst['hottest']})" if worst else ""
+    print(f"{name}: server {fmt(result['server_tok_s'])} tok/s, panel {fmt(result['panel_tok_s'])} "
+          f"(ratio {fmt(result['ratio'], '.3f')}), keys {result['keys']} p50/p95/max "
+          f"{fmt(result['key_p50_ms'])}/{fmt(result['key_p95_ms'])}/{fmt(result['key_max_ms'])} ms, worst stall "
+          f"{fmt(result['worst_stall_ms'])} ms{cause}, {result['stalls_over_50ms']} over 50 ms, "
+          f"{result['stalls_over_100ms']} over 100 ms; cores "
+          + ", ".join(f"{part} {value:.2f}" for part, value in result["cores"].items()), file=log)
 
 
 if __name__ == "__main__":

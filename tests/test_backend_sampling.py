@@ -49,7 +49,7 @@ def tiny_on_host(tiny_model):
 
 def reply(backend, params: SamplingParams, **request):
     """A reply from an empty cache (the prompt read the same way each time): its tokens and its `Done`."""
-    backend._session.keep_prefix([])
+    backend.session.keep_prefix([])
     tokens, done = collect(backend.generate(Request(QUESTION, LiveParams(params), **request)))
     assert done.stop_reason in ("length", "eos", "stop"), done
     return tokens, done
@@ -121,7 +121,7 @@ def test_backend_sampling_is_a_setting_on_by_default_where_the_output_layer_is_o
     assert reply(tiny_on_host, DEFAULTS)[1].metrics.sampling_path == "python"
     backend = open_backend(tiny_model, n_ctx=1024)
     try:
-        on_gpu = backend._session.gpu_layers > 0
+        on_gpu = backend.session.gpu_layers > 0
         assert reply(backend, DEFAULTS)[1].metrics.sampling_path == ("llama.cpp" if on_gpu else "python")
     finally:
         backend.close()
@@ -136,7 +136,7 @@ def test_settings_moved_mid_reply_apply_from_the_next_token_in_the_graph(tiny, t
     def moved(backend):
         live = LiveParams(start)
         tokens = []
-        backend._session.keep_prefix([])
+        backend.session.keep_prefix([])
         for event in backend.generate(Request(QUESTION, live)):
             if hasattr(event, "token_id"):
                 tokens.append(event)
@@ -165,7 +165,7 @@ def test_a_word_probability_asked_mid_reply_is_read_beside_the_attached_chain(ti
     answer = llama.word_probability
     monkeypatch.setattr(llama, "word_probability",
                         lambda session, *args: cached_then.append(len(session.tokens)) or answer(session, *args))
-    tiny._session.keep_prefix([])
+    tiny.session.keep_prefix([])
     tokens = []
     for event in tiny.generate(Request(QUESTION, LiveParams(params))):
         if hasattr(event, "token_id"):

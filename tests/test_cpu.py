@@ -371,7 +371,7 @@ def test_a_reply_gives_threads_back_when_another_process_starts_mid_reply(tiny_m
         request = Request([Message("user", "Hello")], LiveParams(GREEDY.with_changes(max_tokens=200)))
         done = backend.generate(request).result()
         assert done.metrics.threads == 1
-        assert llama_cpp.llama_n_threads(backend._session.ctx) == 1
+        assert llama_cpp.llama_n_threads(backend.session.ctx) == 1
     finally:
         backend.close()
 

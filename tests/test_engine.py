@@ -173,19 +173,19 @@ def test_next_turn_reads_only_new_tokens(tiny):
     assert second.metrics.cached_tokens >= len(first.prompt_ids) + first.metrics.completion_tokens - 2
     new_tokens = second.metrics.prompt_tokens - second.metrics.cached_tokens
     assert 0 < new_tokens <= tiny.count_tokens("\nUser: And of Germany?\nAssistant:") + 2
-    perf = tiny._session.perf()
+    perf = tiny.session.perf()
     assert perf.n_p_eval == new_tokens
 
 
 def test_reused_cache_gives_the_same_reply_as_a_fresh_read(tiny):
     first = ask(tiny, [Message("user", PROMPT)])
     conversation = [Message("user", PROMPT), Message("assistant", first.text), Message("user", "Tell me more.")]
-    history = tiny._history_text, list(tiny._history_tokens)
+    history = tiny.transcript.text, list(tiny.transcript.tokens)
     cached = ask(tiny, conversation)
     assert cached.metrics.cached_tokens > 0
     # Same token history as before the cached turn, but an empty KV cache: the same ids, all read afresh.
-    tiny._history_text, tiny._history_tokens = history
-    tiny._session.keep_prefix([])
+    tiny.transcript.text, tiny.transcript.tokens = history
+    tiny.session.keep_prefix([])
     fresh = ask(tiny, conversation)
     assert fresh.metrics.cached_tokens == 0
     assert fresh.prompt_ids == cached.prompt_ids
@@ -195,7 +195,7 @@ def test_reused_cache_gives_the_same_reply_as_a_fresh_read(tiny):
 def test_metrics_agree_with_llama_cpp_counters(tiny):
     long_prompt = " ".join(["the capital of France is Paris"] * 60)
     done = ask(tiny, long_prompt, GREEDY.with_changes(max_tokens=200))
-    perf = tiny._session.perf()
+    perf = tiny.session.perf()
     m = done.metrics
     assert perf.n_p_eval == m.prompt_tokens - m.cached_tokens > 300
     assert perf.n_eval == m.completion_tokens - 1
@@ -246,13 +246,13 @@ def test_count_tokens_uses_the_model_tokenizer(tiny):
 
 
 def test_a_bug_inside_a_turn_ends_the_stream_with_one_line_and_the_worker_lives_on(tiny, monkeypatch):
-    from tui_chat.engine.local import llama
+    from tui_chat.engine.local import reply
 
     def broken(self):
         raise ZeroDivisionError("division by zero")
 
     with monkeypatch.context() as patch:
-        patch.setattr(llama._Turn, "run", broken)
+        patch.setattr(reply.Reply, "run", broken)
         result = tiny.generate(Request([Message("user", "hi")], LiveParams(GREEDY))).result()
     assert isinstance(result, Error)
     assert result.message == "internal error (ZeroDivisionError: division by zero); details in the log"

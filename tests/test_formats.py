@@ -284,7 +284,7 @@ def test_the_grammars_removed_mass_is_over_the_whole_vocabulary(gemma):
     together, when only the 1,024 likeliest were judged). Checked against a fresh matcher, token by token."""
     output = choose("json")
     tokens, done = write(gemma, PROMPTS[0], output, SAMPLED[1].with_changes(max_tokens=24), top_logprobs=5)
-    session = gemma._session
+    session = gemma.session
     constraint = Constraint(session, output)
     for index, token in enumerate(tokens):
         if index:  # the first token's logits came with the prompt's batch: recomputed, they move a little

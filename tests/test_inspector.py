@@ -140,7 +140,7 @@ def test_the_original_reply_comes_back_from_the_cache_after_a_branch(tiny):
 
 def test_forcing_the_end_of_text_token_ends_the_reply(tiny):
     tokens, done = inspected(tiny, GREEDY)
-    eos = llama_cpp.llama_vocab_eos(tiny._session.vocab)
+    eos = llama_cpp.llama_vocab_eos(tiny.session.vocab)
     request = Request([Message("user", PROMPT)], LiveParams(GREEDY), forced=(tokens[0].token_id, eos))
     branch_tokens, branch = collect(tiny.generate(request))
     assert branch.stop_reason == "eos" and branch.metrics.completion_tokens == 0

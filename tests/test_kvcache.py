@@ -67,7 +67,8 @@ def test_a_restored_turn_replies_as_a_cold_read_of_the_same_tokens(tiny_model, t
     cold = open_backend(tiny_model, n_ctx=1024)
     try:
         from_disk = ask(restored, second)
-        cold._history_text, cold._history_tokens = restored._last_prompt[0], list(restored._last_prompt[1])
+        read_text, read_tokens = restored.transcript.last_prompt
+        cold.transcript.text, cold.transcript.tokens = read_text, list(read_tokens)
         fresh = ask(cold, second)
     finally:
         restored.close()

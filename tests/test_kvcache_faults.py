@@ -20,7 +20,7 @@ from conftest import ask, kv_lines, open_backend
 from test_kvcache import NOTES, chat, with_reply
 from tiny_model import write_tiny_model
 from tui_chat.engine.base import Done, Message
-from tui_chat.engine.local import llama
+from tui_chat.engine.local import model as loaded_model
 from tui_chat.engine.local.kvstore import KvStore
 
 TESTS = Path(__file__).parent
@@ -30,7 +30,7 @@ def take_turn(model: Path, kv: Path, messages: list[Message]) -> tuple[Done, tup
     """A turn in a backend of its own (as a new process would take it); also the prompt it read."""
     backend = open_backend(model, n_ctx=1024, kv_dir=kv)
     try:
-        return ask(backend, messages, conversation="7"), backend._last_prompt
+        return ask(backend, messages, conversation="7"), backend.transcript.last_prompt
     finally:
         backend.close()
 
@@ -39,7 +39,7 @@ def cold_read(model: Path, prompt: tuple[str, list[int]], messages: list[Message
     """The reply of a backend with no cache at all, reading the very tokens `prompt` holds."""
     backend = open_backend(model, n_ctx=1024)
     try:
-        backend._history_text, backend._history_tokens = prompt[0], list(prompt[1])
+        backend.transcript.text, backend.transcript.tokens = prompt[0], list(prompt[1])
         done = ask(backend, messages)
     finally:
         backend.close()
@@ -118,7 +118,7 @@ def test_a_state_from_another_llama_cpp_build_is_skipped(tiny_model, tmp_path, k
     kv = tmp_path / "kv"
     messages, path = saved_chat(tiny_model, kv)
     [entry] = KvStore(kv).list_entries()
-    monkeypatch.setattr(llama, "build_version", lambda: "0.0.1 (upgraded)")
+    monkeypatch.setattr(loaded_model, "build_version", lambda: "0.0.1 (upgraded)")
     kv_log.new_lines()
     assert_read_afresh(tiny_model, kv, messages)
     assert kv_log.new_lines()[0] == (

@@ -23,8 +23,7 @@ from tui_chat.engine.base import (
     XRay,
 )
 from tui_chat.engine.compare import divergence
-from tui_chat.engine.local.lab import LlamaLab
-from tui_chat.engine.local.llama import LlamaSettings
+from tui_chat.engine.local.llama import LlamaBackend, LlamaSettings
 from tui_chat.engine.params import InvalidParameter, LiveParams, SamplingParams, parse_settings
 
 PROMPT = [Message("user", "Hello there, tell me about Paris")]
@@ -56,8 +55,8 @@ def single(backend, params: SamplingParams, messages=PROMPT, **request) -> tuple
     return done, tokens
 
 
-def open_lab(path, **settings) -> LlamaLab:
-    backend = LlamaLab(LlamaSettings(path, **settings))
+def open_lab(path, **settings) -> LlamaBackend:
+    backend = LlamaBackend(LlamaSettings(path, **settings))
     assert isinstance(backend.load().result(), Loaded)
     return backend
 
@@ -85,7 +84,7 @@ def test_the_prompt_is_read_once_for_every_column(tiny):
     prompt = final.columns[0].metrics.prompt_tokens
     assert all(done.metrics.prompt_tokens == prompt and done.metrics.cached_tokens == 0 for done in final.columns)
     # llama.cpp's own count of the tokens it evaluated: the prompt once, then each column's tokens but its last
-    perf = tiny._session.perf()
+    perf = tiny.session.perf()
     assert perf.n_p_eval + perf.n_eval == prompt + sum(len(t) - 1 for t in tokens)
 
 

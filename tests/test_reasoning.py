@@ -81,7 +81,7 @@ def test_a_budget_set_mid_thought_applies_from_the_next_token(tmp_path):
 
 def test_thinking_off_goes_to_the_template_and_ends_a_thinking_the_model_opens(qwen3):
     tokens, done = reply(qwen3, thinking=False)
-    assert "<think>\n\n</think>" in qwen3._last_prompt[0]  # Qwen3's template writes an empty thinking
+    assert "<think>\n\n</think>" in qwen3.transcript.last_prompt[0]  # Qwen3's template writes an empty thinking
     assert done.reasoning == "" and done.text == "Hello world "
     assert tokens[1].inserted and done.metrics.reasoning_tokens == 1
 
@@ -98,7 +98,7 @@ def test_the_next_turn_drops_the_thinking_and_reuses_what_it_can(qwen3):
     _, first = reply(qwen3)
     history = [Message("user", "Hi"), Message("assistant", first.text, first.reasoning), Message("user", "Again")]
     _, second = reply(qwen3, messages=history)
-    prompt = qwen3._last_prompt[0]
+    prompt = qwen3.transcript.last_prompt[0]
     assert "Hmm" not in prompt and "Hello world" in prompt  # Qwen3 leaves earlier thinking out
     assert 0 < second.metrics.cached_tokens < second.metrics.prompt_tokens
     assert second.text == "Hello world "
@@ -111,7 +111,7 @@ def test_a_prompt_that_opens_the_thinking_starts_the_reply_inside_it(tmp_path):
     backend = open_backend(path, n_ctx=512)
     try:
         tokens, done = reply(backend)
-        assert backend._last_prompt[0].endswith("<｜Assistant｜><think>\n")
+        assert backend.transcript.last_prompt[0].endswith("<｜Assistant｜><think>\n")
     finally:
         backend.close()
     assert done.reasoning == "Hmm" and done.text == "Hello" and done.answer_from == 2
@@ -139,7 +139,7 @@ def test_a_built_in_template_name_is_never_rendered_as_a_template(tmp_path):
     assert "mistral-v7-tekken" in builtin_template_names()
     backend = open_backend(path, n_ctx=512)
     try:
-        assert backend._session.chat_template() == BUILTIN_EQUIVALENTS["mistral-v7-tekken"]
+        assert backend.session.chat_template() == BUILTIN_EQUIVALENTS["mistral-v7-tekken"]
         assert backend.info.chat_format == "model"
     finally:
         backend.close()

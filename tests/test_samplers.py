@@ -191,14 +191,14 @@ def test_a_banned_token_never_appears(tiny):
             drawn, _ = collect(tiny.generate(Request([Message("user", "Hello, what is the capital of France?")],
                                                      LiveParams(ban), xray=True)))
             assert banned not in [t.token_id for t in drawn]
-            assert drawn[0].stages[0].name == "logit_bias" and drawn[0].stages[0].kept == tiny._session.n_vocab - 1
+            assert drawn[0].stages[0].name == "logit_bias" and drawn[0].stages[0].kept == tiny.session.n_vocab - 1
 
 
 def test_a_bias_set_mid_reply_applies_from_the_next_token(tiny):
     """The chain is rebuilt when the settings move: a +100 bias set after the first token wins every
     draw from the next one on (as test_engine's temperature change, for the new settings)."""
     live = LiveParams(BARE.with_changes(temperature=1.5, seed=3, max_tokens=300))
-    favoured = _token_of(tiny._session, b" hello")
+    favoured = _token_of(tiny.session, b" hello")
     tokens = []
     for event in tiny.generate(Request([Message("user", "Hello, what is the capital of France?")], live)):
         if hasattr(event, "token_id"):
@@ -285,10 +285,10 @@ def test_a_chain_run_over_the_shortlist_draws_what_the_whole_vocabulary_draws(st
     from tui_chat.engine.local import chain as chain_module
 
     question = [Message("user", "Tell me a story about a cat.")]
-    monkeypatch.setattr(starter._session, "backend_sampling", False)  # the host's draws, not llama.cpp's graph's
+    monkeypatch.setattr(starter.session, "backend_sampling", False)  # the host's draws, not llama.cpp's graph's
 
     def reply() -> list[int]:
-        starter._session.keep_prefix([])
+        starter.session.keep_prefix([])
         tokens, done = collect(starter.generate(Request(question, LiveParams(params))))
         assert done.stop_reason in ("length", "eos", "stop")
         return [token.token_id for token in tokens]
@@ -355,3 +355,31 @@ def test_the_likeliest_are_exactly_the_largest_whatever_the_distribution(shape):
         found = likeliest(logits, k)
         assert len(found) == len(set(found.tolist())) == k
         assert logits[found].min() >= np.partition(logits, -k)[-k]
+
+
+@pytest.mark.parametrize("changes", [{"repeat_penalty": 1.3}, {"repeat_penalty": 1.1, "presence_penalty": 0.5},
+                                     {"repeat_penalty": 1.0, "logit_bias": ((" Paris", -3.0),)}])
+def test_greedy_after_stages_that_only_lower_picks_the_raw_best_only_where_none_lowered_it(session, logits, history,
+                                                                                           changes):
+    """A greedy pick after the penalties or a negative bias takes the raw argmax in one pass, unless that token is one
+    the stages lower: then the shortlist decides, as the whole vocabulary would."""
+    params = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0).with_changes(**changes)
+    named = [*history, _token_of(session, b" Paris")]
+    for lead in (0.0, 0.5, 4.0):  # the named token made the raw best by a margin the stages may or may not undo
+        for best in (None, *named[-3:]):
+            row = logits.copy()
+            if best is not None:
+                row[best] = row.max() + lead
+            top = int(np.argmax(row))
+            chain = session.chains.build(params, 1, history)
+            everything = chain.clone()
+            try:
+                assert chain.picks_raw_best
+                assert chain.keeps_raw_best(top) == (best is None or best not in chain.recent
+                                                     and best not in [t for t, _ in session.chains.bias_tokens(params)])
+                whole = everything.apply(Candidates(np.arange(len(row), dtype=np.int32), row))
+                fast = top if chain.keeps_raw_best(top) else chain.draw(row, np.argpartition(row, -65)[-65:])
+                assert fast == whole, (changes, lead, best)
+            finally:
+                chain.free()
+                everything.free()

@@ -70,7 +70,7 @@ CASES = [
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model):
     backend = open_backend(tiny_model)
-    yield tokenizer_for(backend._session)
+    yield tokenizer_for(backend.session)
     backend.close()
 
 
@@ -205,7 +205,7 @@ def test_a_schema_with_every_common_keyword_is_enforced_whole(tokenizer):
     ],
 )
 def test_what_cannot_be_enforced_while_writing_is_said_with_where(tiny, schema, note):
-    said = check_format(tiny._session, json_schema(json.dumps(schema)))
+    said = check_format(tiny.session, json_schema(json.dumps(schema)))
     assert said == f"not enforced while writing, checked when the reply is done: {note}"
 
 
@@ -293,7 +293,7 @@ def test_violation_names_the_place_and_reads_formats():
 )
 def test_schemas_no_engine_here_can_enforce_are_refused_in_one_line(tiny, schema, message):
     with pytest.raises(FormatError) as refused:
-        check_format(tiny._session, json_schema(json.dumps(schema)))
+        check_format(tiny.session, json_schema(json.dumps(schema)))
     assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
     _, final = collect(tiny.generate(Request([Message("user", "Hi")], LiveParams(GREEDY),
                                              format=json_schema(json.dumps(schema)))))

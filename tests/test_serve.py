@@ -431,10 +431,10 @@ def served(backend, temperature: float = 0.0, **options) -> Iterator[tuple[objec
 @contextmanager
 def in_process(model: Path, temperature: float = 0.0, **options) -> Iterator[tuple[object, object, str]]:
     """A real server with its engine in this process (the view's tests drive it): server, monitor, base URL."""
+    from tui_chat.engine.local.llama import LlamaBackend
     from tui_chat.engine.local.settings import LlamaSettings
-    from tui_chat.engine.local.slots import LlamaServing
 
-    with served(LlamaServing(LlamaSettings(model, n_ctx=1024)), temperature, **options) as parts:
+    with served(LlamaBackend(LlamaSettings(model, n_ctx=1024)), temperature, **options) as parts:
         yield parts
 
 
@@ -514,10 +514,10 @@ def test_a_whole_reply_whose_client_leaves_frees_its_place_within_a_second(tiny_
     """Issue 48: a non-streamed client that left kept its slot until its reply ended: the gone-check ran only when
     a drain came back empty, and a whole reply writes nothing until it is done. The tiny model writes a token a
     millisecond once under way, so no drain is empty: `--parallel 1`, and a reply of 4,000 tokens left at 500."""
+    from tui_chat.engine.local.llama import LlamaBackend
     from tui_chat.engine.local.settings import LlamaSettings
-    from tui_chat.engine.local.slots import LlamaServing
 
-    with served(LlamaServing(LlamaSettings(tiny_model, n_ctx=4096)), parallel=1) as (server, monitor, url), \
+    with served(LlamaBackend(LlamaSettings(tiny_model, n_ctx=4096)), parallel=1) as (server, monitor, url), \
             answered(server):
         leaving = send_raw(url, "/v1/chat/completions", {"messages": PROMPT, "max_tokens": 4000})
         deadline = time.monotonic() + 30
@@ -671,8 +671,8 @@ def test_the_live_views_look(snap_compare, tiny_model, size):
     """Three requests as the view shows them: one ended, one being written, one waiting for a place."""
     from scripted import METRICS
     from tui_chat.engine.base import ModelInfo
+    from tui_chat.engine.local.llama import LlamaBackend
     from tui_chat.engine.local.settings import LlamaSettings
-    from tui_chat.engine.local.slots import LlamaServing
     from tui_chat.engine.params import SamplingParams
     from tui_chat.pricing import PRESETS
     from tui_chat.serve.monitor import Monitor
@@ -687,7 +687,7 @@ def test_the_live_views_look(snap_compare, tiny_model, size):
         record.admitted()
         record.metrics = METRICS
     monitor.finish(ended, "eos")
-    backend = LlamaServing(LlamaSettings(tiny_model, n_ctx=1024))
+    backend = LlamaBackend(LlamaSettings(tiny_model, n_ctx=1024))
     server = TuiChatServer(ServeOptions(port=0, parallel=2), backend, info, SamplingParams(), monitor)
     try:
         assert snap_compare(ServeApp(server, monitor, "http://127.0.0.1:8080/v1"), terminal_size=size)

@@ -11,8 +11,7 @@ import pytest
 
 from conftest import GREEDY
 from tui_chat.engine.base import Done, Loaded, Message, PromptProgress, Request, Token
-from tui_chat.engine.local.llama import LlamaSettings
-from tui_chat.engine.local.slots import LlamaServing
+from tui_chat.engine.local.llama import LlamaBackend, LlamaSettings
 from tui_chat.engine.params import LiveParams
 
 pytestmark = pytest.mark.starter
@@ -23,7 +22,7 @@ LOG = "\n".join(f"Line {n} of the log: the reading went on." for n in range(120)
 
 @pytest.fixture(scope="module")
 def serving(starter_model: Path):
-    backend = LlamaServing(LlamaSettings(starter_model, n_ctx=2 * ROOM))
+    backend = LlamaBackend(LlamaSettings(starter_model, n_ctx=2 * ROOM))
     assert isinstance(backend.load().result(), Loaded)
     yield backend
     backend.close()

@@ -17,9 +17,9 @@ from test_serve import client, get, serving
 from test_starter import assert_alike_until_a_near_tie
 from tui_chat.engine.base import Done, Error, Loaded, Message, Request, Token
 from tui_chat.engine.compare import MAX_SLOTS
+from tui_chat.engine.local.llama import LlamaBackend
 from tui_chat.engine.local.llamacpp import N_SEQ_MAX
 from tui_chat.engine.local.settings import LlamaSettings
-from tui_chat.engine.local.slots import LlamaServing
 from tui_chat.engine.params import LiveParams
 
 pytestmark = pytest.mark.starter
@@ -33,15 +33,15 @@ def request(topic: str, max_tokens: int, top_logprobs: int = 0) -> Request:
                    LiveParams(GREEDY.with_changes(max_tokens=max_tokens)), top_logprobs=top_logprobs)
 
 
-def loaded(model: Path, n_ctx: int) -> LlamaServing:
+def loaded(model: Path, n_ctx: int) -> LlamaBackend:
     """A serving backend on one pinned thread: a thread count that follows the machine's load between the two
     sides of a comparison would change the last digits of a logit too."""
-    backend = LlamaServing(LlamaSettings(model, n_ctx=n_ctx, threads=1, threads_batch=1))
+    backend = LlamaBackend(LlamaSettings(model, n_ctx=n_ctx, threads=1, threads_batch=1))
     assert isinstance(backend.load().result(), Loaded)
     return backend
 
 
-def together(backend: LlamaServing, requests: list[Request], room: int) -> list[tuple[list[Token], Done | Error]]:
+def together(backend: LlamaBackend, requests: list[Request], room: int) -> list[tuple[list[Token], Done | Error]]:
     """Every request sent at once, then each one's tokens and end."""
     streams = [backend.generate_together(asked, room) for asked in requests]
     return [collect(stream) for stream in streams]
@@ -52,9 +52,9 @@ def all_at_once(replies: list[tuple[list[Token], Done | Error]]) -> bool:
     return max(tokens[0].at for tokens, _ in replies) < min(tokens[-1].at for tokens, _ in replies)
 
 
-def step_sizes(backend: LlamaServing, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+def step_sizes(backend: LlamaBackend, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     """Each step's (generating rows, rows in all) from here on."""
-    session = backend._session
+    session = backend.session
     assert session is not None
     sizes: list[tuple[int, int]] = []
     step_rows = session.step_rows
@@ -118,7 +118,7 @@ def sixteen(starter_model: Path):
 
 
 def test_sixteen_slots_at_once_each_in_its_room_and_a_prompt_past_it_refused(sixteen, monkeypatch):
-    room = sixteen._live_session().n_ctx // MAX_SLOTS
+    room = sixteen.loaded().session.n_ctx // MAX_SLOTS
     assert room == 64
     sizes = step_sizes(sixteen, monkeypatch)
     replies = together(sixteen, [request(topic, 12) for topic in TOPICS], room)
@@ -126,7 +126,7 @@ def test_sixteen_slots_at_once_each_in_its_room_and_a_prompt_past_it_refused(six
                for _, done in replies), [done for _, done in replies]
     assert all_at_once(replies)
     assert max(generating for generating, _ in sizes) == 16, "all sixteen drew in the same steps"
-    assert max(rows for _, rows in sizes) <= sixteen._live_session().n_batch
+    assert max(rows for _, rows in sizes) <= sixteen.loaded().session.n_batch
     long = Request([Message("user", "Repeat these words: " + "owl river bread comet " * 20)],
                    LiveParams(GREEDY.with_changes(max_tokens=4)))
     _, refused = collect(sixteen.generate_together(long, room))
@@ -137,7 +137,7 @@ def test_sixteen_slots_at_once_each_in_its_room_and_a_prompt_past_it_refused(six
 def test_no_step_holds_more_rows_than_the_batch_has(sixteen, monkeypatch):
     """With a batch of 6 rows, ten requests: at most six take a slot at once (each draws a row a step), the
     others wait for a free one; the newcomers' prompts are read in what the generating rows leave."""
-    session = sixteen._live_session()
+    session = sixteen.loaded().session
     monkeypatch.setattr(session, "n_batch", 6)
     sizes = step_sizes(sixteen, monkeypatch)
     replies = together(sixteen, [request(topic, 6) for topic in TOPICS[:10]], 64)

@@ -232,7 +232,7 @@ def test_a_draft_model_sharing_the_vocabulary_drafts_and_another_is_refused(tiny
         assert again.text == off.text, "the draft model's cache follows the text across replies"
         drafting.threads = ThreadGovernor(topology=Topology(2, 2, 2), watch=Busy())
         reply(drafting, "hello there", params)
-        assert drafting._session.threads == drafting._draft_session.threads == Threads(1, 1), \
+        assert drafting.session.threads == drafting.model.draft.threads == Threads(1, 1), \
             "the draft model follows the load governor with the model"
     finally:
         plain.close()

@@ -62,14 +62,14 @@ def test_sliding_window_cache_reuse_matches_a_fresh_read(starter):
     params = LiveParams(GREEDY.with_changes(max_tokens=120))
     for question in QUESTIONS:
         conversation.append(Message("user", question))
-        history = starter._history_text, list(starter._history_tokens)
+        history = starter.transcript.text, list(starter.transcript.tokens)
         tokens, done = collect(starter.generate(Request(list(conversation), params, top_logprobs=2)))
         reused.append(done.metrics.cached_tokens)
         conversation.append(Message("assistant", done.text))
     assert done.metrics.prompt_tokens > 600, "the conversation must outgrow the 512-token sliding window"
     assert all(later > 600 for later in reused[1:])
-    starter._history_text, starter._history_tokens = history
-    starter._session.keep_prefix([])
+    starter.transcript.text, starter.transcript.tokens = history
+    starter.session.keep_prefix([])
     fresh_tokens, fresh = collect(starter.generate(Request(conversation[:-1], params, top_logprobs=2)))
     assert fresh.metrics.cached_tokens == 0
     assert fresh.prompt_ids == done.prompt_ids
@@ -116,7 +116,7 @@ def test_decode_metrics_are_live_and_consistent(starter):
     request = Request([Message("user", QUESTIONS[5])], LiveParams(GREEDY.with_changes(max_tokens=60)))
     events, done = collect(starter.generate(request))
     m = done.metrics
-    perf = starter._session.perf()
+    perf = starter.session.perf()
     assert perf.n_eval == m.completion_tokens - 1
     assert 0.5 < m.decode_tok_s / (perf.n_eval / (perf.eval_ms / 1000)) <= 1.05
     assert 0 < m.ttft_s < 5
@@ -131,7 +131,7 @@ def test_a_branch_on_the_starter_rewinds_the_cache_and_matches_a_fresh_read(star
     tiny model."""
     question = [Message("user", QUESTIONS[5])]
     params = LiveParams(GREEDY.with_changes(max_tokens=60))
-    starter._session.keep_prefix([])  # the original reply too is read whole, as in a fresh chat
+    starter.session.keep_prefix([])  # the original reply too is read whole, as in a fresh chat
     tokens, done = collect(starter.generate(Request(question, params, top_logprobs=5)))
     cut = len(tokens) // 2
     assert cut > 5
@@ -139,7 +139,7 @@ def test_a_branch_on_the_starter_rewinds_the_cache_and_matches_a_fresh_read(star
     branch_tokens, branch = collect(starter.generate(Request(question, params, top_logprobs=2, forced=forced)))
     assert branch.metrics.prompt_tokens - branch.metrics.cached_tokens == 1
     assert branch.text != done.text
-    starter._session.keep_prefix([])
+    starter.session.keep_prefix([])
     fresh_tokens, fresh = collect(starter.generate(Request(question, params, top_logprobs=2, forced=forced)))
     assert fresh.metrics.cached_tokens == 0
     assert_alike_until_a_near_tie(branch_tokens, fresh_tokens)

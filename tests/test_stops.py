@@ -1,4 +1,4 @@
-from tui_chat.engine.local.llama import kept_token_count
+from tui_chat.engine.local.reply import kept_token_count
 from tui_chat.engine.stops import StopScanner, Utf8Stream
 
 

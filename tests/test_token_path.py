@@ -40,7 +40,7 @@ def test_the_inspector_overlapped_with_the_next_decode_records_the_same_figures(
         assert a.prob == pytest.approx(b.prob, abs=1e-6) and a.pool == b.pool
         assert [c.token_id for c in a.top] == [c.token_id for c in b.top]
         assert [c.prob for c in a.top] == pytest.approx([c.prob for c in b.top], abs=1e-6)
-    assert tiny._session._inspector is not None  # the overlapped run used the thread
+    assert tiny.session._inspector is not None  # the overlapped run used the thread
 
 
 def test_every_token_event_comes_before_the_reply_ends_and_in_order(tiny, monkeypatch):
@@ -80,7 +80,7 @@ def test_the_gpu_regime_proxy_keeps_the_starters_vocabulary_and_template_with_ti
     backend = open_backend(proxy, n_ctx=1024)
     try:
         assert backend.info.n_layers == 2 and backend.info.size_bytes < starter.info.size_bytes / 5
-        assert backend._session.n_vocab == starter._session.n_vocab == 262_144
+        assert backend.session.n_vocab == starter.session.n_vocab == 262_144
         assert backend.count_tokens("The lighthouse keeper") == starter.count_tokens("The lighthouse keeper")
         tokens, done = collect(backend.generate(Request(QUESTION, LiveParams(GREEDY), top_logprobs=10)))
         assert isinstance(done, Done) and len(tokens) == GREEDY.max_tokens

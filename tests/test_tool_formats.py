@@ -91,7 +91,7 @@ def test_the_model_is_told_of_the_tools_through_its_template(family, servers):
                                                      "mistral": {"[TOOL_CALLS]"}}[kind]
     stream = backend.generate(Request([Message("user", QUESTION)], LiveParams(GREEDY), tools=template_tools(tools)))
     assert isinstance(stream.result(), Done)
-    prompt = backend._last_prompt[0]
+    prompt = backend.transcript.last_prompt[0]
     listed = '{"type": "function", "function": {"name": "get_current_time", "description": '
     indented = '"function": {\n        "name": "get_current_time"'  # Llama's template indents them
     assert listed in prompt or indented in prompt
@@ -112,8 +112,8 @@ def test_a_call_in_the_familys_form_runs_and_its_result_is_rendered_as_the_templ
     assert json.loads(call.result)["timezone"] == "Asia/Tokyo"
     script = {"hermes": QWEN, "llama3": LLAMA, "mistral": MISTRAL}[kind]
     assert done.metrics.tool_call_tokens == len(script)  # the call's tokens after the prompt's last, and its end
-    assert done.metrics.tool_result_tokens >= len(backend._session.tokenize(call.result, add_bos=False))
-    prompt = backend._last_prompt[0]  # the step after the call: the call and its result in the template's form
+    assert done.metrics.tool_result_tokens >= len(backend.session.tokenize(call.result, add_bos=False))
+    prompt = backend.transcript.last_prompt[0]  # the step after the call: the call and its result, templated
     assert step_rendered(kind, call.result) in prompt
     if kind == "mistral":
         assert done.text == "It is late"
@@ -128,7 +128,7 @@ def test_a_later_turn_holds_the_earlier_calls_and_results_as_the_template_expect
     assert finish(session).kind == "finished"
     session.ask("Again", backend.generate)
     assert finish(session).kind == "finished"
-    prompt = backend._last_prompt[0]
+    prompt = backend.transcript.last_prompt[0]
     replayed = step_rendered(kind, first.reply.tool_calls[0].result)
     assert replayed in prompt and prompt.index(replayed) < prompt.index("Again")
 
@@ -247,7 +247,7 @@ def test_a_qwen3_that_thinks_before_its_call_thinks_free_and_the_next_step_shows
         use = ToolUse(servers, servers.start(TIME, 30), approve_listed(["all"]), "required", call_limit=1,
                       form=call_form(backend.info))
         done = use.generate(backend.generate, Request([Message("user", QUESTION)], LiveParams(GREEDY))).result()
-        prompt = backend._last_prompt[0]
+        prompt = backend.transcript.last_prompt[0]
     finally:
         backend.close()
     assert isinstance(done, Done) and done.tool_calls[0].arguments == {"timezone": "Asia/Tokyo"}
@@ -287,6 +287,6 @@ def test_a_calls_step_keeps_its_text_tokens_and_grammar_and_consent_is_not_model
         finish(session)
     finally:
         backend.close()
-    prompt = backend._last_prompt[0]
+    prompt = backend.transcript.last_prompt[0]
     assert 'Let me look.\n<tool_call>\n{"name": "get_current_time"' in prompt
     assert prompt.index("Let me look.") < prompt.index("Again")

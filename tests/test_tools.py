@@ -246,11 +246,11 @@ def test_a_call_marker_written_wrong_is_not_text(starter, servers):
     and its near misses: under `auto` only `<tool_call>` can follow `<tool_call`, and the grammar takes the call
     from there; under `none` neither can be written."""
     tools = servers.start(TIME, 30)
-    tokenizer = tokenizer_for(starter._session)
+    tokenizer = tokenizer_for(starter.session)
 
     def writes(choice: str, text: str) -> bool:
         matcher = new_matcher(tokenizer, compile_format(tokenizer, call_format(tools, choice)).grammar)
-        tokens = starter._session.tokenize(text, add_bos=False)
+        tokens = starter.session.tokenize(text, add_bos=False)
         return matcher.validate_tokens(tokens) == len(tokens)
 
     assert writes("auto", "It is 10 am.") and writes("auto", 'Let me check.\n<tool_call>{"name": "get_current_time"')

@@ -106,13 +106,13 @@ def test_a_stopped_streams_prompt_starts_from_the_servers_count_and_makes_no_rat
 @contextmanager
 def serving(model: Path) -> Iterator[str]:
     """A real `tui-chat serve` server, its engine in this process, a 1,024-token context: its base URL."""
+    from tui_chat.engine.local.llama import LlamaBackend
     from tui_chat.engine.local.settings import LlamaSettings
-    from tui_chat.engine.local.slots import LlamaServing
     from tui_chat.pricing import PRESETS
     from tui_chat.serve.monitor import Monitor
     from tui_chat.serve.server import ServeOptions, TuiChatServer
 
-    backend = LlamaServing(LlamaSettings(model, n_ctx=1024))
+    backend = LlamaBackend(LlamaSettings(model, n_ctx=1024))
     loaded = backend.load().result()
     assert isinstance(loaded, Loaded), loaded
     server = TuiChatServer(ServeOptions(port=0), backend, loaded.info, SamplingParams(temperature=0.0),

@@ -139,7 +139,7 @@ def test_word_probability_far_outside_the_top_twenty(tiny, tiny_model):
     reference.eval(list(context))
     raw = softmax(reference.scores[len(context) - 1])
     rare = int(np.argsort(raw)[len(raw) // 2])  # a median token: rank ~450 of 893
-    word = tiny.word_probability(context, tiny._session.detokenize([rare])).result()
+    word = tiny.word_probability(context, tiny.session.detokenize([rare])).result()
     assert word.tokens[0].token_id == rare and word.rank > 20
     assert word.prob == pytest.approx(raw[rare], rel=1e-3)
 

@@ -144,10 +144,10 @@ class BackendOpener:
 def local_backend(settings: LlamaSettings, name: str, log_dir: Path) -> Backend:
     """The llama.cpp backend, built where it runs (in the engine process, or in this one)."""
     from .local import logs
-    from .local.slots import LlamaServing
+    from .local.llama import LlamaBackend
 
     logs.install(log_dir)
-    return LlamaServing(settings, name=name)
+    return LlamaBackend(settings, name=name)
 
 
 def model_file(name: str | None, default_model: str | None, models_dir: Path) -> Path:

@@ -1,6 +1,8 @@
 """The in-process llama.cpp backend: the only place that imports llama_cpp (its bindings and native library).
 
-  llama.py       `LlamaBackend`: one worker thread, its own decode loop, prefix reuse, branches
+  llama.py       `LlamaBackend`: owns its worker thread (worker.py), the loaded model (model.py), the transcript
+                 (transcript.py), and its collaborators, the sampling lab (lab.py) and the serving slots (slots.py)
+  reply.py       `Reply`: one reply being written (prompt, prefill, decode loop, drafts); rows.py its row variant
   llamacpp.py    thin wrappers over llama.cpp's C API: batch, decode, KV cache, sampler chain
   chain.py       the sampler chain built with llama.cpp's samplers (the plan is ../stages.py)
   grammar.py     an output format enforced by LLGuidance

@@ -10,6 +10,7 @@ second beat plain decoding measured in the same reply, and pauses, retrying late
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -206,6 +207,68 @@ class DraftController:
         self.accepted += accepted
         self.verifications += 1
         self.draft_tokens += accepted
+
+
+class Speculation:
+    """A reply's drafting: its drafter (None: drafting is off), its controller, and the draft being verified. Row i
+    of a verification batch is drawn against `guesses[i]`; the reply keeps each guess it draws as guessed and
+    stops at the first it does not (that draw is the correction), then the guesses not kept leave the cache."""
+
+    def __init__(self, drafter: Drafter | None, control: DraftController) -> None:
+        self.drafter = drafter
+        self.control = control
+        self.guesses: list[int] = []  # the draft being walked
+        self.kept = 0  # of them, those drawn as guessed so far
+        self.cycle_at: float | None = None  # when the last step or verification started
+
+    def follow(self, draft_max: int) -> None:
+        """The longest draft the settings allow now."""
+        if self.drafter is not None:
+            self.control.limit = draft_max
+
+    def judge(self, token: int, row: int) -> int | None:
+        """The guess that `token`, drawn from `row`, was drawn against (None: no guess there); counted kept when
+        they agree."""
+        guess = self.guesses[row] if self.guesses and row < len(self.guesses) else None
+        self.kept += token == guess
+        return guess
+
+    def taken(self, token: int) -> None:
+        if self.drafter is not None:
+            self.drafter.add(token)
+
+    def advance(self, session: LlamaSession, token: int, room: int) -> None:
+        """Put the token just drawn into the cache: with a draft of what follows it, where the drafter has one and
+        the controller says drafting pays now (one batch), else alone (one step). `room`: the most guesses that
+        fit the context and the reply's max tokens."""
+        size = min(self.control.next_size(), room)
+        self.cycle_at = time.perf_counter()
+        draft = self.drafter.propose(size) if self.drafter is not None and size > 0 else []
+        if draft:
+            session.verify([token, *draft])
+            self.guesses = draft
+        else:
+            session.step(token)
+
+    def unverified(self, session: LlamaSession) -> int:
+        """Cache cells of the guesses past the row being drawn from: not the reply's yet."""
+        return len(self.guesses) - session.row if self.guesses else 0
+
+    def settle(self, session: LlamaSession, now: float | None = None) -> None:
+        """Time the step or verification whose rows were just drawn, and drop from the cache the cells of the
+        guesses not kept. `now`: the row's draw ended a verification (or a step) the usual way, so it is timed;
+        without it, something else cut it short (the reply ended, a setting changed, the thinking's budget)."""
+        if self.guesses:
+            session.truncate(len(session.tokens) - self.unverified(session))
+        if now is not None and self.cycle_at is not None:
+            if self.guesses:
+                self.control.verified(len(self.guesses), self.kept, now - self.cycle_at)
+            else:
+                self.control.plain(now - self.cycle_at)
+        elif self.guesses:
+            self.control.stopped(len(self.guesses), self.kept)
+        self.guesses, self.kept = [], 0
+        self.cycle_at = None
 
 
 def _average(mean: float | None, value: float) -> float:

@@ -5,7 +5,7 @@ an exp and a sum over 1 MiB of logits, and a shortlist of the likeliest, ~0.35 m
 regime proxy, AMD EPYC). Between two decodes that is a third of a GPU's token. Here it runs on a copy of the row
 (~0.04 ms) in a thread of its own, while llama.cpp decodes the next token with the interpreter lock released
 (numpy releases it too for work this size), so the two overlap. The reply takes the figures when it puts the
-token's event, one decode later (`_Turn` holds that event until then); if the thread has not started on them
+token's event, one decode later (`Reply` holds that event until then); if the thread has not started on them
 by then (a busy machine), they are computed there and then, as before. Only where a core is free beside
 llama.cpp's decode threads (`overlaps`): on a machine with none, the thread would take a core from llama.cpp's
 threads, which spin at every barrier and punish that.

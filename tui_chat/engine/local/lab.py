@@ -2,7 +2,7 @@
 
 The prompt is read once, into the conversation's sequence (0). Each column's sequence starts as a copy of it
 (llama.cpp tags the cells, it copies nothing), and each step decodes one token of every column still going in
-one `llama_decode`, a batch row each. A column is a `_Turn` of its own, so it has the reply's every rule (its
+one `llama_decode`, a batch row each. A column is a `RowReply` of its own, so it has the reply's every rule (its
 chain, seed, stop strings, max tokens, output format, settings that change mid-reply, the inspector and the
 X-ray), drawing from its row; one that stops frees its cells and the others go on. The conversation's
 sequence is left holding exactly the prompt, so the next reply reuses it.
@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
+from typing import TYPE_CHECKING
 
 from ..base import (
     EngineError,
@@ -26,37 +27,39 @@ from ..base import (
 )
 from ..compare import MAX_COLUMNS, ColumnStream
 from ..params import LiveParams, SamplingParams
-from ..prompts import PromptFormat
 from .grammar import Constraint
-from .llama import METRICS_INTERVAL_S, LlamaBackend, _Turn
-from .llamacpp import FIRST_COLUMN_SEQ, LlamaSession
-from .rows import RowTurn
+from .llamacpp import FIRST_COLUMN_SEQ
+from .reply import METRICS_INTERVAL_S, Reply
+from .rows import RowReply
+
+if TYPE_CHECKING:
+    from .llama import LlamaBackend
 
 
-class LlamaLab(LlamaBackend):
-    """The in-process backend with the sampling lab (`Comparing`)."""
+class Lab:
+    """The sampling lab (`Comparing`), a collaborator of the backend: its runs are jobs on the backend's worker."""
+
+    def __init__(self, backend: LlamaBackend) -> None:
+        self.backend = backend
 
     def compare(self, request: Request, columns: Sequence[LiveParams]) -> Stream:
         """A reply for each column of settings, decoded together over one read of the prompt. Each column's
         events come as `ColumnEvent`s, then one `LabDone` (or an `Error`)."""
-        stream = Stream()
-        make = partial(LabTurn, columns=tuple(columns))
-        self._jobs.put(lambda: self._guarded(stream, lambda: self._generate(request, stream, make)))
-        return stream
+        make = partial(LabReply, columns=tuple(columns))
+        return self.backend.worker.submit(lambda stream: self.backend.write(request, stream, make))
 
 
-class LabTurn(_Turn):
-    """The prompt's fitting, restoring from disk and reading are the reply's (`_Turn`); the decode is the lab's."""
+class LabReply(Reply):
+    """The prompt's fitting, restoring from disk and reading are the reply's (`Reply`); the decode is the lab's."""
 
     drafts = False
 
-    def __init__(self, backend: LlamaBackend, session: LlamaSession, prompt_format: PromptFormat, request: Request,
-                 stream: Stream, columns: Sequence[LiveParams]) -> None:
+    def __init__(self, backend: LlamaBackend, request: Request, stream: Stream, columns: Sequence[LiveParams]) -> None:
         if not 1 <= len(columns) <= MAX_COLUMNS:
             raise EngineError(f"the lab compares 1 to {MAX_COLUMNS} settings side by side (got {len(columns)})")
         if request.forced:
             raise EngineError("the lab writes replies from the prompt, not a branch of one")
-        super().__init__(backend, session, prompt_format, request, stream)
+        super().__init__(backend, request, stream)
         self.columns = [_Column(self, index, live) for index, live in enumerate(columns)]
         self.reads = 0
 
@@ -86,7 +89,7 @@ class LabTurn(_Turn):
     def _decode(self) -> StopReason:
         """Every live column draws from its row, then one batch steps them all. Returns why the columns still
         going (none, unless cancelled) end."""
-        session, governor, quick = self.session, self.backend.threads, self.backend._quick
+        session, governor, worker = self.session, self.backend.threads, self.backend.worker
         for column in self.columns:
             column.start()
         live = list(self.columns)
@@ -105,9 +108,9 @@ class LabTurn(_Turn):
                 live = [column for column, _ in drawn]
                 if not live:
                     break
-                if quick:  # an X-ray between two steps: it reads its own logits, in the scratch sequence
+                if worker.quick_waiting:  # an X-ray between two steps: it reads its own logits, in the scratch sequence
                     session.row = -1
-                    self.backend._run_quick()
+                    worker.run_quick()
                 session.step_rows([(token, column.position, column.seq) for column, token in drawn])
                 stepped = True
                 now = time.perf_counter()
@@ -127,18 +130,18 @@ class LabTurn(_Turn):
         for column in self.columns:
             if column.done is None:
                 column.end(reason)
-        self.backend._last_prompt = (self.prompt_text, self.prompt)
+        self.backend.transcript.last_prompt = (self.prompt_text, self.prompt)
         self.stream.put(LabDone(tuple(column.done for column in self.columns if column.done is not None), self.reads))
 
 
-class _Column(RowTurn):
+class _Column(RowReply):
     """One column: a reply with its own settings, in its own sequence, drawn from its row of the lab's batch."""
 
     with_prob = True  # the lab marks how surprised each column was by what it drew
 
-    def __init__(self, lab: LabTurn, index: int, live: LiveParams) -> None:
-        super().__init__(lab.backend, lab.session, lab.format, replace(lab.request, params=live),
-                         ColumnStream(lab.stream, index), (lab.prompt_text, lab.prompt, lab.dropped_turns))
+    def __init__(self, lab: LabReply, index: int, live: LiveParams) -> None:
+        super().__init__(lab.backend, replace(lab.request, params=live), ColumnStream(lab.stream, index),
+                         (lab.prompt_text, lab.prompt, lab.dropped_turns))
         self.lab = lab
         self.seq = FIRST_COLUMN_SEQ + index
         self.shown = True  # each token's own text goes with it: the lab shows where columns part

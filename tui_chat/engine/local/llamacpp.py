@@ -64,7 +64,6 @@ POOL_SCAN = 1024  # with top-k off, the pool cut is counted among this many like
 EXP_SAFE = (-20.0, 60.0)
 _ALL_LAYERS = 0x7FFF_FFFF
 GPU_BATCH, GPU_UBATCH = 2048, 512  # llama.cpp's n_batch and n_ubatch defaults
-GREEDY_ALONE = ("greedy",)  # a chain that only picks the likeliest token
 PIECE_BYTES = 256  # room for a token's text
 LOAD_OVERHEAD = 64 * 2**20  # a load allocates this beside the mapped file (vocabulary, repacks): 62 MB, starter
 _STATM = Path("/proc/self/statm")
@@ -639,8 +638,7 @@ class LlamaSession:
             return token
         if chain.shortlist is None:
             return chain.sample(self.ctx, self.row)
-        if chain.stages == GREEDY_ALONE:  # nothing moves a logit before the pick: it is the argmax (~0.04 ms less)
-            token = int(self.likeliest(1)[0])
+        if chain.picks_raw_best and chain.keeps_raw_best(token := int(self.likeliest(1)[0])):
             chain.accept(token)
             return token
         return chain.draw(self.logits(), self.likeliest(chain.shortlist))

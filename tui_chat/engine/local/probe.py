@@ -13,8 +13,8 @@ from pathlib import Path
 from ..params import SamplingParams
 from .cpu import choose_threads, read_topology
 from .cpu_path import PATHS, CpuPath
-from .llama import PREFILL_CHUNK
 from .llamacpp import LlamaSession
+from .model import PREFILL_CHUNK
 
 PROBE_TOKENS = 4
 

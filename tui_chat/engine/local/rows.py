@@ -1,5 +1,5 @@
 """A reply drawn from its row of a batch that steps several sequences at once: the lab's columns (lab.py) and the
-server's slots (slots.py). Each is a `_Turn`, so it keeps the reply's every rule (its chain and seed, stop
+server's slots (slots.py). Each is a `Reply`, so it keeps the reply's every rule (its chain and seed, stop
 strings, max tokens, output format, settings changed mid-reply, the thinking's budget, the inspector); what
 differs is only where its logits come from (`session.row`, set by the loop that steps them) and that it
 draws one token a step, never a draft."""
@@ -9,19 +9,22 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..base import Done, Stage, StopReason
+from ..base import Done, Request, Stage, StopReason, Stream
 from ..params import SamplingParams
 from .chain import Chain
 from .grammar import FormatStuck
 from .inspector import Inspection
-from .llama import _Turn
+from .reply import Reply
+
+if TYPE_CHECKING:
+    from .llama import LlamaBackend
 
 
-class RowTurn(_Turn):
+class RowReply(Reply):
     """One reply in sequence `seq` of the shared cache; `draw_next` draws its next token from the current row.
     `with_prob`: every token carries its probability under the raw distribution, inspector on or off."""
 
@@ -30,8 +33,9 @@ class RowTurn(_Turn):
     with_prob = False
     seq = 0
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, backend: LlamaBackend, request: Request, stream: Stream,
+                 fitted: tuple[str, list[int], int] | None = None) -> None:
+        super().__init__(backend, request, stream, fitted)
         self.sampler: Chain | None = None
         self.version = -1
         self.params = self.request.params.snapshot()[1]
@@ -58,7 +62,7 @@ class RowTurn(_Turn):
             self.end("length")
             return None
         if self._budget_spent(self.params):
-            self.ending = list(self.backend._end_thinking)
+            self.ending = list(self.model.end_thinking)
         inserted = bool(self.ending)
         stages: tuple[Stage, ...] = ()
         if inserted:  # as `_end_thinking` writes it, a token a step: the other rows go on meanwhile

@@ -6,7 +6,7 @@ request takes the free slot whose cells share the longest prefix with its prompt
 none does). A request that comes while others are being written joins them at the next step: its prompt is
 read in chunks inside the steps' batches, after the others' tokens (llama.cpp's server does the same), so they
 go on a token a chunk instead of waiting for the whole read; then it draws from its row of each batch like them.
-Each slot's reply is a `RowTurn`, with every rule of a chat's reply; speculative drafting, the X-ray and the KV
+Each slot's reply is a `RowReply`, with every rule of a chat's reply; speculative drafting, the X-ray and the KV
 cache on disk are the chat's, not the server's.
 
 Up to MAX_SLOTS (16) slots, each a sequence of its own from FIRST_SLOT_SEQ on, all in the one unified cache
@@ -27,17 +27,20 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from ..base import EngineError, Error, Metrics, PromptProgress, Request, StopReason, Stream, TurnMetrics
 from ..compare import MAX_SLOTS
 from ..formats import FormatError
 from ..params import SamplingParams
-from ..prompts import PromptError, PromptFormat
+from ..prompts import PromptError
 from .grammar import Constraint
-from .lab import LlamaLab
-from .llama import METRICS_INTERVAL_S
 from .llamacpp import FIRST_SLOT_SEQ, LlamaSession, PromptChunk
-from .rows import RowTurn
+from .reply import METRICS_INTERVAL_S
+from .rows import RowReply
+
+if TYPE_CHECKING:
+    from .llama import LlamaBackend
 
 
 class ContextExceeded(EngineError):
@@ -49,14 +52,15 @@ class _Slot:
     seq: int
     tokens: list[int] = field(default_factory=list)  # exactly what its cells hold
     used_at: float = 0.0
-    turn: SlotTurn | None = None
+    turn: SlotReply | None = None
 
 
-class LlamaServing(LlamaLab):
-    """The in-process backend that also answers several requests at once (`Serving`)."""
+class Slots:
+    """Several requests at once (`Serving`), a collaborator of the backend: its loop is a job on the backend's
+    worker, as long as any request is in flight or waiting."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, backend: LlamaBackend) -> None:
+        self.backend = backend
         self._slots = [_Slot(FIRST_SLOT_SEQ + index) for index in range(MAX_SLOTS)]
         self._arrivals: deque[tuple[Request, Stream, int]] = deque()
         self._arrivals_lock = threading.Lock()
@@ -70,14 +74,14 @@ class LlamaServing(LlamaLab):
             self._arrivals.append((request, stream, room))
             idle, self._serving = not self._serving, True
         if idle:
-            self._jobs.put(self._serve)
+            self.backend.worker.post(self._serve)
         return stream
 
     def _serve(self) -> None:
         """The slot loop, on the worker thread, while any request is in flight or waiting: each step draws a token
         for every reply being written and reads the next chunk of the prompts waiting to be read, in one batch."""
-        live: list[SlotTurn] = []
-        reading: list[SlotTurn] = []
+        live: list[SlotReply] = []
+        reading: list[SlotReply] = []
         next_metrics = 0.0
         try:
             while self._busy(live + reading):
@@ -101,17 +105,17 @@ class LlamaServing(LlamaLab):
                     for turn in live:
                         turn.stream.put(Metrics(turn.metrics()))
                     next_metrics = now + METRICS_INTERVAL_S
-                if time.monotonic() >= self.threads.next_check and live:
+                if time.monotonic() >= self.backend.threads.next_check and live:
                     live[0].retune_threads()
         except Exception as error:  # noqa: BLE001 - every request in flight ends in one line, the loop with them
             self._fail(live + reading, error if isinstance(error, EngineError) else
                        EngineError(f"internal error ({type(error).__name__}: {error})"))
 
     @staticmethod
-    def _chunks(reading: list[SlotTurn], room: int) -> list[tuple[SlotTurn, PromptChunk]]:
+    def _chunks(reading: list[SlotReply], room: int) -> list[tuple[SlotReply, PromptChunk]]:
         """The next part of each prompt being read that fits in `room` rows of this step's batch, first come
         first; a request stopped while its prompt was read ends here."""
-        chunks: list[tuple[SlotTurn, PromptChunk]] = []
+        chunks: list[tuple[SlotReply, PromptChunk]] = []
         for turn in list(reading):
             if turn.stream.cancelled.is_set():
                 reading.remove(turn)
@@ -122,38 +126,35 @@ class LlamaServing(LlamaLab):
                 room -= len(chunk.tokens)
         return chunks
 
-    def _busy(self, live: list[SlotTurn]) -> bool:
+    def _busy(self, live: list[SlotReply]) -> bool:
         """Whether the loop goes on; once nothing is in flight or waiting, it ends (a later arrival starts it)."""
         with self._arrivals_lock:
             self._serving = bool(live or self._arrivals)
             return self._serving
 
     def _live_session(self) -> LlamaSession:
-        if self._session is None or self._format is None:
-            raise EngineError("no model is loaded")
-        return self._session
+        return self.backend.loaded().session
 
     @staticmethod
-    def _draw(turn: SlotTurn) -> int | None:
+    def _draw(turn: SlotReply) -> int | None:
         if turn.stream.cancelled.is_set():
             turn.end("cancelled")
             return None
         turn.session.row = turn.row
         return turn.draw_next()
 
-    def _admit(self, session: LlamaSession) -> list[SlotTurn]:
+    def _admit(self, session: LlamaSession) -> list[SlotReply]:
         """Requests waiting, each into a free slot while there is one, its prompt to be read from the next step.
         No more slots are taken than a step's batch has rows: each generating one puts a row in every step."""
-        admitted: list[SlotTurn] = []
+        admitted: list[SlotReply] = []
         while True:
             with self._arrivals_lock:
                 free = [slot for slot in self._slots if slot.turn is None]
                 if not free or len(self._slots) - len(free) >= session.n_batch or not self._arrivals:
                     return admitted
                 request, stream, room = self._arrivals.popleft()
-            assert self._format is not None
             try:
-                turn = SlotTurn(self, session, self._format, request, stream, room)
+                turn = SlotReply(self.backend, request, stream, room)
             except ContextExceeded as error:
                 stream.put(Error(str(error), code="context_length_exceeded"))
                 continue
@@ -165,7 +166,7 @@ class LlamaServing(LlamaLab):
             turn.begin(slot)
             admitted.append(turn)
 
-    def _make_room(self, session: LlamaSession, slot: _Slot, turn: SlotTurn) -> None:
+    def _make_room(self, session: LlamaSession, slot: _Slot, turn: SlotReply) -> None:
         """Idle slots' cells go, least recently used first, while the cache could not hold this reply too."""
         reply = min(turn.params.max_tokens, turn.room - len(turn.context))
         need = len(turn.context) - _shared(slot.tokens, turn.context) + reply
@@ -176,7 +177,7 @@ class LlamaServing(LlamaLab):
             session.trim_sequence(emptied.seq, 0)
             emptied.tokens.clear()
 
-    def _fail(self, live: list[SlotTurn], error: EngineError) -> None:
+    def _fail(self, live: list[SlotReply], error: EngineError) -> None:
         """A failed step: the requests in flight and waiting end with it; the slots' cells are forgotten."""
         with self._arrivals_lock:
             waiting = [stream for _, stream, _ in self._arrivals]
@@ -187,20 +188,19 @@ class LlamaServing(LlamaLab):
         for slot in self._slots:
             slot.turn = None
             slot.tokens.clear()
-            if self._session is not None:
-                self._session.trim_sequence(slot.seq, 0)
+            if (session := self.backend.session) is not None:
+                session.trim_sequence(slot.seq, 0)
 
 
-class SlotTurn(RowTurn):
+class SlotReply(RowReply):
     """One request's reply in a slot, within `room` tokens of context (prompt and reply)."""
 
-    def __init__(self, backend: LlamaServing, session: LlamaSession, prompt_format: PromptFormat, request: Request,
-                 stream: Stream, room: int) -> None:
+    def __init__(self, backend: LlamaBackend, request: Request, stream: Stream, room: int) -> None:
         self.room = room
-        super().__init__(backend, session, prompt_format, request, stream)
+        super().__init__(backend, request, stream)
         output = request.format
-        opening = backend._opens_thinking if not self.inside else frozenset()
-        self.constraint = Constraint(session, output, opening) if output.constrained else None
+        opening = self.model.opens_thinking if not self.inside else frozenset()
+        self.constraint = Constraint(self.session, output, opening) if output.constrained else None
         self.slot = _Slot(-1)
         self.row = -1  # its logits' row in the last step's batch
         self.read_started = 0.0
