@@ -72,7 +72,7 @@ async def test_a_message_held_for_a_load_that_fails_comes_back_in_front_of_the_d
     gate = threading.Event()
     async with gated_app(tiny_model, missing, gate).run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
-        await screen.open_conversation(saved_chat(missing))
+        await screen.rooms["chats"].open_conversation(saved_chat(missing))
         await send(pilot, SENT)
         prompt = screen.query_one(PromptInput)
         await wait_for(pilot, lambda: prompt.text == "")

@@ -2,7 +2,8 @@
 backend either); no llama_cpp in the UI, and none
 outside the engine's local wing; the engine process's two sides know no backend; the engine reaches the hub only
 through its factory, the hub never the engine; widgets never import screens nor the workspace; every chat key is a
-room's of ui/chat/ and the App keeps to app concerns; the GGUF reader is a leaf; the engine link's table covers the
+room's of ui/chat/, the chat screen small across all it is built from, its rooms not its bases and none calling
+another, and the App keeps to app concerns; the GGUF reader is a leaf; the engine link's table covers the
 engine Protocols and nothing reads its messages by position; and no module imports itself round a cycle.
 
 Every import counts, the ones inside functions too (they are how a layer would sneak in late)."""
@@ -13,6 +14,7 @@ import ast
 import subprocess
 import sys
 from pathlib import Path
+from types import FunctionType
 
 import pytest
 
@@ -215,19 +217,83 @@ def test_no_widget_changes_the_chat():
     assert calls == []
 
 
+ROOM_MODULES = sorted(path for path in (PACKAGE / "ui" / "chat").glob("*.py")
+                      if path.stem not in ("__init__", "screen", "room"))  # room.py: what every room is given
+
+
 def test_every_chat_key_is_handled_in_a_room_of_ui_chat():
-    """keys.py is the one table of the chat's keys; each one's action is a method of a room under ui/chat/ (not
-    the App's, not a widget's reached by name)."""
-    from tui_chat.ui.chat.screen import ChatScreen
+    """keys.py is the one table of the chat's keys; each one's action is the screen's one `room(name, action, …)`,
+    which runs a method of that room under ui/chat/ (not the App's, not the screen's, not a widget's by name)."""
+    from textual.actions import parse
+
+    from tui_chat.ui.chat.screen import ROOMS
     from tui_chat.ui.keys import CHAT_KEYS
 
     elsewhere = []
     for binding in CHAT_KEYS:
-        method = f"action_{binding.action.split('(')[0]}"
-        owner = next((cls for cls in ChatScreen.__mro__ if method in cls.__dict__), None)
-        if owner is None or not within(owner.__module__, "tui_chat.ui.chat"):
-            elsewhere.append(f"{binding.key}: {binding.action} ({owner.__module__ if owner else 'nowhere'})")
+        namespace, action, arguments = parse(binding.action)
+        room = ROOMS.get(str(arguments[0])) if action == "room" and not namespace and len(arguments) > 1 else None
+        if (room is None or not callable(getattr(room, f"action_{arguments[1]}", None))
+                or not within(room.__module__, "tui_chat.ui.chat")):
+            elsewhere.append(f"{binding.key}: {binding.action}")
     assert elsewhere == []
+
+
+def test_every_message_the_screen_routes_has_its_handler_in_its_room():
+    """The screen passes a widget's or a room's message to the room `ROUTES` names, as Textual names its handler
+    (`UserMessage.Edit` → `on_user_message_edit`): a handler renamed or moved would be silently skipped."""
+    from tui_chat.ui.chat.screen import ROOMS, ROUTES
+
+    missing = [f"{message.__qualname__} → {room}" for message, room in ROUTES.items()
+               if not callable(getattr(ROOMS[room], message.handler_name, None))]
+    assert missing == []
+
+
+def test_the_chat_screen_is_small_across_everything_it_is_built_from():
+    """Counted across every class of tui_chat it is built on (Textual's own aside), so that a room mixed in as a
+    base counts: its rooms are collaborators it makes and gives a context, never its bases."""
+    from tui_chat.ui.chat.room import Room
+    from tui_chat.ui.chat.screen import ChatScreen
+
+    ours = [cls for cls in ChatScreen.__mro__ if within(cls.__module__, "tui_chat")]
+    methods = [f"{cls.__name__}.{name}" for cls in ours for name, value in vars(cls).items()
+               if isinstance(value, (FunctionType, property, staticmethod, classmethod))]
+    assert len(methods) <= MAX_SCREEN_METHODS, methods
+    assert [cls.__name__ for cls in ours if issubclass(cls, Room)] == []
+
+
+def room_classes() -> dict[str, list[ast.ClassDef]]:
+    """Each room module's classes, by the module's name."""
+    return {path.stem: [node for node in ast.parse(path.read_text(encoding="utf-8")).body
+                        if isinstance(node, ast.ClassDef)] for path in ROOM_MODULES}
+
+
+def members(room: ast.ClassDef) -> set[str]:
+    """What a room defines: its methods, its class attributes and what it sets on `self`."""
+    found = {item.name for item in room.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    found |= {target.id for item in room.body for target in getattr(item, "targets", [getattr(item, "target", None)])
+              if isinstance(target, ast.Name)}
+    return found | {node.attr for node in ast.walk(room) if isinstance(node, ast.Attribute) and isinstance(
+                    node.ctx, ast.Store) and isinstance(node.value, ast.Name) and node.value.id == "self"}
+
+
+def test_no_room_imports_or_calls_another():
+    """Rooms reach each other by messages (room.py's, routed by the screen): a room's module imports no other
+    room's, a room reaches only what it defines and its context (`self.chat`: never a screen it shares with the
+    others), and it names no method or attribute that only another room defines."""
+    classes = room_classes()
+    defined = {stem: set().union(*(members(room) for room in rooms)) for stem, rooms in classes.items()}
+    modules = {f"tui_chat.ui.chat.{stem}" for stem in classes}
+    found = [f"{module} imports {name}" for module in sorted(modules) for name in MODULES[module]
+             if any(within(name, other) for other in modules - {module})]
+    for stem, rooms in classes.items():
+        others = set().union(*(names for other, names in defined.items() if other != stem)) - defined[stem]
+        for room in rooms:
+            own = members(room) | {"chat"}
+            found += [f"{stem}.py:{node.lineno} {ast.unparse(node)}" for node in ast.walk(room)
+                      if isinstance(node, ast.Attribute) and (node.attr in others or (
+                          isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr not in own))]
+    assert found == []
 
 
 def test_the_app_holds_only_app_concerns():
@@ -255,19 +321,20 @@ def test_the_gguf_reader_is_a_leaf():
 
 
 def screen_classes() -> list[tuple[str, ast.ClassDef]]:
-    """Every class in ui/screens/ and ui/chat/ built on a Textual screen (directly, or through a dialog or a room
-    of the chat screen)."""
+    """Every class in ui/screens/ and ui/chat/ built on a Textual screen (directly, or through a dialog or the chat
+    screen's stage), and every room of the chat screen."""
     found: list[tuple[str, ast.ClassDef]] = []
     for path in sorted([*(PACKAGE / "ui" / "screens").glob("*.py"), *(PACKAGE / "ui" / "chat").glob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             bases = [ast.unparse(base).split("[")[0] for base in getattr(node, "bases", ())]
-            if isinstance(node, ast.ClassDef) and any(base.endswith(("Screen", "Dialog", "Room")) for base in bases):
+            if isinstance(node, ast.ClassDef) and any(base.endswith(("Screen", "Dialog", "Stage", "Room"))
+                                                      for base in bases):
                 found.append((path.name, node))
     return found
 
 
 def test_no_screen_class_has_more_than_30_methods():
-    """Properties and handlers count too: each is something the screen does."""
+    """Properties and handlers count too: each is something the screen does (a room is counted alone)."""
     assert screen_classes(), "no screens found"
     heavy = [f"{name}: {node.name} has {count} methods"
              for name, node in screen_classes()
@@ -359,3 +426,18 @@ def test_the_entry_point_help_and_version_load_no_heavy_library_and_no_other_com
               f"assert not heavy and commands == {commands!r}, (heavy, commands)\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_llama_wing_is_composed_not_a_tower():
+    """The llama.cpp backend owns its worker, its loaded model and the transcript; a reply, the sampling lab and the
+    serving slots are handed the backend (its `Host` side), never built on it: no class of the wing subclasses the
+    backend, and the lab and the slots are classes of their own."""
+    from tui_chat.engine.local.lab import Lab
+    from tui_chat.engine.local.llama import LlamaBackend
+    from tui_chat.engine.local.slots import Slots
+
+    towers = [f"{path.name}: {node.name}" for path in (PACKAGE / "engine" / "local").glob("*.py")
+              for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)
+              and any(isinstance(base, ast.Name) and base.id == "LlamaBackend" for base in node.bases)]
+    assert towers == []
+    assert [cls.__mro__ for cls in (LlamaBackend, Lab, Slots)] == [(cls, object) for cls in (LlamaBackend, Lab, Slots)]

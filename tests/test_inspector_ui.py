@@ -18,6 +18,7 @@ from tui_chat.engine.base import Message, XRay
 from tui_chat.engine.models import STARTER_NAME
 from tui_chat.engine.params import SamplingParams
 from tui_chat.ui.app import ChatApp
+from tui_chat.ui.keys import room
 from tui_chat.ui.screens.inspector import InspectorScreen, candidate_lines
 from tui_chat.ui.widgets.heatmap import BANDS, band_colors, band_of
 from tui_chat.ui.widgets.xray import xray_text
@@ -63,7 +64,8 @@ async def test_toggling_the_panel_and_the_heatmap_mid_stream_keeps_every_token(s
         screen = await loaded(pilot)
         await send(pilot, "Count from 1 to 100, separated by commas.")
         await wait_for(pilot, lambda: screen.reply is not None and len(screen.reply.text) > 20, 60)
-        for action in ("toggle_panel", "toggle_heatmap", "toggle_panel"):  # F2, Ctrl+T, F2
+        for action in (room("panel", "toggle_panel"), room("conversation", "toggle_heatmap"),
+                       room("panel", "toggle_panel")):  # F2, Ctrl+T, F2
             await screen.run_action(action)
             assert screen.reply is not None, "toggled mid-stream"
             await pilot.pause(0.2)

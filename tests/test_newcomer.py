@@ -76,7 +76,7 @@ async def test_opening_another_chat_mid_reply_keeps_the_reply_as_stopped(tiny_mo
         await streaming(pilot)
         with History(history_path()) as history:
             first = history.conversations()[-1].id
-        await screen.open_conversation(first)
+        await screen.rooms["chats"].open_conversation(first)
         await wait_for(pilot, lambda: screen.reply is None and said(screen)[0].content == "A first chat")
     with History(history_path()) as history:
         second = history.load(history.conversations()[0].id)

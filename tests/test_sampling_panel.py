@@ -285,7 +285,7 @@ async def test_the_format_is_kept_per_conversation_and_reopens_with_it(tiny_mode
         await pilot.pause()
         assert screen.session.output_format == TEXT
         assert screen.query_one("#format-kind", Select).value == "text"
-        await screen.open_conversation(saved)
+        await screen.rooms["chats"].open_conversation(saved)
         await pilot.pause()
         assert screen.session.output_format == choose("json")
         assert screen.query_one("#format-kind", Select).value == "json"
@@ -352,7 +352,7 @@ async def test_what_of_a_schema_is_not_enforced_is_said_where_it_is_chosen(tiny_
         await pilot.press("ctrl+n")
         await pilot.pause()
         assert not note.display
-        await screen.open_conversation(saved)  # a reopened chat's schema is checked again
+        await screen.rooms["chats"].open_conversation(saved)  # a reopened chat's schema is checked again
         await app.workers.wait_for_complete()
         await pilot.pause()
         assert str(note.render()).startswith("⚠ Not enforced while writing")

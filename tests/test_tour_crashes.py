@@ -56,9 +56,9 @@ def test_a_bug_in_the_app_is_one_line_and_a_failing_status_with_the_traceback_in
     config = Path(os.environ["XDG_CONFIG_HOME"]) / "tui-chat" / "config.toml"
     config.parent.mkdir(parents=True)
     config.write_text(f'default_model = "{tiny_model}"\n')
-    script = ("import sys\nfrom tui_chat.cli import entry\nfrom tui_chat.ui.chat.screen import ChatScreen\n"
+    script = ("import sys\nfrom tui_chat.cli import entry\nfrom tui_chat.ui.chat.conversation import ConversationRoom\n"
               "def regenerate(self, how):\n    raise ValueError('Turn(' + 'x' * 100_000 + ') is not in list')\n"
-              "ChatScreen.action_reply = regenerate\nsys.exit(entry())\n")
+              "ConversationRoom.action_reply = regenerate\nsys.exit(entry())\n")
     terminal = Terminal([sys.executable, "-c", script])
     try:
         deadline = time.monotonic() + 30

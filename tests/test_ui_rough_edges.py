@@ -60,20 +60,17 @@ async def test_every_chat_key_works_from_the_message_box(tiny_model):
     app = make_app(str(tiny_model))
     async with app.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
-        ran: list[str] = []
-        for binding in CHAT_KEYS:
-            target, name, _ = parse_action(binding.action)
-            setattr(app if target == "app" else screen, f"action_{name}",
-                    lambda *args, name=name: ran.append((name, args)))
+        ran: list[tuple[object, ...]] = []
+        screen.action_room = lambda name, action, *argument: ran.append((name, action, *argument))  # every chat key's
         box = screen.query_one(PromptInput)
         for binding in CHAT_KEYS:
             # Esc stops a reply being written, else goes to the box
-            screen.set_reactive(ChatScreen.reply, object() if binding.action == "reply('stop')" else None)
+            screen.set_reactive(ChatScreen.reply, object() if binding.id == "stop" else None)
             box.focus()
             await pilot.pause()
             await pilot.press(binding.key)
             await pilot.pause()
-            assert ran[-1:] == [parse_action(binding.action)[1:]], f"{binding.key} from the message box"
+            assert ran[-1:] == [parse_action(binding.action)[2]], f"{binding.key} from the message box"
             assert box.text == "", f"{binding.key} typed nothing"
 
 
@@ -210,7 +207,7 @@ async def test_a_setting_changed_after_the_last_reply_is_there_when_the_chat_reo
     reopened = make_app(str(tiny_model), sampling=GREEDY)
     async with reopened.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
-        await screen.open_conversation(conversation)
+        await screen.rooms["chats"].open_conversation(conversation)
         await pilot.pause()
         params = screen.live.snapshot()[1]
         assert params.stop == () and params.top_p == 0.79
@@ -254,7 +251,7 @@ async def test_a_long_chat_with_branches_reopens_at_its_latest_turn(tiny_model):
         screen = await loaded(pilot)
         log = screen.query_one(ChatLog)
         for _ in range(2):  # the second time the log had been scrolled up by hand
-            await screen.open_conversation(conversation)
+            await screen.rooms["chats"].open_conversation(conversation)
             await pilot.pause(0.2)
             assert log.max_scroll_y > 0 and log.scroll_y == log.max_scroll_y
             assert log.messages()[-1].text.startswith("answer 39.0")
@@ -269,7 +266,7 @@ async def test_a_new_chat_clears_the_old_one_at_once_and_fills_after(tiny_model,
     app = make_app(str(tiny_model))
     async with app.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
-        await screen.open_conversation(conversation)
+        await screen.rooms["chats"].open_conversation(conversation)
         await pilot.pause()
         taken_down = ChatLog.remove_children
 
@@ -280,7 +277,7 @@ async def test_a_new_chat_clears_the_old_one_at_once_and_fills_after(tiny_model,
         monkeypatch.setattr(ChatLog, "remove_children", slowly)
         sparkline = screen.query_one("#decode-sparkline", Sparkline)
         sparkline.data = [30.0, 31.0]  # the old chat's decode rates
-        new_chat = asyncio.create_task(screen.action_new_chat())  # as Ctrl+N does, without waiting for it
+        new_chat = asyncio.create_task(screen.rooms["chats"].action_new_chat())  # as Ctrl+N, not waiting for it
         await pilot.pause(0.3)
         assert screen.query(UserMessage), "still being taken down"
         assert sparkline.data == []
@@ -318,7 +315,7 @@ async def test_the_heatmap_says_that_reopened_replies_stay_plain(tiny_model):
         await pilot.press("ctrl+t")
         legend = screen.query_one("#legend")
         assert "Heatmap" in legend.render().plain and REOPENED_NOTE not in legend.render().plain
-        await screen.open_conversation(conversation)
+        await screen.rooms["chats"].open_conversation(conversation)
         await pilot.pause()
         assert REOPENED_NOTE in legend.render().plain.replace("\n", " ")
         screen.query(ReplyMessage).last().focus()

@@ -60,7 +60,7 @@ async def test_a_message_sent_while_a_reopened_chat_loads_its_model_waits_for_th
     async with app.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
         chat = saved_chat(str(other))
-        await screen.open_conversation(chat)
+        await screen.rooms["chats"].open_conversation(chat)
         await send(pilot, "Hello there")
         await pilot.pause(0.3)
         status = str(screen.query_one("#status").render())
@@ -83,7 +83,7 @@ async def test_a_failed_load_leaves_the_chat_on_the_model_that_answers(tiny_mode
     async with app.run_test(size=SIZE) as pilot:
         screen = await loaded(pilot)
         chat = saved_chat(missing)
-        await screen.open_conversation(chat)
+        await screen.rooms["chats"].open_conversation(chat)
         await send(pilot, "Hello there")
         await pilot.pause(0.3)
         assert screen.reply is None

@@ -18,7 +18,7 @@ from ..safetext import screen_safe
 from ..workspace import OpenBackend, Workspace
 from .chat.room import PaletteChoice
 from .chat.screen import ChatScreen
-from .keys import CHAT_KEYS
+from .keys import CHAT_KEYS, room
 from .textual_fixes import spacing_marks_take_a_cell
 from .themes import load_themes
 from .widgets.live_tail import COMMON_CODE, warm_lexer
@@ -103,7 +103,8 @@ class ChatApp(App[None]):
             yield SystemCommand(binding.tooltip, f"{binding.description} · {key}",
                                 partial(screen.run_action, binding.action))
         yield SystemCommand("Output format", "Replies as free text, a JSON object, JSON under a schema or a "
-                            "grammar: this chat's, from the next reply", partial(screen.run_action, "output_format"))
+                            "grammar: this chat's, from the next reply",
+                            partial(screen.run_action, room("output_format", "output_format")))
         for name in PRESETS:
             yield SystemCommand(f"Preset: {name}", f"Sampling preset {name}",
                                 partial(screen.post_message, PaletteChoice("preset", name)))

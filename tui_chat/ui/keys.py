@@ -21,38 +21,50 @@ def everywhere(key: str, action: str, description: str, **options: Any) -> Bindi
     return Binding(key, action, description, priority=True, **options)
 
 
+def room(name: str, action: str, *argument: object) -> str:
+    """A key's action: the chat screen's one `room` action, which runs the named room's `action_<action>` (with
+    the one argument, if any, that follows)."""
+    return f"room({', '.join(repr(part) for part in (name, action, *argument))})"
+
+
 CHAT_KEYS = [  # in the footer in this order: what a newcomer needs first, as far as the width allows
-    Binding("escape", "reply('stop')", "Stop", id="stop", tooltip="Stop the reply (keeps what was written)"),
-    Binding("escape", "to_box", "Message box", id="to_box", show=False,
+    Binding("escape", room("conversation", "reply", "stop"), "Stop", id="stop",
+            tooltip="Stop the reply (keeps what was written)"),
+    Binding("escape", room("conversation", "to_box"), "Message box", id="to_box", show=False,
             tooltip="Back to the message box (with no reply being written)"),
-    everywhere("f1", "help", "Help", id="help", tooltip="Show all keys"),
-    everywhere("f2", "toggle_panel", "Panel", id="toggle_panel", tooltip="Show or hide the side panel"),
-    everywhere("ctrl+n", "new_chat", "New chat", id="new_chat", tooltip="Start a new chat"),
-    everywhere("ctrl+o", "pick_model('open')", "Model", id="open_model", tooltip="Open another model"),
-    everywhere("ctrl+l", "conversations", "Chats", id="conversations",
+    everywhere("f1", room("panel", "help"), "Help", id="help", tooltip="Show all keys"),
+    everywhere("f2", room("panel", "toggle_panel"), "Panel", id="toggle_panel",
+               tooltip="Show or hide the side panel"),
+    everywhere("ctrl+n", room("chats", "new_chat"), "New chat", id="new_chat", tooltip="Start a new chat"),
+    everywhere("ctrl+o", room("models", "pick_model", "open"), "Model", id="open_model",
+               tooltip="Open another model"),
+    everywhere("ctrl+l", room("chats", "conversations"), "Chats", id="conversations",
                tooltip="Saved chats: open, search, rename, delete, export"),
-    everywhere("ctrl+r", "reply('regenerate')", "Regenerate", id="regenerate", tooltip="Regenerate the last reply"),
-    everywhere("ctrl+g", "edit_last", "Edit last", id="edit_last", tooltip="Edit and resend the last message"),
-    everywhere("f3", "copy_last", "Copy reply", id="copy_last", tooltip="Copy the last reply"),
-    everywhere("f8", "reply('continue')", "Continue", id="continue_reply",
+    everywhere("ctrl+r", room("conversation", "reply", "regenerate"), "Regenerate", id="regenerate",
+               tooltip="Regenerate the last reply"),
+    everywhere("ctrl+g", room("conversation", "edit_last"), "Edit last", id="edit_last",
+               tooltip="Edit and resend the last message"),
+    everywhere("f3", room("conversation", "copy_last"), "Copy reply", id="copy_last", tooltip="Copy the last reply"),
+    everywhere("f8", room("conversation", "reply", "continue"), "Continue", id="continue_reply",
                tooltip="Continue the last reply where it stopped"),
-    everywhere("ctrl+t", "toggle_heatmap", "Heatmap", id="toggle_heatmap",
+    everywhere("ctrl+t", room("conversation", "toggle_heatmap"), "Heatmap", id="toggle_heatmap",
                tooltip="Colour each token by its probability"),
-    everywhere("f4", "show_earlier", "Earlier", id="show_earlier", show=False, tooltip="Show earlier messages"),
-    everywhere("f5", "pick_model('models')", "Models", id="models", show=False,
+    everywhere("f4", room("conversation", "show_earlier"), "Earlier", id="show_earlier", show=False,
+               tooltip="Show earlier messages"),
+    everywhere("f5", room("models", "pick_model", "models"), "Models", id="models", show=False,
                tooltip="Models: local ones, configured servers, and GGUF models to download from the hub"),
-    everywhere("f6", "system_prompt", "System", id="system_prompt", show=False,
+    everywhere("f6", room("chats", "system_prompt"), "System", id="system_prompt", show=False,
                tooltip="Edit this chat's system prompt"),
-    everywhere("f7", "toggle_thinking", "Thinking", id="toggle_thinking", show=False,
+    everywhere("f7", room("conversation", "toggle_thinking"), "Thinking", id="toggle_thinking", show=False,
                tooltip="Let a reasoning model think before it answers, or not (this chat, from the next reply)"),
-    everywhere("f9", "tools", "Tools", id="tools", show=False,
+    everywhere("f9", room("tools", "tools"), "Tools", id="tools", show=False,
                tooltip="Tools: the MCP servers and their tools, switched on or off for this chat"),
-    everywhere("f10", "lab", "Lab", id="lab", show=False,
+    everywhere("f10", room("lab", "lab"), "Lab", id="lab", show=False,
                tooltip="Sampling lab: 2–4 settings side by side on one prompt"),
-    everywhere("alt+up", "focus_message(-1)", "Earlier message", id="previous_message", show=False,
-               tooltip="Focus the message above (from the box: the latest)"),
-    everywhere("alt+down", "focus_message(1)", "Later message", id="next_message", show=False,
-               tooltip="Focus the message below (past the latest: the box)"),
+    everywhere("alt+up", room("conversation", "focus_message", -1), "Earlier message", id="previous_message",
+               show=False, tooltip="Focus the message above (from the box: the latest)"),
+    everywhere("alt+down", room("conversation", "focus_message", 1), "Later message", id="next_message",
+               show=False, tooltip="Focus the message below (past the latest: the box)"),
 ]
 
 

@@ -14,7 +14,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING
 
 from ..base import (
     EngineError,
@@ -29,17 +28,14 @@ from ..compare import MAX_COLUMNS, ColumnStream
 from ..params import LiveParams, SamplingParams
 from .grammar import Constraint
 from .llamacpp import FIRST_COLUMN_SEQ
-from .reply import METRICS_INTERVAL_S, Reply
+from .reply import METRICS_INTERVAL_S, Host, Reply
 from .rows import RowReply
-
-if TYPE_CHECKING:
-    from .llama import LlamaBackend
 
 
 class Lab:
     """The sampling lab (`Comparing`), a collaborator of the backend: its runs are jobs on the backend's worker."""
 
-    def __init__(self, backend: LlamaBackend) -> None:
+    def __init__(self, backend: Host) -> None:
         self.backend = backend
 
     def compare(self, request: Request, columns: Sequence[LiveParams]) -> Stream:
@@ -54,7 +50,7 @@ class LabReply(Reply):
 
     drafts = False
 
-    def __init__(self, backend: LlamaBackend, request: Request, stream: Stream, columns: Sequence[LiveParams]) -> None:
+    def __init__(self, backend: Host, request: Request, stream: Stream, columns: Sequence[LiveParams]) -> None:
         if not 1 <= len(columns) <= MAX_COLUMNS:
             raise EngineError(f"the lab compares 1 to {MAX_COLUMNS} settings side by side (got {len(columns)})")
         if request.forced:

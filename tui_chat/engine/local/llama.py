@@ -8,7 +8,7 @@ serving slots (slots.py) are collaborators that run their own shapes of reply on
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from ..base import Embedded, EngineError, Error, Loaded, ModelInfo, Request, Stream
 from ..formats import FormatError, OutputFormat
@@ -21,14 +21,12 @@ from .grammar import check_format
 from .lab import Lab
 from .llamacpp import LlamaSession
 from .model import LoadedModel, describe, open_model
-from .reply import Reply
+from .reply import Reply, ReplyMaker
 from .settings import LlamaSettings
 from .slots import Slots
 from .transcript import Transcript
 from .worker import Worker
 from .xray import word_probability, xray_at
-
-ReplyMaker = Callable[["LlamaBackend", Request, Stream], Reply]
 
 
 class LlamaBackend:

@@ -9,7 +9,7 @@ import random
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, TypedDict
+from typing import Protocol, TypedDict
 
 from ..base import (
     Done,
@@ -30,14 +30,15 @@ from ..prompts import opens_thinking
 from ..reasoning import ReplyText, ThinkingSplitter
 from ..stops import StopScanner
 from .chain import Chain
+from .cpu import ThreadGovernor
 from .draft import DraftController, NgramDrafter, Speculation
 from .grammar import Constraint, FormatStuck
 from .inspector import Inspection, Later
 from .kvcache import Restored
-from .llamacpp import PrefillAborted
-
-if TYPE_CHECKING:
-    from .llama import LlamaBackend
+from .llamacpp import LlamaSession, PrefillAborted
+from .model import LoadedModel
+from .transcript import Transcript
+from .worker import Worker
 
 METRICS_INTERVAL_S = 0.1
 _UNSEEN = Inspection(None, (), None)  # a token drawn with the inspector off
@@ -57,6 +58,26 @@ def kept_token_count(ends: list[int | None], visible_len: int) -> int:
                 break
             kept = i + 1
     return kept
+
+
+class Host(Protocol):
+    """What a reply, the lab and the slots use of the backend that runs them (llama.py's `LlamaBackend`): they are
+    its collaborators, handed the backend itself, not subclasses of it."""
+
+    transcript: Transcript
+    drafting: DraftController | None  # the last reply's: what it measured carries to the next
+    threads: ThreadGovernor
+    worker: Worker
+
+    @property
+    def session(self) -> LlamaSession | None: ...
+
+    def loaded(self) -> LoadedModel: ...
+
+    def write(self, request: Request, stream: Stream, make: ReplyMaker | None = None) -> None: ...
+
+
+ReplyMaker = Callable[[Host, Request, Stream], "Reply"]  # a reply of another shape (the lab's)
 
 
 class _TokenFacts(TypedDict):
@@ -86,7 +107,7 @@ class Reply:
     drafts = True  # the lab's turns say no: their columns step together, a row each
     overlaps_inspector = True  # its figures may come a decode later; rows of one decode (the lab's, slots') share one
 
-    def __init__(self, backend: LlamaBackend, request: Request, stream: Stream,
+    def __init__(self, backend: Host, request: Request, stream: Stream,
                  fitted: tuple[str, list[int], int] | None = None) -> None:
         self.backend = backend
         self.model = model = backend.loaded()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,10 +17,7 @@ from ..params import SamplingParams
 from .chain import Chain
 from .grammar import FormatStuck
 from .inspector import Inspection
-from .reply import Reply
-
-if TYPE_CHECKING:
-    from .llama import LlamaBackend
+from .reply import Host, Reply
 
 
 class RowReply(Reply):
@@ -33,7 +29,7 @@ class RowReply(Reply):
     with_prob = False
     seq = 0
 
-    def __init__(self, backend: LlamaBackend, request: Request, stream: Stream,
+    def __init__(self, backend: Host, request: Request, stream: Stream,
                  fitted: tuple[str, list[int], int] | None = None) -> None:
         super().__init__(backend, request, stream, fitted)
         self.sampler: Chain | None = None

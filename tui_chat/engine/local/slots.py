@@ -27,7 +27,6 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 from ..base import EngineError, Error, Metrics, PromptProgress, Request, StopReason, Stream, TurnMetrics
 from ..compare import MAX_SLOTS
@@ -36,11 +35,8 @@ from ..params import SamplingParams
 from ..prompts import PromptError
 from .grammar import Constraint
 from .llamacpp import FIRST_SLOT_SEQ, LlamaSession, PromptChunk
-from .reply import METRICS_INTERVAL_S
+from .reply import METRICS_INTERVAL_S, Host
 from .rows import RowReply
-
-if TYPE_CHECKING:
-    from .llama import LlamaBackend
 
 
 class ContextExceeded(EngineError):
@@ -59,7 +55,7 @@ class Slots:
     """Several requests at once (`Serving`), a collaborator of the backend: its loop is a job on the backend's
     worker, as long as any request is in flight or waiting."""
 
-    def __init__(self, backend: LlamaBackend) -> None:
+    def __init__(self, backend: Host) -> None:
         self.backend = backend
         self._slots = [_Slot(FIRST_SLOT_SEQ + index) for index in range(MAX_SLOTS)]
         self._arrivals: deque[tuple[Request, Stream, int]] = deque()
@@ -195,7 +191,7 @@ class Slots:
 class SlotReply(RowReply):
     """One request's reply in a slot, within `room` tokens of context (prompt and reply)."""
 
-    def __init__(self, backend: LlamaBackend, request: Request, stream: Stream, room: int) -> None:
+    def __init__(self, backend: Host, request: Request, stream: Stream, room: int) -> None:
         self.room = room
         super().__init__(backend, request, stream)
         output = request.format

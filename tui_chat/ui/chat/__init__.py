@@ -1,3 +1,4 @@
-"""The chat screen and its rooms: one module per chat feature, each with the keys it answers (keys.py is the one
-table of them) and what it opens. The screen itself composes the panels, runs the lifecycle and routes a reply's
-events; a room reaches the conversation through the screen's session and views, never another room."""
+"""The chat screen and its rooms: one module per chat feature, each a small class with the keys it answers (keys.py
+is the one table of them), the messages routed to it and what it opens. The screen makes the rooms, composes the
+panels, runs the lifecycle and routes a reply's events; a room is given a context (room.py: the workspace, the
+session and its view, the panels, the one reply starter) and reaches another room only by a message."""

@@ -3,7 +3,7 @@ reply from it."""
 
 from __future__ import annotations
 
-from textual import on, work
+from functools import partial
 
 from ...replies import BranchAt
 from ..widgets.conversation import ConversationView
@@ -11,12 +11,13 @@ from .room import Room
 
 
 class InspectorRoom(Room):
-    @on(ConversationView.InspectorWanted)
-    @work(group="inspector")
+    def on_conversation_view_inspector_wanted(self, event: ConversationView.InspectorWanted) -> None:
+        self.chat.work(partial(self._inspect, event), group="inspector")
+
     async def _inspect(self, event: ConversationView.InspectorWanted) -> None:
         from ..screens.inspector import BranchChoice, InspectorScreen  # with numpy: not at every start
 
-        choice: BranchChoice | None = await self.app.push_screen_wait(InspectorScreen(
+        choice: BranchChoice | None = await self.chat.app.push_screen_wait(InspectorScreen(
             event.tokens, event.text, event.index, event.params, event.cannot_branch, event.probe))
         if choice is not None:
-            await self.start(BranchAt(event.turn, choice.index, choice.candidate))
+            await self.chat.start(BranchAt(event.turn, choice.index, choice.candidate))

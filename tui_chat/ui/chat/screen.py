@@ -1,13 +1,15 @@
 """The chat screen: the conversation on the left, what the model is doing on the right.
 
 What outlives one chat (the model in use, its loads, the history, the price) is the `Workspace`'s, and the
-conversation itself a `ChatSession` (neither imports Textual); this screen holds the panels, and each chat
-feature's keys and dialogs are a room of its own (`ui/chat/*.py`, mixed in here). The one-way flow: prompt box →
-session → request → the backend's worker thread → events, batched → session → the views.
+conversation itself a `ChatSession` (neither imports Textual); this screen holds the panels and routes a reply's
+events, and each chat feature's keys and dialogs are a room of its own (`ui/chat/*.py`): a small class the screen
+makes and gives a `ChatContext`, reached by one key action and one table of messages. The one-way flow: prompt box
+→ session → request → the backend's worker thread → events, batched → session → the views.
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from functools import partial
@@ -15,6 +17,7 @@ from functools import partial
 from textual import events, on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
+from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Input
 
@@ -23,7 +26,6 @@ from ...engine.base import Event
 from ...engine.models import STARTER_NAME, starter_installed
 from ...engine.params import LiveParams
 from ...history import HistoryError
-from ...replies import Again, Ask, Refused
 from ...session import Turn, Writing
 from ...workspace import LoadJob, Workspace
 from ..bridge import EngineBatch
@@ -31,13 +33,13 @@ from ..keys import CHAT_KEYS
 from ..memory import ReplyMemory
 from ..panel.metrics import MetricsPanel
 from ..panel.sampling import SamplingPanel
-from ..screens.consent import ask_consent
+from ..screens.consent import ConsentWanted, ask_consent
 from ..screens.model_loader import ModelLoader
 from ..textual_fixes import Footer
 from ..widgets.chat_log import ChatLog
 from ..widgets.conversation import ConversationView
 from ..widgets.draft_meter import DraftCosts
-from ..widgets.messages import ChatMessage
+from ..widgets.messages import ChatMessage, ReplyMessage, UserMessage
 from ..widgets.prompt import PromptInput
 from .chats import ChatsRoom
 from .conversation import ConversationRoom
@@ -45,17 +47,31 @@ from .inspector import InspectorRoom
 from .lab import LabRoom
 from .models import ModelsRoom
 from .output_format import OutputFormatRoom
+from .panel import PanelRoom
+from .room import ChatContext, ChatReopened, ChatStage, PaletteChoice, ReplyStarted, Room, ToolCallsShown
 from .tools import ToolsRoom
 
 PANEL_REFRESH_S = 0.5  # while a reply streams: each refresh lays the screen out again
 NARROW_BELOW = 100  # columns; a narrower screen gives the chat the width and shows the panel on F2
 SAVED_POLL_S = 0.01  # quitting: how often to look whether the chat is saved
 IDLE_ONLY = frozenset({"regenerate", "continue", "edit_last"})  # what cannot start while a reply is written
+ROOMS: dict[str, type[Room]] = {"conversation": ConversationRoom, "chats": ChatsRoom, "models": ModelsRoom,
+                                "inspector": InspectorRoom, "lab": LabRoom, "tools": ToolsRoom,
+                                "output_format": OutputFormatRoom, "panel": PanelRoom}
+ROUTES: dict[type[Message], str] = {  # each message for a room, handled by its `on_…` method (Textual's name)
+    PromptInput.Submitted: "conversation", UserMessage.Edit: "conversation", ReplyMessage.SwitchBranch: "conversation",
+    ConversationView.InspectorWanted: "inspector",
+    SamplingPanel.FormatChosen: "output_format", SamplingPanel.StreamingChosen: "output_format",
+    SamplingPanel.Rested: "output_format",
+    ConsentWanted: "tools", ToolCallsShown: "tools", ReplyStarted: "tools", ChatReopened: "tools",
+    PaletteChoice: "panel", MetricsPanel.PriceChosen: "panel",
+}
 
 
-class ChatScreen(ConversationRoom, ChatsRoom, ModelsRoom, InspectorRoom, LabRoom, ToolsRoom, OutputFormatRoom):
+class ChatScreen(ChatStage):
     """The conversation on the left, the panels on the right; the reply's route from the engine to the views.
-    Each chat feature's keys are its room's (keys.py is the one table of them)."""
+    Each chat feature's keys and messages are its room's (keys.py is the one table of the keys, `ROUTES` of the
+    messages)."""
 
     CSS_PATH = "screen.tcss"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]
@@ -66,12 +82,16 @@ class ChatScreen(ConversationRoom, ChatsRoom, ModelsRoom, InspectorRoom, LabRoom
         self.workspace = workspace
         self.initial_model = model
         self.live = live
-        self.options = {"warn": lambda message: self.notify(message, severity="error", timeout=10, markup=False)}
-        workspace.new_chat(live, **self.options)
+        options = {"warn": lambda message: self.notify(message, severity="error", timeout=10, markup=False)}
+        workspace.new_chat(live, **options)
         workspace.consent = partial(ask_consent, self)  # a call is asked about here, where it is shown
+        self.chat = ChatContext(self, workspace, live, options)
+        self.rooms = {name: room(self.chat) for name, room in ROOMS.items()}
+        models = self.rooms["models"]
+        assert isinstance(models, ModelsRoom)
         self.memory = ReplyMemory(self)
         self.loader = ModelLoader(self, workspace, status=lambda line: self.view.set_status(line),
-                                  loaded=self.model_loaded, failed=self.model_failed)
+                                  loaded=models.loaded, failed=models.failed)
         self._panel_refreshed = 0.0
         # The width's class from the start, as Textual picks it: added at the first resize instead, it would
         # style every widget of the screen a second time before the first frame.
@@ -87,7 +107,7 @@ class ChatScreen(ConversationRoom, ChatsRoom, ModelsRoom, InspectorRoom, LabRoom
             with VerticalScroll(id="side"):
                 yield MetricsPanel(self.workspace.config.prices, self.workspace.price.name,
                                    lambda: self.session.spent(), id="metrics")
-                yield SamplingPanel(self.live, lambda: self.reply is not None, id="sampling")
+                yield SamplingPanel(self.live, id="sampling").data_bind(writing=ChatStage.reply)
         yield Footer()
 
     def on_mount(self) -> None:
@@ -98,7 +118,7 @@ class ChatScreen(ConversationRoom, ChatsRoom, ModelsRoom, InspectorRoom, LabRoom
             self.workspace.open_history(history_path())
         except HistoryError as error:
             self.notify(f"{error}: this session is not saved", severity="warning", timeout=8, markup=False)
-        self.view.session = self.workspace.new_chat(self.live, **self.options)
+        self.view.session = self.workspace.new_chat(self.live, **self.chat.options)
         if (unsent := self.workspace.unsent()) is not None:
             self.view.prompt.put_back(unsent)
             self.notify("A message sent while the model loaded last time was never answered: it is back in the box.",
@@ -120,36 +140,45 @@ class ChatScreen(ConversationRoom, ChatsRoom, ModelsRoom, InspectorRoom, LabRoom
         while closing.is_alive() and self.workspace.history is not None:
             closing.join(SAVED_POLL_S)
 
+    # --- the rooms: a key's action, a message -------------------------------------------------------
+
+    async def action_room(self, name: str, action: str, *argument: object) -> None:
+        """Every chat key (keys.py): the named room's `action_<action>`, with the key's argument where it has one
+        (Textual passes as many as there are parameters: one at most here)."""
+        done = getattr(self.rooms[name], f"action_{action}")(*argument)
+        if inspect.isawaitable(done):
+            await done
+
+    @on(Message)
+    async def _to_room(self, message: Message) -> None:
+        """A message for a room (a widget's, another room's): its `on_…` method, by `ROUTES`."""
+        name = ROUTES.get(type(message))
+        if name is not None:
+            done = getattr(self.rooms[name], message.handler_name)(message)
+            if inspect.isawaitable(done):
+                await done
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """While a reply is written, regenerating or editing waits (shown dimmed in the footer); Esc
         has something to stop only then."""
-        if (action in IDLE_ONLY or (parameters and parameters[0] in IDLE_ONLY)) and self.reply is not None:
+        wanted = parameters[1:] if action == "room" else ()  # a room's action, and its argument
+        if IDLE_ONLY.intersection(wanted) and self.reply is not None:
             return None
-        if parameters == ("stop",) and self.reply is None:
+        if wanted == ("reply", "stop") and self.reply is None:
             return False  # out of the footer while there is nothing to stop: room for what there is
         return True
 
     def watch_reply(self, writing: Writing | None) -> None:
-        sampling = self.query_one(SamplingPanel)
         if writing is not None:
-            sampling.reply_started()
             self.memory.reply_started()
         else:
-            sampling.reply_ended()
             self.memory.reply_ended()
 
     def on_resize(self) -> None:
         """Across the breakpoint the title takes the panel's figures or gives them back, once the width class is set."""
-        self.call_after_refresh(self.show_title)
+        self.call_after_refresh(self.chat.panels.show_title)
 
-    # --- sending and streaming -----------------------------------------------------------------
-
-    @on(PromptInput.Submitted)
-    async def _send(self, event: PromptInput.Submitted) -> None:
-        """A message waits for a model on its way, even with another one loaded: the reply is written, and
-        saved, by the model the chat is on."""
-        if not isinstance(await self.start(Ask(event.text)), Refused):
-            self.view.prompt.clear()
+    # --- streaming -----------------------------------------------------------------------------
 
     @on(EngineBatch)
     async def _on_engine_batch(self, message: EngineBatch) -> None:
@@ -164,8 +193,8 @@ class ChatScreen(ConversationRoom, ChatsRoom, ModelsRoom, InspectorRoom, LabRoom
     async def _on_reply_events(self, turn: Turn, batch: list[Event]) -> None:
         update = self.session.take(batch)
         if update.tools:
-            self.ask_due_consent()
-        sampling = self.query_one(SamplingPanel)
+            self.post_message(ToolCallsShown())
+        sampling, panels = self.sampling, self.chat.panels
         if sampling.pending_version is not None and (applied := update.applied_from(sampling.pending_version)):
             sampling.show_applied(applied)
         try:
@@ -174,24 +203,16 @@ class ChatScreen(ConversationRoom, ChatsRoom, ModelsRoom, InspectorRoom, LabRoom
             if (ending := update.ending) is not None:
                 self.reply = None  # its widget has settled: actions that waited for it can run
                 if ending.kind in ("finished", "failed") and ending.done is not None:
-                    self.query_one(MetricsPanel).update_metrics(ending.done.metrics)
-                self.show_title()
+                    self.metrics.update_metrics(ending.done.metrics)
+                panels.show_title()
                 self.view.recount_draft()
         now = time.monotonic()
         if update.metrics is not None and update.ending is None and now - self._panel_refreshed >= PANEL_REFRESH_S:
             self._panel_refreshed = now
-            self.query_one(MetricsPanel).update_metrics(update.metrics)
-            self.show_title()
+            self.metrics.update_metrics(update.metrics)
+            panels.show_title()
 
-    # --- actions -------------------------------------------------------------------------------
-
-    async def action_reply(self, how: str) -> None:
-        """Esc stops the reply being written; Ctrl+R writes another version of the last one, F8 goes on with it."""
-        if how == "stop":
-            self.session.stop()
-            self.action_to_box()  # Esc leaves where it was pressed, whatever else it did
-        elif self.reply is None:
-            await self.start(Again("regenerate" if how == "regenerate" else "continue"))
+    # --- focus and typing ----------------------------------------------------------------------
 
     @property
     def focus_chain(self) -> list[Widget]:
@@ -227,8 +248,3 @@ class ChatScreen(ConversationRoom, ChatsRoom, ModelsRoom, InspectorRoom, LabRoom
             self.set_focus(prompt)  # at once: the keys typed next are already queued behind this one
             prompt.insert(event.character)
             event.stop()
-
-    def action_help(self) -> None:
-        from ..screens.help import HelpScreen, chat_sections
-
-        self.app.push_screen(HelpScreen(chat_sections(self.BINDINGS), self.workspace.config.keys))

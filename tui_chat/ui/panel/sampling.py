@@ -9,15 +9,15 @@ changed saying from which token the change applied).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.message import Message
+from textual.reactive import reactive
 from textual.timer import Timer
 from textual.widget import Widget
 from textual.widgets import Button, Checkbox, Collapsible, Input, Select, Static
@@ -31,6 +31,9 @@ from .bias import BiasList
 from .order import OrderBar
 from .output_format import FormatPicker
 from .slider import Slider
+
+if TYPE_CHECKING:
+    from ...session import Writing
 
 MAIN_PARAMS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens", "thinking_budget", "seed")
 MORE_PARAMS = tuple(spec.name for spec in PARAMS if spec.name not in MAIN_PARAMS)
@@ -120,11 +123,12 @@ class SamplingPanel(Vertical):
     class Rested(Message):
         """The settings stopped changing: the screen saves them with the chat."""
 
-    def __init__(self, live: LiveParams, writing: Callable[[], bool], **kwargs: Any) -> None:
-        """`writing`: whether a reply is being written now (the chat screen's one record of it)."""
+    # The reply being written, if any: the chat screen's one record of it, bound to it (`data_bind`).
+    writing: reactive[Writing | None] = reactive(None, init=False)
+
+    def __init__(self, live: LiveParams, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.live = live
-        self.writing = writing
         self.output: OutputFormat = TEXT  # the chat's (`show_format`)
         self.checker: FormatChecking | None = None  # the model in use, where it says what it makes of a format
         self._rest: Timer | None = None  # a change waiting to be saved with the chat
@@ -236,10 +240,10 @@ class SamplingPanel(Vertical):
         reply uses it. A server takes settings only when a reply starts."""
         self.pending_version = None
         self._did = did
-        if self.writing() and self.per_token:
+        if self.writing is not None and self.per_token:
             self.pending_version = self.live.version
             self._note(row_name, "Waiting for the next token…")
-        elif self.writing():
+        elif self.writing is not None:
             self._note(row_name, "Set: a server takes settings per reply, so from the next one")
         else:
             self._note(row_name, "✓ Set: the next reply uses it")
@@ -258,15 +262,13 @@ class SamplingPanel(Vertical):
         self.pending_version = None
         self._note(self._noted, f"✓ Applied from token {token_number}")
 
-    def reply_started(self) -> None:
-        """Notes told of changes before this reply: they are done with."""
-        if self._noted:
+    def watch_writing(self, writing: Writing | None) -> None:
+        """A reply started: notes told of changes before it are done with. It ended: a change still waiting is
+        for the next one."""
+        if writing is not None and self._noted:
             self.query_one(f"#note-{self._noted}", Static).remove_class("-shown")
             self._noted = self._did = ""
-
-    def reply_ended(self) -> None:
-        """A change still waiting when the reply ended is for the next one."""
-        if self.pending_version is not None:
+        elif writing is None and self.pending_version is not None:
             self.pending_version = None
             self._note(self._noted, "✓ Set: the next reply uses it")
 

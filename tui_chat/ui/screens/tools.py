@@ -15,7 +15,6 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
-from textual.screen import Screen
 from textual.widgets import Select, Static, Switch
 
 from ...config import config_path
@@ -215,26 +214,3 @@ def unused_choice_note(session: ChatSession) -> str:
         return ""
     return (f"No tool is on for this chat: tool choice {choice!r} has nothing to call, so the model answers in "
             "plain text.")
-
-
-def restore_chat_tools(screen: Screen[None], workspace: Workspace, session: ChatSession) -> None:
-    """A reopened chat's tools back on as it had them, their servers started on a worker thread; what is not
-    there any more is said."""
-    if session.tool_switches.on:
-        screen.run_worker(partial(_restore, screen, workspace, session), thread=True, group="chat-tools")
-
-
-def _restore(screen: Screen[None], workspace: Workspace, session: ChatSession) -> None:
-    tools, notes = workspace.start_chat_tools(session.tool_switches)
-
-    def restored() -> None:
-        if workspace.session is not session:
-            return  # another chat by now
-        choice = session.tool_switches.choice
-        choice = choice if choice in CHOICES or any(tool.name == choice for tool in tools) else AUTO
-        workspace.use_tools(tools, choice, remember=False)
-        names = ", ".join(tool.name for tool in tools) or "none"
-        screen.notify(" · ".join([f"This chat's tools are on again: {names} (F9)", *notes]), timeout=6,
-                   severity="warning" if notes else "information", markup=False)
-
-    screen.app.call_from_thread(restored)
