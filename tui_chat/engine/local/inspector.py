@@ -3,8 +3,8 @@
 A token's raw probability needs the softmax's normaliser over the whole vocabulary: on Gemma 3's 262,144 tokens
 an exp and a sum over 1 MiB of logits, and a shortlist of the likeliest, ~0.35 ms a token (measured on the GPU-
 regime proxy, AMD EPYC). Between two decodes that is a third of a GPU's token. Here it runs on a copy of the row
-(~0.04 ms) in a thread of its own, woken as llama.cpp starts to decode the next token with the interpreter lock
-released (numpy releases it too for work this size), so the two overlap. The reply takes the figures when it puts the
+(~0.04 ms) in a thread of its own, while llama.cpp decodes the next token with the interpreter lock released
+(numpy releases it too for work this size), so the two overlap. The reply takes the figures when it puts the
 token's event, one decode later (`Reply` holds that event until then); if the thread has not started on them
 by then (a busy machine), they are computed there and then, as before. Only where a core is free beside
 llama.cpp's decode threads (`overlaps`): on a machine with none, the thread would take a core from llama.cpp's
@@ -103,14 +103,8 @@ class Inspector:
             self.pending.result()
         np.copyto(self.row, logits)
         self.pending = Later(self, (token, top_n, params, recent))
+        self.wake.set()
         return self.pending
-
-    def start(self) -> None:
-        """The thread starts on the figures waiting, as the next decode begins: woken at `submit`, it asked for the
-        interpreter lock while the reply's own Python still ran between the two decodes, and the hand-over cost
-        that path more than the figures (half of it, sampled on the proxy)."""
-        if self.pending is not None and not self.pending.claimed:
-            self.wake.set()
 
     def inspect(self, token: int, top_n: int, params: SamplingParams, recent: tuple[int, ...]) -> Inspection:
         return self.inspect_copy(self.row, self.probs, token, top_n, params, recent)

@@ -394,8 +394,6 @@ class LlamaSession:
         batch.logits[0] = 1
         self._decodes += 1
         self.row = -1
-        if self._inspector is not None:
-            self._inspector.start()
         status = llama_cpp.llama_decode(self.ctx, batch)
         if status != 0:
             raise EngineError(_decode_failure(status))
@@ -493,8 +491,6 @@ class LlamaSession:
         batch.logits[len(chunk) - 1] = int(want_logits)
         self._decodes += 1
         self.row = -1
-        if self._inspector is not None:
-            self._inspector.start()
         try:
             status: int = llama_cpp.llama_decode(self.ctx, batch)
             return status
