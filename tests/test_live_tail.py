@@ -226,3 +226,75 @@ def test_a_replys_markdown_draws_as_richs_own_with_one_parser_for_all():
 
     assert drawn(ReplyMarkdown(text)) == drawn(Markdown(text, code_theme="monokai", hyperlinks=False))
     assert drawn(WritingMarkdown(text))[:8] == drawn(ReplyMarkdown(text))[:8]  # the same until its code block
+
+
+class Rewrapped(MarkdownBlocks):
+    """Notes which thread drew each block."""
+
+    def __init__(self, text: str) -> None:
+        import threading
+
+        super().__init__(rendered_markdown, text)
+        self.drawn_on: list[str] = []
+        self.hold = threading.Event()  # the thread's drawing waits for it
+
+    def _rewrap(self, app, text, width):
+        self.hold.wait(10)
+        super()._rewrap(app, text, width)
+
+    def _draw(self, render, text, width):
+        import threading
+
+        self.drawn_on.append(threading.current_thread().name)
+        return super()._draw(render, text, width)
+
+
+class RewrapHolder(App):
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def compose(self):
+        from textual.containers import VerticalScroll
+
+        with VerticalScroll():
+            yield Rewrapped(self.text)
+
+
+async def test_a_long_reply_is_wrapped_again_at_a_new_width_off_the_ui_thread_and_back_for_nothing():
+    """F2 hides the side panel: a 20,000-token reply drawn again at the new width held the UI's loop for 250-550 ms.
+    Its lines are drawn on a thread while the old ones stand in (cut to the new width), and swapped in; the old
+    width's are kept, so F2 again draws nothing; a block frozen in meanwhile shows at once."""
+    import time
+
+    from tui_chat.ui.widgets.live_tail import REWRAP_OFF_FRAME
+
+    paragraphs = [f"Paragraph {index}: " + "words that wrap across the width of the screen " * 6 for index in range(60)]
+    text = "\n\n".join(paragraphs)
+    assert len(text) > REWRAP_OFF_FRAME
+    app = RewrapHolder(text)
+    async with app.run_test(size=(100, 20)) as pilot:
+        blocks_widget = app.query_one(Rewrapped)
+        await pilot.pause()
+        wide = [line.text for line in blocks_widget._lines]
+        blocks_widget.drawn_on.clear()
+        await pilot.resize_terminal(70, 20)
+        await pilot.pause()
+        assert "MainThread" not in blocks_widget.drawn_on  # nothing drawn in a frame
+        assert blocks_widget.render_line(0).cell_length == blocks_widget.size.width  # the old lines, cut
+        blocks_widget.extend("A block frozen in meanwhile.", MarkdownBlocks(rendered_markdown))
+        assert "A block frozen in meanwhile." in blocks_widget._lines[-1].text
+        blocks_widget.hold.set()
+        deadline = time.monotonic() + 20
+        while blocks_widget._width != blocks_widget.size.width and time.monotonic() < deadline:
+            await pilot.pause(0.05)
+        narrow = [line.text for line in blocks_widget._lines]
+        whole = [line.text for line in blocks_widget._draw(rendered_markdown, f"{text}\n\nA block frozen in "
+                                                           "meanwhile.", blocks_widget.size.width)]
+        assert narrow == whole and len(narrow) > len(wide)
+        blocks_widget.drawn_on.clear()
+        blocks_widget.hold.clear()  # a thread now would not finish: the test would wait for it in vain
+        await pilot.resize_terminal(100, 20)
+        await pilot.pause()
+        assert blocks_widget.drawn_on == ["MainThread"]  # only the block frozen in: the rest kept from before
+        assert [line.text for line in blocks_widget._lines][: len(wide)] == wide

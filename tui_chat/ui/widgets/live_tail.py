@@ -20,6 +20,7 @@ inline Markdown, one line of source); the settled lines are the ones a whole ren
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 import threading
@@ -31,6 +32,7 @@ from typing import Any
 from rich.console import RenderableType
 from rich.style import Style as RichStyle
 from rich.syntax import Syntax
+from textual.app import App
 from textual.geometry import Region, Size
 from textual.selection import Selection
 from textual.strip import Strip
@@ -40,6 +42,8 @@ GROW_LINES = 4
 MAX_GROW_LINES = 16
 FAST_GROWTH_S = 0.25
 LONG_PARAGRAPH = 1200  # characters of a paragraph wrapped at every frame before its first lines are settled
+REWRAP_OFF_FRAME = 8000  # characters of frozen Markdown drawn again at a new width on a thread, not in a frame
+REWRAP_AT_ONCE_WITHIN = 4  # columns: a scrollbar come or gone is drawn at once (a test or a snapshot sees it settled)
 _MARKUP = re.compile(r"[\n*_`\[\]<>\\&~|!#]|^\s*(?:[-+>=]|\d+[.)])")  # inline Markdown, or a line that opens a block
 _FENCE = "```"
 _OPENING = re.compile(r"\s*```\s*([\w+#.-]+)")
@@ -121,9 +125,15 @@ class MarkdownBlocks(Widget):
     again (a render of a few thousand characters with syntax colours, twice: for the height, then the lines,
     was most of a layout's cost while a reply streamed). The lines are kept without the widget's own colours,
     which are put on as a line is drawn: a new theme, or the reply's focus, draws nothing again. Blocks drawn
-    apart look as the whole Markdown does: one blank line between them."""
+    apart look as the whole Markdown does: one blank line between them.
+
+    A new width (F2 hides the side panel) draws every block again: for a long reply (REWRAP_OFF_FRAME) that is
+    done on a thread while the lines drawn at the old width stay, cut or padded to the new one, and swapped in
+    when ready (a 20,000-token reply took 250-550 ms of the UI's loop there, keys and tokens waiting). The last two
+    widths' lines are kept, so F2 back costs nothing."""
 
     DEFAULT_CSS = "MarkdownBlocks { height: auto; }"
+    rewraps = True  # a new width's lines drawn on a thread where the text is long (the tail's changes every frame)
 
     def __init__(self, render: Callable[[str], RenderableType], text: str = "", **kwargs: Any) -> None:
         """`render(text)` gives the renderable of a block (the reply's Markdown)."""
@@ -134,6 +144,8 @@ class MarkdownBlocks(Widget):
         self._width = 0  # the width `_lines` were put together at; 0: to do again
         self._finished: dict[str, list[Strip]] = {}  # each finished block's lines, drawn at `_drawn`
         self._drawn = 0  # the width the blocks were drawn at
+        self._before: tuple[int, dict[str, list[Strip]]] = (0, {})  # the blocks' lines at the width before
+        self._rewrapping = 0  # the width a thread is drawing the blocks at (0: none)
         self._style = RichStyle()  # the widget's colours, as `render_lines` last found them
 
     def extend(self, text: str, tail: MarkdownBlocks) -> None:
@@ -143,12 +155,16 @@ class MarkdownBlocks(Widget):
         self.text = f"{self.text}\n\n{text}" if self.text else text
         if self._drawn in (0, tail._drawn):
             self._finished, self._drawn = {**self._finished, **tail._finished}, tail._drawn
-        self._width = 0
+        if self._rewrapping:  # the rest is being drawn at the new width: these join the old lines meanwhile
+            width = tail._drawn or self.size.width
+            drawn = [tail._finished.get(block) or self._draw(self._render_text, block, width) for block in blocks(text)]
+            self._lines = [*self._lines, *(line for lines in drawn for line in [Strip.blank(width), *lines])]
+        else:
+            self._width = 0
         self.refresh(layout=True)
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        if width != self._width:
-            self._lines, self._width = self._rendered(width), width
+        self._follow(width)
         return len(self._lines)
 
     def render_lines(self, crop: Region) -> list[Strip]:
@@ -159,9 +175,48 @@ class MarkdownBlocks(Widget):
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
-        if width != self._width:
+        self._follow(width)
+        line = self._lines[y] if y < len(self._lines) else Strip.blank(width)
+        if line.cell_length != width:  # drawn at the width before, until the new width's lines are in
+            line = line.crop_extend(0, width, None)
+        return line.apply_style(self._style)
+
+    def _follow(self, width: int) -> None:
+        """The lines at `width`: at once where that is cheap (the first ones, a short text, a width whose blocks
+        are drawn: this one's or the one before's), else on a thread (`_rewrap`), the old lines standing in."""
+        if width == self._width or width <= 0:
+            return
+        before_width, before = self._before
+        if width == before_width and self._drawn != width:  # back to the width before (F2 twice): its blocks
+            self._before, self._finished, self._drawn = (self._drawn, self._finished), before, width
+        if (not (self.rewraps and self._lines) or self._drawn == width or len(self.text) < REWRAP_OFF_FRAME
+                or abs(width - self._width) <= REWRAP_AT_ONCE_WITHIN):
             self._lines, self._width = self._rendered(width), width
-        return (self._lines[y] if y < len(self._lines) else Strip.blank(width)).apply_style(self._style)
+        elif width != self._rewrapping:
+            self._rewrapping = width
+            threading.Thread(target=self._rewrap, args=(self.app, self.text, width), name="rewrap",
+                             daemon=True).start()
+
+    def _rewrap(self, app: App[object], text: str, width: int) -> None:
+        """On a thread of its own: every block of `text` drawn at `width`, handed to the UI's thread."""
+        finished = {block: self._draw(self._render_text, block, width) for block in blocks(text)}
+        with contextlib.suppress(RuntimeError):  # the app is closing
+            app.call_from_thread(self._rewrapped, width, finished)
+
+    def _rewrapped(self, width: int, finished: dict[str, list[Strip]]) -> None:
+        """The blocks drawn at `width` are in: shown while the width is still theirs (blocks frozen in
+        since are drawn now, a few), else kept as the width before's."""
+        if width != self._rewrapping:
+            return
+        self._rewrapping = 0
+        if width != self.size.width:
+            self._before = (width, finished)
+            self.refresh(layout=True)
+            return
+        self._before = (self._drawn, self._finished)
+        self._finished, self._drawn = finished, width
+        self._lines, self._width = self._rendered(width), width
+        self.refresh(layout=True)
 
     def get_selection(self, selection: Selection) -> tuple[str, str] | None:
         """A selection takes the lines as drawn."""
@@ -172,6 +227,8 @@ class MarkdownBlocks(Widget):
 
     def _blocks(self, finished: list[str], width: int) -> list[Strip]:
         """The finished blocks' lines, a blank line after each; only these blocks' lines are kept."""
+        if self._drawn != width:
+            self._before = (self._drawn, self._finished)
         cache, self._finished, self._drawn = self._finished if self._drawn == width else {}, {}, width
         lines: list[Strip] = []
         for block in finished:
@@ -199,6 +256,7 @@ class MarkdownBlocks(Widget):
 
 class LiveTail(MarkdownBlocks):
     DEFAULT_CSS = "LiveTail { height: auto; }"
+    rewraps = False
 
     def __init__(self, render: Callable[[str], RenderableType], render_last: Callable[[str], RenderableType],
                  **kwargs: Any) -> None:
