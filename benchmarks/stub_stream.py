@@ -7,9 +7,10 @@ reply streams, a letter is typed into the message box every 250 ms and timed unt
 (tmux capture-pane, polled: a few ms of resolution); the app's event loop writes its stalls (TUI_CHAT_LAG_LOG).
 At the end the panel's decode rate is read beside the rate the stub sent at. Then three passes more:
 - toggles: a stream during which F2 (the panel), Ctrl+T (the heatmap), F2 and Ctrl+T again are pressed, a key
-  every TOGGLE_EVERY_S, between the letters typed: the loop's stalls then;
+  in place of every TOGGLE_EVERY-th letter typed: the loop's stalls then;
 - Esc mid-reply: how long until the footer says stopped, and whether the stub saw the connection cut;
-- idle: the chat app once its reply ended, and `tui-chat serve`'s live view (on the proxy model, after
+- idle: the chat app once a reply of its own ended (a fresh app without the lag log, whose tick every 5 ms costs
+  ~5 % of a core), and `tui-chat serve`'s live view (on the proxy model, after
   SERVE_REQUESTS small requests) with nothing in flight, --idle seconds each: the share of a core each process
   takes (nothing on screen changes, so nothing should be drawn).
 Prints numbers, asserts nothing.
@@ -56,12 +57,12 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def environment(root: Path) -> dict[str, str]:
+def environment(root: Path, lag: bool = True) -> dict[str, str]:
     env = own_dirs(root)
     config = root / "config" / "tui-chat" / "config.toml"
     config.parent.mkdir(parents=True)
     config.write_text("kv_cache_budget_gb = 0\n\n[sampling]\nmax_tokens = 100000\n")
-    return env | {"TUI_CHAT_LAG_LOG": str(root / "lag.jsonl")}
+    return env | ({"TUI_CHAT_LAG_LOG": str(root / "lag.jsonl")} if lag else {})  # the lag log ticks every 5 ms
 
 
 def prompt_line(screen: str) -> str:
@@ -74,8 +75,10 @@ def prompt_line(screen: str) -> str:
 
 def one_round(rate: float, tokens: int, paragraph: bool, stop_after_s: float | None, toggles: bool = False,
               idle_s: float = 0.0) -> dict:
+    """A stream into a fresh app; with `idle_s`, then the app idle that long, without the lag log (its tick every
+    5 ms is ~5 % of a core)."""
     root = Path(tempfile.mkdtemp(prefix="tui-chat-stub-stream-"))
-    env, stats, port = environment(root), root / "stub.json", free_port()
+    env, stats, port = environment(root, lag=not idle_s), root / "stub.json", free_port()
     server = subprocess.Popen([sys.executable, str(HERE / "stub_server.py"), str(port), str(stats), "--rate", str(rate),
                                "--tokens", str(tokens), *(["--paragraph"] if paragraph else [])],
                               start_new_session=True)
@@ -224,7 +227,7 @@ def main() -> None:
           file=log)
     rounds = []
     for index in range(args.rounds):
-        result = one_round(args.rate, tokens, args.paragraph, None, idle_s=args.idle if index == 0 else 0.0)
+        result = one_round(args.rate, tokens, args.paragraph, None)
         rounds.append(result)
         say_round(f"round {index + 1}", result, log)
     toggles = one_round(args.rate, tokens, args.paragraph, None, toggles=True)
@@ -237,7 +240,8 @@ def main() -> None:
                ("server_tok_s", "panel_tok_s", "ratio", "key_p95_ms", "worst_stall_ms")}
     print("median  " + ", ".join(f"{key} {fmt(value, '.3f' if key == 'ratio' else '.1f')}"
                                  for key, value in summary.items()), file=log)
-    idle = {"chat": rounds[0].get("idle"), "serve": serve_idle(args.idle) if args.idle else None}
+    idle = {"chat": one_round(args.rate, tokens, args.paragraph, None, idle_s=args.idle)["idle"] if args.idle else None,
+            "serve": serve_idle(args.idle) if args.idle else None}
     for name, cores in idle.items():
         if cores is not None:
             print(f"idle {name}: " + ", ".join(f"{part} {value * 100:.2f} % of a core" for part, value in cores.items())
