@@ -487,6 +487,38 @@ async def test_command_palette_offers_every_action_and_the_presets(tiny_model):
         assert not screen.query_one("#side").display
 
 
+async def test_f2_hides_and_shows_the_panel_restyling_no_widget_and_a_narrow_screen_keeps_its_choice(monkeypatch):
+    """F2 once set a class on the screen, and Textual styled every widget of it again (~190, 160-200 ms: the worst
+    stall of F2 mid-stream); it sets the panel's display alone now. Until F2, the width decides (narrow: hidden);
+    after it, the user's choice holds at any width, and the title carries the panel's figures while it is hidden."""
+    from textual.css.stylesheet import Stylesheet
+
+    restyled: list[int] = []
+    update_nodes = Stylesheet.update_nodes
+    monkeypatch.setattr(Stylesheet, "update_nodes",
+                        lambda self, nodes, animate=False: restyled.append(len(nodes := list(nodes))) or update_nodes(
+                            self, nodes, animate))
+    app = scripted_app()
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await loaded(pilot)
+        side = screen.query_one("#side")
+        assert side.display
+        restyled.clear()
+        await pilot.press("f2")
+        await pilot.pause()
+        assert not side.display and sum(restyled) < 60, restyled  # a few, one at a time: not the screen's ~190
+        assert "KV " in str(screen.view.get_child_by_id("chat-title").render())  # the panel's figures, on the title
+        await pilot.resize_terminal(80, SIZE[1])
+        await pilot.pause()
+        assert not side.display
+        await pilot.press("f2")
+        await pilot.pause()
+        assert side.display, "shown on a narrow screen once asked for"
+        await pilot.resize_terminal(*SIZE)
+        await pilot.pause()
+        assert side.display
+
+
 async def test_panel_costs_match_the_pricing_module(tiny, tiny_model):
     app = make_app(str(tiny_model))
     async with app.run_test(size=SIZE) as pilot:
