@@ -238,9 +238,9 @@ class Rewrapped(MarkdownBlocks):
         self.drawn_on: list[str] = []
         self.hold = threading.Event()  # the thread's drawing waits for it
 
-    def _rewrap(self, app, text, width):
+    def _rewrap(self, app, text, width, cache):
         self.hold.wait(10)
-        super()._rewrap(app, text, width)
+        super()._rewrap(app, text, width, cache)
 
     def _draw(self, render, text, width):
         import threading
@@ -298,3 +298,11 @@ async def test_a_long_reply_is_wrapped_again_at_a_new_width_off_the_ui_thread_an
         await pilot.pause()
         assert blocks_widget.drawn_on == ["MainThread"]  # only the block frozen in: the rest kept from before
         assert [line.text for line in blocks_widget._lines][: len(wide)] == wide
+        more = "\n\n".join(paragraphs[:30]).replace("Paragraph", "Later paragraph")  # frozen in at the wide width
+        blocks_widget.extend(more, MarkdownBlocks(rendered_markdown))
+        await pilot.pause()
+        blocks_widget.drawn_on.clear()
+        blocks_widget.hold.set()
+        await pilot.resize_terminal(70, 20)  # the narrow lines lack all that came since: drawn on the thread again
+        await pilot.pause()
+        assert "MainThread" not in blocks_widget.drawn_on

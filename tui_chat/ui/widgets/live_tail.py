@@ -146,6 +146,7 @@ class MarkdownBlocks(Widget):
         self._drawn = 0  # the width the blocks were drawn at
         self._before: tuple[int, dict[str, list[Strip]]] = (0, {})  # the blocks' lines at the width before
         self._rewrapping = 0  # the width a thread is drawing the blocks at (0: none)
+        self._meanwhile: dict[str, list[Strip]] = {}  # blocks frozen in at that width while it draws
         self._style = RichStyle()  # the widget's colours, as `render_lines` last found them
 
     def extend(self, text: str, tail: MarkdownBlocks) -> None:
@@ -157,8 +158,11 @@ class MarkdownBlocks(Widget):
             self._finished, self._drawn = {**self._finished, **tail._finished}, tail._drawn
         if self._rewrapping:  # the rest is being drawn at the new width: these join the old lines meanwhile
             width = tail._drawn or self.size.width
-            drawn = [tail._finished.get(block) or self._draw(self._render_text, block, width) for block in blocks(text)]
-            self._lines = [*self._lines, *(line for lines in drawn for line in [Strip.blank(width), *lines])]
+            drawn = {block: tail._finished.get(block) or self._draw(self._render_text, block, width)
+                     for block in blocks(text)}
+            self._lines = [*self._lines, *(line for lines in drawn.values() for line in [Strip.blank(width), *lines])]
+            if width == self._rewrapping:  # the thread's lines will lack them: kept to join its
+                self._meanwhile = {**self._meanwhile, **drawn}
         else:
             self._width = 0
         self.refresh(layout=True)
@@ -182,24 +186,26 @@ class MarkdownBlocks(Widget):
         return line.apply_style(self._style)
 
     def _follow(self, width: int) -> None:
-        """The lines at `width`: at once where that is cheap (the first ones, a short text, a width whose blocks
-        are drawn: this one's or the one before's), else on a thread (`_rewrap`), the old lines standing in."""
+        """The lines at `width`: at once where that is cheap (the first ones, a scrollbar's change, under
+        REWRAP_OFF_FRAME characters of blocks not drawn at that width yet: the width before keeps its own), else on a
+        thread (`_rewrap`), the old lines standing in."""
         if width == self._width or width <= 0:
             return
         before_width, before = self._before
         if width == before_width and self._drawn != width:  # back to the width before (F2 twice): its blocks
             self._before, self._finished, self._drawn = (self._drawn, self._finished), before, width
-        if (not (self.rewraps and self._lines) or self._drawn == width or len(self.text) < REWRAP_OFF_FRAME
-                or abs(width - self._width) <= REWRAP_AT_ONCE_WITHIN):
+        cache = self._finished if self._drawn == width else {}
+        if (not (self.rewraps and self._lines) or abs(width - self._width) <= REWRAP_AT_ONCE_WITHIN
+                or sum(len(block) for block in blocks(self.text) if block not in cache) < REWRAP_OFF_FRAME):
             self._lines, self._width = self._rendered(width), width
         elif width != self._rewrapping:
-            self._rewrapping = width
-            threading.Thread(target=self._rewrap, args=(self.app, self.text, width), name="rewrap",
+            self._rewrapping, self._meanwhile = width, {}
+            threading.Thread(target=self._rewrap, args=(self.app, self.text, width, dict(cache)), name="rewrap",
                              daemon=True).start()
 
-    def _rewrap(self, app: App[object], text: str, width: int) -> None:
-        """On a thread of its own: every block of `text` drawn at `width`, handed to the UI's thread."""
-        finished = {block: self._draw(self._render_text, block, width) for block in blocks(text)}
+    def _rewrap(self, app: App[object], text: str, width: int, cache: dict[str, list[Strip]]) -> None:
+        """On a thread of its own: the blocks of `text` not in `cache` drawn at `width`, handed to the UI's thread."""
+        finished = {block: cache.get(block) or self._draw(self._render_text, block, width) for block in blocks(text)}
         with contextlib.suppress(RuntimeError):  # the app is closing
             app.call_from_thread(self._rewrapped, width, finished)
 
@@ -209,6 +215,7 @@ class MarkdownBlocks(Widget):
         if width != self._rewrapping:
             return
         self._rewrapping = 0
+        finished, self._meanwhile = {**finished, **self._meanwhile}, {}
         if width != self.size.width:
             self._before = (width, finished)
             self.refresh(layout=True)
