@@ -210,8 +210,8 @@ class MarkdownBlocks(Widget):
             app.call_from_thread(self._rewrapped, width, finished)
 
     def _rewrapped(self, width: int, finished: dict[str, list[Strip]]) -> None:
-        """The blocks drawn at `width` are in: shown while the width is still theirs (blocks frozen in
-        since are drawn now, a few), else kept as the width before's."""
+        """The blocks drawn at `width` are in, with those frozen in meanwhile: shown while the width is still
+        theirs, else kept as the width before's."""
         if width != self._rewrapping:
             return
         self._rewrapping = 0
