@@ -174,7 +174,10 @@ async def test_the_app_outlives_its_engine_and_keeps_the_chat(starter_model: Pat
         await send(pilot, "Name three colours of the sea.")
         await wait_for(pilot, lambda: len(screen.session.turns) == 2 and screen.reply is None, 60)
         await pilot.pause()
-        assert screen.session.turns[1].reply.text.strip()
+        answer = screen.session.turns[1].reply
+        # The reloaded engine wrote it to its own end. Not its text: where the kill cut the first reply is timing,
+        # and after some cuts the starter's greedy answer is its stop sequence at once (an empty reply).
+        assert answer.tokens and answer.footer.startswith(("end of text", "stop sequence", "max tokens")), answer.footer
         assert len(pilot.app.screen.query(ReplyMessage)) == 2
 
 
