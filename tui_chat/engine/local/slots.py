@@ -81,7 +81,7 @@ class Slots:
         next_metrics = 0.0
         try:
             while self._busy(live + reading):
-                session = self._live_session()
+                session = self.backend.loaded().session
                 drawn = [(turn, token) for turn in live if (token := self._draw(turn)) is not None]
                 reading += self._admit(session)
                 chunks = self._chunks(reading, session.n_batch - len(drawn))
@@ -127,9 +127,6 @@ class Slots:
         with self._arrivals_lock:
             self._serving = bool(live or self._arrivals)
             return self._serving
-
-    def _live_session(self) -> LlamaSession:
-        return self.backend.loaded().session
 
     @staticmethod
     def _draw(turn: SlotReply) -> int | None:
