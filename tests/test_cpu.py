@@ -14,9 +14,17 @@ from pathlib import Path
 import llama_cpp
 import pytest
 
-from conftest import GREEDY, open_backend, run_cli
+from conftest import GREEDY, ask, open_backend, run_cli
 from tui_chat.engine.base import Message, Request
-from tui_chat.engine.local.cpu import LoadWatch, ThreadGovernor, Threads, Topology, choose_threads, read_topology
+from tui_chat.engine.local.cpu import (
+    FAST_STEP_MS,
+    LoadWatch,
+    ThreadGovernor,
+    Threads,
+    Topology,
+    choose_threads,
+    read_topology,
+)
 from tui_chat.engine.local.cpu_path import CpuPath, ProbeResult, choose, known, result_of, run_probe
 from tui_chat.engine.params import LiveParams
 from tui_chat.gguf import read_header
@@ -372,6 +380,26 @@ def test_a_reply_gives_threads_back_when_another_process_starts_mid_reply(tiny_m
         done = backend.generate(request).result()
         assert done.metrics.threads == 1
         assert llama_cpp.llama_n_threads(backend.session.ctx) == 1
+    finally:
+        backend.close()
+
+
+def test_a_fast_models_first_prompt_is_read_with_a_core_kept_for_the_app(tiny_model):
+    """Issue 45: the load times one step, so a model in the GPU's regime keeps a core for the app's UI from its
+    first reply on. Before, that reply read its prompt on every core, and the UI drawing the sent message beside
+    it stalled llama.cpp's barrier: ~100 ms on a 20 ms read (the GPU-regime proxy, AMD EPYC, 2 cores)."""
+    class Idle:
+        def busy_elsewhere(self):
+            return 0.0
+
+    backend = open_backend(tiny_model, n_ctx=1024)
+    try:
+        assert 0 < backend.session.step_ms_at_load < FAST_STEP_MS
+        backend.threads = ThreadGovernor(topology=Topology(2, 2, 2), watch=Idle())
+        backend.session.set_threads(backend.threads.threads)
+        assert llama_cpp.llama_n_threads_batch(backend.session.ctx) == 2
+        ask(backend, "Hello", GREEDY.with_changes(max_tokens=1))
+        assert llama_cpp.llama_n_threads_batch(backend.session.ctx) == 1
     finally:
         backend.close()
 

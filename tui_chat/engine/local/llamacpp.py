@@ -215,21 +215,27 @@ class LlamaSession:
         self._stage_reader: StageReader | None = None
         self.backend_sampling = self._allows_backend_sampling(backend_sampling)
         self._inspector: Inspector | None = None  # made when a reply first records the inspector's figures
+        # a one-token step as the load's warm-up timed it: what the thread governor knows of the model's speed
+        # before a reply has timed one (a fast model keeps a core for the app while its first prompt is read)
+        self.step_ms_at_load: float | None = None
         self._warm_up()
 
     def _warm_up(self) -> None:
         """One decode before the first prompt, then an empty cache, as llama.cpp's own tools do at load (and
         llama-bench before it times): a GPU's first batch pays for setting up its kernels, which the first prompt
         of a reply would otherwise pay (the app read 518 tokens at 0.12-0.17 x pp512 on an H200). A whole batch
-        where layers are offloaded (milliseconds there), two tokens on a CPU. On AMX, a whole batch and then one
-        token: the batch sizes a reply will run, so a kernel that crashes on either does it inside the load's
-        trial (cpu_path.on_trial), not in the first reply."""
+        where layers are offloaded (milliseconds there), two tokens on a CPU. On AMX, a whole batch: the batch
+        sizes a reply will run, so a kernel that crashes on either does it inside the load's trial
+        (cpu_path.on_trial), not in the first reply. Then one token, timed: `step_ms_at_load`."""
         bos = max(llama_cpp.llama_vocab_bos(self.vocab), 0)
         amx = self.cpu_path is not None and self.cpu_path.uses_amx
-        status = self._submit([bos] * (self.n_batch if self.gpu_layers > 0 or amx else 2), 0, 0, True)
-        if status == 0 and amx:
-            llama_cpp.llama_memory_clear(self.memory, True)
-            status = self._submit([bos], 0, 0, True)
+        first = self.n_batch if self.gpu_layers > 0 or amx else 2
+        status = self._submit([bos] * first, 0, 0, True)
+        if status == 0:
+            started = time.perf_counter()
+            status = self._submit([bos], first, 0, True)
+            llama_cpp.llama_synchronize(self.ctx)
+            self.step_ms_at_load = (time.perf_counter() - started) * 1000
         llama_cpp.llama_memory_clear(self.memory, True)
         llama_cpp.llama_synchronize(self.ctx)
         llama_cpp.llama_perf_context_reset(self.ctx)

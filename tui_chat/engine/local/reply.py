@@ -175,7 +175,7 @@ class Reply:
         """Follow the machine's load: fewer threads while other processes keep cores busy; the draft model's too,
         as it decodes on the same cores between the model's batches."""
         governor = self.backend.threads
-        if governor.retune(step_ms=self.speculation.control.plain_ms):
+        if governor.retune(step_ms=self.speculation.control.plain_ms or self.session.step_ms_at_load):
             self.session.set_threads(governor.threads)
             if (draft := self.model.draft) is not None:
                 draft.set_threads(governor.threads)
