@@ -359,27 +359,34 @@ def test_the_likeliest_are_exactly_the_largest_whatever_the_distribution(shape):
 
 @pytest.mark.parametrize("changes", [{"repeat_penalty": 1.3}, {"repeat_penalty": 1.1, "presence_penalty": 0.5},
                                      {"repeat_penalty": 1.0, "logit_bias": ((" Paris", -3.0),)}])
-def test_greedy_after_stages_that_only_lower_picks_the_raw_best_only_where_none_lowered_it(session, logits, history,
-                                                                                           changes):
+def test_greedy_after_stages_that_only_lower_picks_as_the_whole_vocabulary_would(session, logits, history, changes):
     """A greedy pick after the penalties or a negative bias takes the raw argmax in one pass, unless that token is one
-    the stages lower: then the shortlist decides, as the whole vocabulary would."""
+    the stages lower: then the chain runs over the tokens they name and the best of the rest. Either way the pick
+    is the whole vocabulary's, a tie included, and the row is left as it was."""
     params = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0).with_changes(**changes)
-    named = [*history, _token_of(session, b" Paris")]
+    paris = _token_of(session, b" Paris")
+    named = [*history, paris]
+    rows = []
     for lead in (0.0, 0.5, 4.0):  # the named token made the raw best by a margin the stages may or may not undo
         for best in (None, *named[-3:]):
             row = logits.copy()
             if best is not None:
                 row[best] = row.max() + lead
-            top = int(np.argmax(row))
-            chain = session.chains.build(params, 1, history)
-            everything = chain.clone()
-            try:
-                assert chain.picks_raw_best
-                assert chain.keeps_raw_best(top) == (best is None or best not in chain.recent
-                                                     and best not in [t for t, _ in session.chains.bias_tokens(params)])
-                whole = everything.apply(Candidates(np.arange(len(row), dtype=np.int32), row))
-                fast = top if chain.keeps_raw_best(top) else chain.draw(row, np.argpartition(row, -65)[-65:])
-                assert fast == whole, (changes, lead, best)
-            finally:
-                chain.free()
-                everything.free()
+            rows.append(row)
+    for beside in (paris - 1, paris + 1):  # the bias takes Paris from 8 to 5 exactly: level with a lower id, a higher
+        tie = np.clip(logits, -10.0, 4.0)
+        tie[paris], tie[beside] = 8.0, 5.0
+        rows.append(tie)
+    for row in rows:
+        chain = session.chains.build(params, 1, history)
+        everything = chain.clone()
+        try:
+            assert chain.picks_raw_best
+            whole = everything.apply(Candidates(np.arange(len(row), dtype=np.int32), row))
+            before = row.copy()
+            assert chain.draw_greedy(row, int(np.argmax(row))) == whole, changes
+            assert np.array_equal(row, before)
+            assert list(chain.recent)[-1] == whole  # recorded for the penalties
+        finally:
+            chain.free()
+            everything.free()

@@ -644,9 +644,8 @@ class LlamaSession:
             return token
         if chain.shortlist is None:
             return chain.sample(self.ctx, self.row)
-        if chain.picks_raw_best and chain.keeps_raw_best(token := int(self.likeliest(1)[0])):
-            chain.accept(token)
-            return token
+        if chain.picks_raw_best:
+            return chain.draw_greedy(self.logits(), int(self.likeliest(1)[0]))
         return chain.draw(self.logits(), self.likeliest(chain.shortlist))
 
     @property
