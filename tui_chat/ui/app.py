@@ -7,6 +7,7 @@ from functools import partial
 from typing import Any
 
 from textual.app import App, SystemCommand
+from textual.driver import Driver
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
@@ -19,7 +20,7 @@ from ..workspace import OpenBackend, Workspace
 from .chat.room import PaletteChoice
 from .chat.screen import ChatScreen
 from .keys import CHAT_KEYS, room
-from .textual_fixes import spacing_marks_take_a_cell
+from .textual_fixes import spacing_marks_take_a_cell, timely_escape
 from .themes import load_themes
 from .widgets.live_tail import COMMON_CODE, warm_lexer
 
@@ -43,6 +44,9 @@ class ChatApp(App[None]):
         self.lag = monitor_from_env()  # the event loop's stalls, when TUI_CHAT_LAG_LOG asks for them
         self.crash: str | None = None  # the line to say after the screen is back, when a bug ended the app
         self.workspace: Workspace | None = None
+
+    def get_driver_class(self) -> type[Driver]:
+        return timely_escape(super().get_driver_class())
 
     def on_mount(self) -> None:
         if self.lag is not None:

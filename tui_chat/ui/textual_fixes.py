@@ -3,11 +3,23 @@ fixes it."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import selectors
 import unicodedata
+from codecs import getincrementaldecoder
+from collections.abc import Callable
 from typing import Any
 
 import rich.cells
 import textual.widgets
+from textual import constants
+from textual._parser import ParseError
+from textual._xterm_parser import XTermParser
+from textual.driver import Driver
+from textual.drivers.linux_driver import LinuxDriver
+
+IDLE_WAIT_S = 0.1  # Textual's own select timeout with no escape pending
 
 
 def release_styles_caches() -> None:
@@ -78,3 +90,48 @@ def _without_spacing_marks(start: int, end: int) -> list[tuple[int, int, int]]:
         else:
             spans.append((codepoint, codepoint, 0))
     return spans
+
+
+class TimelyEscapeDriver(LinuxDriver):
+    """Textual's input thread (`LinuxDriver.run_input_thread`) asks its parser whether a lone Esc has waited out
+    ESCDELAY only when its `select` returns, which with no more input is after 100 ms (not reported upstream
+    yet): every Esc, stop a reply or close a dialog, took 100 ms whatever ESCDELAY said. This one waits at most
+    ESCDELAY after input that held an Esc; otherwise as Textual does."""
+
+    def run_input_thread(self) -> None:
+        selector = selectors.SelectSelector()
+        selector.register(self.fileno, selectors.EVENT_READ)
+        parser = XTermParser(self._debug)
+        decode = getincrementaldecoder("utf-8")().decode
+        wait = IDLE_WAIT_S
+        try:
+            while not self.exit_event.is_set():
+                wait = self._take_input(parser, decode, selector.select(wait))
+            selector.unregister(self.fileno)
+            self._take_input(parser, decode, selector.select(IDLE_WAIT_S), final=True)
+        finally:
+            selector.close()
+            with contextlib.suppress(EOFError, ParseError):
+                for _ in parser.feed(""):
+                    pass
+
+    def _take_input(self, parser: XTermParser, decode: Callable[..., str], ready: list[Any],
+                    final: bool = False) -> float:
+        """Feed what came to the parser and pass on its events; how long the next select may wait."""
+        wait = IDLE_WAIT_S
+        for index, _ in enumerate(ready):
+            data = decode(os.read(self.fileno, 4096), final=final and index == len(ready) - 1)
+            if not data:
+                break
+            if "\x1b" in data:
+                wait = constants.ESCAPE_DELAY
+            for event in parser.feed(data):
+                self.process_message(event)
+        for event in parser.tick():
+            self.process_message(event)
+        return wait
+
+
+def timely_escape(driver: type[Driver]) -> type[Driver]:
+    """The driver an app runs on: ours where Textual would take its Linux one (Linux and macOS terminals)."""
+    return TimelyEscapeDriver if driver is LinuxDriver else driver
