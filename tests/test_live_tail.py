@@ -306,3 +306,57 @@ async def test_a_long_reply_is_wrapped_again_at_a_new_width_off_the_ui_thread_an
         await pilot.resize_terminal(70, 20)  # the narrow lines lack all that came since: drawn on the thread again
         await pilot.pause()
         assert "MainThread" not in blocks_widget.drawn_on
+
+
+async def test_a_long_reply_ends_with_the_lines_it_streamed_which_are_a_whole_renders(monkeypatch):
+    """Issue 46: at its end a reply drew its text after the last frozen block again whole, in the frame that shows
+    its footer (a 10,000-token paragraph: ~60 ms before Esc's "stopped" showed). The lines the tail drew are
+    kept instead, nothing is drawn again, and the screen is the one the same reply drawn whole shows (reopened
+    from the history): every cell, with its style."""
+    import random
+
+    from tui_chat.engine.base import Stream
+    from tui_chat.session import Branch, Turn, Writing
+    from tui_chat.ui.widgets import markdown
+    from tui_chat.ui.widgets.messages import ReplyMessage
+
+    rng = random.Random(3)
+    words = "the model cache layer token batch thread queue widget screen render stream parser value".split()
+    paragraph = " ".join(rng.choice(words) + ("." if rng.random() < 0.1 else "") for _ in range(800)).capitalize()
+    text = f"## Notes\n\n{'A short first block. ' * 120}\n\n- one\n- two\n\n{paragraph}"
+
+    class Reply(App):
+        def __init__(self, reply: ReplyMessage) -> None:
+            super().__init__()
+            self.reply = reply
+
+        def compose(self):
+            yield self.reply
+
+    def cells(app: App) -> list[list[tuple[str, object]]]:
+        """Each cell's character and style (without the offsets Textual puts in for a selection); a blank's
+        background alone (its colour draws nothing)."""
+        return [[(char, segment.style.bgcolor if char == " " else segment.style.clear_meta_and_links())
+                 for segment in line for char in segment.text] for line in app.screen._compositor.render_strips()]
+
+    drawn = []
+    console = markdown.ReplyMarkdown.__rich_console__
+    monkeypatch.setattr(markdown.ReplyMarkdown, "__rich_console__",
+                        lambda self, *args: drawn.append(self.markup) or console(self, *args))
+    size = (90, 160)
+    async with (app := Reply(ReplyMessage(Turn("question", [Branch(text, "end of text")])))).run_test(size=size):
+        whole = cells(app)
+    turn = Turn("question")
+    writing = Writing(turn, Stream(), [], None)
+    async with (app := Reply(ReplyMessage(turn, writing))).run_test(size=size) as pilot:
+        for start in range(0, len(text), 97):
+            writing.text = text[: start + 97]
+            await app.reply.append(text[start : start + 97])
+        await pilot.pause()
+        assert app.reply.query(MarkdownBlocks).filter(".chunk"), "blocks were frozen out of the tail as it went"
+        turn.branches.append(Branch(text, "end of text"))
+        drawn.clear()
+        await app.reply.finish()
+        await pilot.pause()
+        assert not any(paragraph[:100] in markup for markup in drawn), "the paragraph was not drawn again"
+        assert cells(app) == whole

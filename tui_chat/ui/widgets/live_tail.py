@@ -46,6 +46,7 @@ REWRAP_OFF_FRAME = 8000  # characters of frozen Markdown drawn again at a new wi
 REWRAP_AT_ONCE_WITHIN = 4  # columns: a scrollbar come or gone is drawn at once (a test or a snapshot sees it settled)
 _MARKUP = re.compile(r"[\n*_`\[\]<>\\&~|!#]|^\s*(?:[-+>=]|\d+[.)])")  # inline Markdown, or a line that opens a block
 _FENCE = "```"
+_CODE = re.compile(r"```|~~~|^(?: {4}|\t)", re.MULTILINE)  # a fence, or an indented code block's line
 _OPENING = re.compile(r"\s*```\s*([\w+#.-]+)")
 _warmed: set[str] = set()  # the code languages whose lexer was compiled off the UI thread (once a process)
 # The language a chat's code is most often in, compiled as the app starts: a fast model can finish its first
@@ -272,6 +273,7 @@ class LiveTail(MarkdownBlocks):
         super().__init__(render, **kwargs)
         self._render_last = render_last
         self._settled: Settled | None = None  # the first lines of a long paragraph being written
+        self._last: tuple[str, list[Strip]] = ("", [])  # the block being written and its lines, as last drawn
         self._step = GROW_LINES  # rows the tail grows by: more while it grows fast (`_grown`)
         self._grown_at = 0.0
 
@@ -298,9 +300,19 @@ class LiveTail(MarkdownBlocks):
         self._step = min(self._step * 2, MAX_GROW_LINES) if fast else GROW_LINES
         self._grown_at = now
 
-    async def freeze(self, text: str, **kwargs: Any) -> None:
+    def finish(self, text: str) -> bool:
+        """Whether the lines drawn of the tail are those of `text`, the reply as it finished, drawn whole: the same
+        text, and a last block without code (drawn plain while written, in colour once finished). Then that
+        block's lines are kept as a finished block's, and `freeze` takes the whole tail with nothing drawn again."""
+        last, lines = self._last
+        if text != self.text or not self._width or not text.endswith(last) or _CODE.search(last):
+            return False
+        self._finished[last] = lines
+        return True
+
+    async def freeze(self, text: str, **kwargs: Any) -> MarkdownBlocks:
         """Move `text`, the first finished blocks of the tail's text, with the lines drawn of them, into the
-        frozen part just before the tail (mounted with `kwargs` the first time)."""
+        frozen part just before the tail (mounted with `kwargs` the first time); that part."""
         parent = self.parent
         assert isinstance(parent, Widget), "a tail is frozen where it is mounted"
         index = parent.children.index(self)
@@ -309,6 +321,7 @@ class LiveTail(MarkdownBlocks):
             part = MarkdownBlocks(self._render_text, **kwargs)
             await parent.mount(part, before=self)
         part.extend(text, self)
+        return part
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return stepped(super().get_content_height(container, viewport, width), self._step)
@@ -316,7 +329,9 @@ class LiveTail(MarkdownBlocks):
     def _rendered(self, width: int) -> list[Strip]:
         *finished, last = blocks(self.text)
         warm_lexer(last)
-        return self._blocks(finished, width) + self._last_block(last, width)
+        lines = self._last_block(last, width)
+        self._last = (last, lines)
+        return self._blocks(finished, width) + lines
 
     def _last_block(self, text: str, width: int) -> list[Strip]:
         """The block being written: a long plain paragraph's settled lines as they were, the rest wrapped again."""

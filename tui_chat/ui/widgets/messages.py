@@ -128,6 +128,7 @@ class ReplyMessage(ChatMessage, Widget):
     ReplyMessage { border-left: thick $accent; width: 1fr; }
     ReplyMessage .chunk { height: auto; margin: 0 0 1 0; }
     ReplyMessage .chunk.last { margin: 0; }
+    ReplyMessage .chunk.ends { margin: 0; }
     ReplyMessage .status { color: $text-muted; height: auto; }
     """
 
@@ -199,7 +200,7 @@ class ReplyMessage(ChatMessage, Widget):
     def _finished_body(self, alone: bool, text: str | None = None) -> list[Widget]:
         """The last chunk of a finished reply with its footer, or the whole reply as a heatmap: none when the
         chunk is `alone` in the reply (no thinking, calls or earlier chunks), which then draws it itself."""
-        footer = Text((self.reply.footer or "") + self._branch_label(), style="dim")
+        footer = self._footer()
         self._drawn = None
         self.refresh(layout=True)
         if self._heat_shown():
@@ -212,6 +213,9 @@ class ReplyMessage(ChatMessage, Widget):
             self._drawn = visualize(self, body)
             return []
         return [Static(body, classes="chunk last")]
+
+    def _footer(self) -> Text:
+        return Text((self.reply.footer or "") + self._branch_label(), style="dim")
 
     def render(self) -> RenderableType | Visual:
         return self._drawn if self._drawn is not None and not self.children else Blank(self.background_colors[1])
@@ -315,8 +319,16 @@ class ReplyMessage(ChatMessage, Widget):
             return
         await self.think()
         await self.query_one(".status").remove()
-        await self.query_one(LiveTail).remove()
-        await self.mount_all(self._finished_body(not self.children, self.text[self._frozen_chars :]))
+        tail = self.query_one(LiveTail)
+        rest = self.text[self._frozen_chars :]
+        if len(rest) > FREEZE_AFTER_CHARS and tail.finish(rest.lstrip("\n")):
+            part = await tail.freeze(tail.text, classes="chunk")  # the lines it drew: nothing drawn again
+            part.add_class("ends")
+            await tail.remove()
+            await self.mount(Static(self._footer(), classes="chunk last"))
+            return
+        await tail.remove()
+        await self.mount_all(self._finished_body(not self.children, rest))
 
     async def give_way(self) -> None:
         """The branch being written came to nothing: the one shown before it is back."""
