@@ -131,7 +131,7 @@ class Host:
                     self.send(Events(key, _with_reload(events, reload_s) if reload_s else events))
                 if stream.finished:
                     return
-                time.sleep(BATCH_INTERVAL_S)
+                stream.cancelled.wait(BATCH_INTERVAL_S)  # a stop's last events go at once: Esc waits on them
         finally:
             with self.lock:
                 self.streams.pop(key, None)
