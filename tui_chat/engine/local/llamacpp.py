@@ -635,9 +635,11 @@ class LlamaSession:
         llama_cpp.llama_memory_seq_rm(self.memory, 0, len(self.tokens), -1)
         self.step(token)
 
-    def sample(self, chain: Chain) -> int:
+    def sample(self, chain: Chain, inspected: bool = False) -> int:
         """The next token from the last decoded logits; over a shortlist where the chain allows one. With the
-        chain attached, the token llama.cpp drew in its graph, recorded for the penalties as a host draw is."""
+        chain attached, the token llama.cpp drew in its graph, recorded for the penalties as a host draw is.
+        `inspected`: the inspector reads this row's likeliest next, so a greedy pick whose raw best a stage
+        lowered takes them too (`likeliest` finds them once for both), not the cheaper `draw_greedy`."""
         if chain.seq is not None:
             token: int = llama_cpp.llama_get_sampled_token_ith(self.ctx, self.row)
             chain.accept(token)
@@ -645,7 +647,9 @@ class LlamaSession:
         if chain.shortlist is None:
             return chain.sample(self.ctx, self.row)
         if chain.picks_raw_best:
-            return chain.draw_greedy(self.logits(), int(self.likeliest(1)[0]))
+            best = int(self.likeliest(1)[0])
+            if not inspected or chain.keeps_raw_best(best):
+                return chain.draw_greedy(self.logits(), best)
         return chain.draw(self.logits(), self.likeliest(chain.shortlist))
 
     @property

@@ -420,7 +420,10 @@ class Reply:
         constraint = None if self.text.splitter.thinking else self.constraint
         replay = sampler.clone() if self.request.xray else None
         recent = tuple(sampler.recent) if top_n and "penalties" in sampler.stages else ()  # the pool's, before this
-        token = session.sample(sampler) if constraint is None else constraint.draw(sampler, session.logits())
+        if constraint is None:
+            token = session.sample(sampler, inspected=bool(top_n))
+        else:
+            token = constraint.draw(sampler, session.logits())
         judge = constraint.judge if constraint is not None else None
         seen: Seen = _UNSEEN
         if top_n and judge is None and replay is None and self.overlaps_inspector:
