@@ -26,13 +26,13 @@ PROBE = """
 import time
 import tui_chat.ui
 from textual.app import App
-from tui_chat.ui.textual_fixes import timely_escape
+from tui_chat.ui.textual_fixes import terminal_driver
 
 class Probe(App):
     BINDINGS = [("escape", "seen")]
 
-    def get_driver_class(self):
-        return timely_escape(super().get_driver_class())
+    def __init__(self):
+        super().__init__(driver_class=terminal_driver())
 
     def action_seen(self):
         self.exit(time.monotonic())

@@ -271,7 +271,7 @@ async def test_a_new_chat_clears_the_old_one_at_once_and_fills_after(tiny_model,
         taken_down = ChatLog.remove_children
 
         async def slowly(log, widgets):
-            await asyncio.sleep(1.0)  # a busy machine
+            await asyncio.sleep(3.0)  # a busy machine (the pause below overran 1 s once, under the whole suite)
             await taken_down(log, widgets)
 
         monkeypatch.setattr(ChatLog, "remove_children", slowly)

@@ -7,7 +7,6 @@ from functools import partial
 from typing import Any
 
 from textual.app import App, SystemCommand
-from textual.driver import Driver
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
@@ -20,7 +19,7 @@ from ..workspace import OpenBackend, Workspace
 from .chat.room import PaletteChoice
 from .chat.screen import ChatScreen
 from .keys import CHAT_KEYS, room
-from .textual_fixes import spacing_marks_take_a_cell, timely_escape
+from .textual_fixes import spacing_marks_take_a_cell, terminal_driver
 from .themes import load_themes
 from .widgets.live_tail import COMMON_CODE, warm_lexer
 
@@ -34,7 +33,7 @@ class ChatApp(App[None]):
     CSS = "Toast { max-width: 90%; }"
 
     def __init__(self, config: Config, open_backend: OpenBackend, model: str | None = None) -> None:
-        super().__init__()
+        super().__init__(driver_class=terminal_driver())
         spacing_marks_take_a_cell()
         self.config = config
         self.open_backend = open_backend
@@ -44,9 +43,6 @@ class ChatApp(App[None]):
         self.lag = monitor_from_env()  # the event loop's stalls, when TUI_CHAT_LAG_LOG asks for them
         self.crash: str | None = None  # the line to say after the screen is back, when a bug ended the app
         self.workspace: Workspace | None = None
-
-    def get_driver_class(self) -> type[Driver]:
-        return timely_escape(super().get_driver_class())
 
     def on_mount(self) -> None:
         if self.lag is not None:

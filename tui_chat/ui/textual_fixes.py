@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
+import sys
 import unicodedata
 from codecs import getincrementaldecoder
 from collections.abc import Callable
@@ -132,6 +133,7 @@ class TimelyEscapeDriver(LinuxDriver):
         return wait
 
 
-def timely_escape(driver: type[Driver]) -> type[Driver]:
-    """The driver an app runs on: ours where Textual would take its Linux one (Linux and macOS terminals)."""
-    return TimelyEscapeDriver if driver is LinuxDriver else driver
+def terminal_driver() -> type[Driver] | None:
+    """The driver an app runs on in a terminal: ours where Textual would take its Linux one (Linux and macOS, no
+    TEXTUAL_DRIVER set); None leaves the choice to Textual."""
+    return None if constants.DRIVER is not None or sys.platform == "win32" else TimelyEscapeDriver
