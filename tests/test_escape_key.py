@@ -82,7 +82,7 @@ def esc_seen_after(env: dict[str, str]) -> float:
 def test_esc_reaches_the_app_within_escdelay_not_textuals_100_ms():
     """ESCDELAY of 1 ms, so what is measured is the input thread: Textual's own took 100 ms or more here."""
     env = {**os.environ, "TERM": "xterm-256color", "ESCDELAY": "1"}
-    assert esc_seen_after(env) < 0.06
+    assert esc_seen_after(env) < 0.08  # Textual's own: 0.1 at the least (its select timeout)
 
 
 @pytest.mark.parametrize(("given", "delay"), [(None, 0.025), ("200", 0.2)])
