@@ -300,15 +300,15 @@ class LiveTail(MarkdownBlocks):
         self._step = min(self._step * 2, MAX_GROW_LINES) if fast else GROW_LINES
         self._grown_at = now
 
-    def finish(self, text: str) -> bool:
-        """Whether the lines drawn of the tail are those of `text`, the reply as it finished, drawn whole: the same
-        text, and a last block without code (drawn plain while written, in colour once finished). Then that
-        block's lines are kept as a finished block's, and `freeze` takes the whole tail with nothing drawn again."""
-        last, lines = self._last
-        if text != self.text or not self._width or not text.endswith(last) or _CODE.search(last):
-            return False
+    async def freeze_whole(self, text: str, **kwargs: Any) -> MarkdownBlocks | None:
+        """`freeze` of all of `text`, the reply as it finished, where the lines the tail drew are those of its
+        finished Markdown: the same text, drawn, with a last block without code (drawn plain while written, in
+        colour once finished). Nothing is drawn again; None where that cannot be, and nothing moves."""
+        last, lines = self._last  # drawn by the `_rendered` of the current text wherever `_width` is set
+        if text != self.text or not self._width or _CODE.search(last):
+            return None
         self._finished[last] = lines
-        return True
+        return await self.freeze(text, **kwargs)
 
     async def freeze(self, text: str, **kwargs: Any) -> MarkdownBlocks:
         """Move `text`, the first finished blocks of the tail's text, with the lines drawn of them, into the

@@ -321,13 +321,13 @@ class ReplyMessage(ChatMessage, Widget):
         await self.query_one(".status").remove()
         tail = self.query_one(LiveTail)
         rest = self.text[self._frozen_chars :]
-        if len(rest) > FREEZE_AFTER_CHARS and tail.finish(rest.lstrip("\n")):
-            part = await tail.freeze(tail.text, classes="chunk")  # the lines it drew: nothing drawn again
+        long = len(rest) > FREEZE_AFTER_CHARS  # a shorter rest is drawn again in a few ms
+        part = await tail.freeze_whole(rest.lstrip("\n"), classes="chunk") if long else None
+        await tail.remove()
+        if part is not None:  # the part frozen before, or a new one: the text's last, the footer under it
             part.add_class("ends")
-            await tail.remove()
             await self.mount(Static(self._footer(), classes="chunk last"))
             return
-        await tail.remove()
         await self.mount_all(self._finished_body(not self.children, rest))
 
     async def give_way(self) -> None:
