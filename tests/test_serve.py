@@ -510,6 +510,33 @@ def test_connections_past_the_bound_are_turned_away_at_once_and_their_places_com
             connection.close()
 
 
+def test_clients_that_arrive_together_are_all_answered_at_once(tiny_model):
+    """Found by serve_speed.py at 16 slots: with the standard library's listen queue of 5, 16 streams sent at
+    once had one or two reset by the kernel (ConnectionResetError), and others waited a second for their
+    connection to be made again."""
+    answers: list[tuple[bytes, float]] = []
+    with answering(tiny_model) as url:
+        gate = threading.Barrier(64)
+
+        def one_client() -> None:
+            gate.wait()
+            started = time.monotonic()
+            try:
+                with connect(url) as connection:
+                    connection.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    answers.append((connection.recv(4096)[:12], time.monotonic() - started))
+            except OSError as error:
+                answers.append((repr(error).encode(), time.monotonic() - started))
+
+        clients = [threading.Thread(target=one_client) for _ in range(64)]
+        for client in clients:
+            client.start()
+        for client in clients:
+            client.join()
+    assert [answer for answer, _ in answers] == [b"HTTP/1.1 200"] * 64
+    assert max(took for _, took in answers) < 0.9, "a dropped handshake is sent again after a second"
+
+
 def test_a_whole_reply_whose_client_leaves_frees_its_place_within_a_second(tiny_model):
     """Issue 48: a non-streamed client that left kept its slot until its reply ended: the gone-check ran only when
     a drain came back empty, and a whole reply writes nothing until it is done. The tiny model writes a token a

@@ -126,6 +126,10 @@ class TuiChatServer(ThreadingHTTPServer):
         self.reloading = False  # a new engine process loading the model after a death
         if isinstance(backend, WatchesItsDeath):
             backend.on_idle_death = self.engine_died
+        # The kernel's queue of connections not yet accepted holds as many as may be open: the standard library's
+        # 5 let a burst of clients (16 streams sent at once) overflow it, and a connection whose handshake the
+        # kernel dropped was reset or waited a second for its SYN to be sent again.
+        self.request_queue_size = options.max_connections
         super().__init__((options.host, options.port), _Handler)
 
     def next_number(self) -> int:
